@@ -1,0 +1,248 @@
+//! The command line: thin translations from arguments to engine calls and back.
+
+mod bench;
+mod doctor;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config};
+use crate::engine::docker::{image, DockerBackend};
+use crate::engine::{Engine, Execution, RunOptions, Task};
+
+/// Exit status for a configuration error.
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit status when the sandbox could not run the code (engine down, image missing, ...).
+pub const EXIT_INFRA: u8 = 125;
+/// Exit status of `run` when the code timed out (as `timeout(1)`).
+pub const EXIT_TIMEOUT: u8 = 124;
+
+#[derive(Parser, Debug)]
+#[command(name = "python-code-sandbox", version, about = "Run untrusted Python in hardened, disposable Docker sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a Python file (or `-` for stdin) in a fresh sandbox; exits with its exit status.
+    Run {
+        /// The file to run, or `-` to read the code from stdin.
+        file: PathBuf,
+        /// A PyPI requirement to install first (repeatable).
+        #[arg(long = "dep", value_name = "PKG")]
+        deps: Vec<String>,
+        /// Wall-clock limit, e.g. `30s`, `2m` (default: SANDBOX_TIMEOUT).
+        #[arg(long, value_name = "DUR")]
+        timeout: Option<String>,
+    },
+    /// Check the engine, the image and what a sandbox really enforces.
+    Doctor,
+    /// Manage the sandbox image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Measure cold sandbox latency against `docker run --rm` on this machine.
+    Bench {
+        /// Runs of each measurement.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove sandboxes left behind by servers that are no longer running.
+    Cleanup,
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCommand {
+    /// Build the sandbox image (FROM python:3.11-slim; offline from a debootstrap rootfs).
+    Build {
+        /// Build without any registry: debootstrap a Debian bookworm rootfs (needs root).
+        #[arg(long)]
+        offline: bool,
+        /// Tag to build (default: SANDBOX_IMAGE).
+        #[arg(long)]
+        tag: Option<String>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let default_level = match cli.command {
+        Some(Command::Run { .. }) => "warn",
+        _ => "info",
+    };
+    init_logging(&config, default_level);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("python-code-sandbox: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_INFRA);
+        }
+    };
+    runtime.block_on(dispatch(cli, config))
+}
+
+fn init_logging(config: &Config, default_level: &str) {
+    let filter = config.log_level.as_deref().unwrap_or(default_level);
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Logs go to stderr: stdout is the code's output (run) or the MCP protocol (server).
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+async fn dispatch(cli: Cli, config: Config) -> ExitCode {
+    match cli.command {
+        None => {
+            eprintln!("python-code-sandbox: the MCP server is not available yet; see --help for the commands");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Some(Command::Run { file, deps, timeout }) => run(config, file, deps, timeout).await,
+        Some(Command::Doctor) => doctor::doctor(config).await,
+        Some(Command::Image { command: ImageCommand::Build { offline, tag } }) => {
+            build_image(config, offline, tag).await
+        }
+        Some(Command::Bench { runs, json }) => bench::bench(config, runs, json).await,
+        Some(Command::Cleanup) => {
+            let engine = Engine::new(Arc::new(DockerBackend::new()), config);
+            match engine.remove_leftovers().await {
+                Ok(n) => {
+                    println!("removed {n} leftover sandbox(es) and volume(s)");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => infra_error(&e),
+            }
+        }
+    }
+}
+
+fn infra_error(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("python-code-sandbox: error: {e}");
+    ExitCode::from(EXIT_INFRA)
+}
+
+async fn build_image(config: Config, offline: bool, tag: Option<String>) -> ExitCode {
+    let backend = DockerBackend::new();
+    let docker = match backend.client().await {
+        Ok(docker) => docker,
+        Err(e) => return infra_error(&e),
+    };
+    let tag = tag.unwrap_or(config.image);
+    let mode = if offline { image::BuildMode::Offline } else { image::BuildMode::Auto };
+    match image::build(&docker, &tag, mode).await {
+        Ok(()) => {
+            println!("built {tag}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => infra_error(&e),
+    }
+}
+
+fn read_code(file: &PathBuf) -> std::io::Result<String> {
+    let mut bytes = Vec::new();
+    if file.as_os_str() == "-" {
+        std::io::stdin().read_to_end(&mut bytes)?;
+    } else {
+        bytes = std::fs::read(file)?;
+    }
+    String::from_utf8(bytes).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "the code is not UTF-8"))
+}
+
+async fn run(config: Config, file: PathBuf, deps: Vec<String>, timeout: Option<String>) -> ExitCode {
+    if !deps.is_empty() {
+        eprintln!("python-code-sandbox: --dep is not yet supported (dependencies arrive in a later release)");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let timeout = match timeout.map(|t| config::parse_duration("--timeout", &t)).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let code = match read_code(&file) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("python-code-sandbox: cannot read {}: {e}", file.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let engine = Engine::new(Arc::new(DockerBackend::new()), config);
+    let options = RunOptions { timeout };
+    let outcome = tokio::select! {
+        outcome = engine.run_ephemeral(Task::Python(&code), &options) => Some(outcome),
+        signal = termination() => {
+            tracing::info!("{signal}: removing the sandbox");
+            None
+        }
+    };
+    match outcome {
+        Some(Ok(execution)) => report(&execution),
+        Some(Err(e)) => infra_error(&e),
+        None => {
+            engine.shutdown().await;
+            ExitCode::from(130)
+        }
+    }
+}
+
+/// Writes an execution's output as the code wrote it, and notes about limits to stderr.
+fn report(execution: &Execution) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(&execution.stdout);
+    let _ = stdout.flush();
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(&execution.stderr);
+    if execution.truncated_bytes > 0 {
+        let _ = writeln!(
+            stderr,
+            "[python-code-sandbox: output cut; {} more bytes were discarded]",
+            execution.truncated_bytes
+        );
+    }
+    if execution.timed_out {
+        let _ = writeln!(
+            stderr,
+            "[python-code-sandbox: timed out after {}]",
+            crate::engine::sandbox::human(execution.duration)
+        );
+        return ExitCode::from(EXIT_TIMEOUT);
+    }
+    ExitCode::from(execution.exit_code.rem_euclid(256) as u8)
+}
+
+/// Resolves on SIGINT or SIGTERM, naming it.
+pub async fn termination() -> &'static str {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+/// Formats a duration in milliseconds with two decimals.
+pub(crate) fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 100_000.0).round() / 100.0
+}

@@ -1,0 +1,347 @@
+//! Operator configuration, read once at start-up from the environment (and a `.env` file).
+//!
+//! Every value is validated here, so the rest of the program only sees well-formed limits. A bad
+//! value is reported with the variable's name, the value given and the form that is accepted; the
+//! CLI turns that into exit code 2.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The default sandbox image, built by `python-code-sandbox image build`.
+pub const DEFAULT_IMAGE: &str = "python-code-sandbox:py3.11";
+
+/// A configuration value that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {var}={value:?}: expected {expected}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// Whether sandboxes get a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkPolicy {
+    /// No interface but loopback (the default).
+    None,
+    /// Docker's default bridge: outbound access as the host has it.
+    Bridge,
+}
+
+impl NetworkPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkPolicy::None => "none",
+            NetworkPolicy::Bridge => "bridge",
+        }
+    }
+}
+
+/// Resource limits applied to every sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Memory in bytes; swap is disabled by setting the memory+swap limit to the same value.
+    pub memory_bytes: u64,
+    /// CPUs, as a fraction (0.5 = half a core).
+    pub cpus: f64,
+    /// Maximum number of processes and threads.
+    pub pids: u64,
+    /// Size of the `/tmp` tmpfs in bytes (it counts against the memory limit).
+    pub tmp_bytes: u64,
+    /// Wall-clock limit of one execution.
+    pub timeout: Duration,
+    /// Bytes kept of stdout+stderr of one execution; the rest is counted and reported as cut.
+    pub max_output_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Image of the sandboxes.
+    pub image: String,
+    pub limits: Limits,
+    pub network: NetworkPolicy,
+    /// Host CA bundle made available inside sandboxes that have a network.
+    pub ca_bundle: Option<PathBuf>,
+    /// `tracing` filter directive (e.g. `info`, `debug`, `python_code_sandbox=trace`); unset, each
+    /// command picks its own default (the server `info`, `run` only warnings).
+    pub log_level: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            image: DEFAULT_IMAGE.to_string(),
+            limits: Limits {
+                memory_bytes: 2 << 30,
+                cpus: 0.5,
+                pids: 256,
+                tmp_bytes: 64 << 20,
+                timeout: Duration::from_secs(60),
+                max_output_bytes: 1 << 20,
+            },
+            network: NetworkPolicy::None,
+            ca_bundle: None,
+            log_level: None,
+        }
+    }
+}
+
+/// One documented variable: the README table is checked against this list by a test.
+pub struct Variable {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+pub const VARIABLES: &[Variable] = &[
+    Variable { name: "SANDBOX_IMAGE", default: DEFAULT_IMAGE, meaning: "image of every sandbox" },
+    Variable { name: "SANDBOX_MEMORY_LIMIT", default: "2g", meaning: "memory per sandbox, no swap" },
+    Variable { name: "SANDBOX_CPU_LIMIT", default: "0.5", meaning: "CPUs per sandbox" },
+    Variable { name: "SANDBOX_PIDS_LIMIT", default: "256", meaning: "processes+threads per sandbox" },
+    Variable { name: "SANDBOX_TMP_SIZE", default: "64m", meaning: "size of the /tmp tmpfs" },
+    Variable { name: "SANDBOX_TIMEOUT", default: "60s", meaning: "wall clock per execution" },
+    Variable { name: "SANDBOX_MAX_OUTPUT", default: "1m", meaning: "stdout+stderr kept per execution" },
+    Variable { name: "SANDBOX_NETWORK", default: "none", meaning: "none or bridge" },
+    Variable { name: "SANDBOX_CA_BUNDLE", default: "(unset)", meaning: "host CA file for networked sandboxes" },
+    Variable { name: "LOG_LEVEL", default: "info (run: warn)", meaning: "log filter, written to stderr" },
+];
+
+impl Config {
+    /// Reads the process environment. A `.env` file in the working directory is loaded first;
+    /// variables already set in the environment win over it.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let _ = dotenvy::dotenv();
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Builds a configuration from any variable source (the environment, or a map in tests).
+    /// Unset and empty variables take their default.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let get = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let mut config = Config::default();
+
+        if let Some(image) = get("SANDBOX_IMAGE") {
+            if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(ConfigError {
+                    var: "SANDBOX_IMAGE",
+                    value: image,
+                    expected: "an image reference such as python-code-sandbox:py3.11",
+                });
+            }
+            config.image = image;
+        }
+        let limits = &mut config.limits;
+        if let Some(v) = get("SANDBOX_MEMORY_LIMIT") {
+            limits.memory_bytes = parse_bytes("SANDBOX_MEMORY_LIMIT", &v, 16 << 20)?;
+        }
+        if let Some(v) = get("SANDBOX_CPU_LIMIT") {
+            limits.cpus = parse_cpus(&v)?;
+        }
+        if let Some(v) = get("SANDBOX_PIDS_LIMIT") {
+            limits.pids = match v.parse::<u64>() {
+                Ok(n) if (8..=1_000_000).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError {
+                        var: "SANDBOX_PIDS_LIMIT",
+                        value: v,
+                        expected: "a whole number of processes from 8 to 1000000, such as 256",
+                    })
+                }
+            };
+        }
+        if let Some(v) = get("SANDBOX_TMP_SIZE") {
+            limits.tmp_bytes = parse_bytes("SANDBOX_TMP_SIZE", &v, 1 << 20)?;
+        }
+        if let Some(v) = get("SANDBOX_TIMEOUT") {
+            limits.timeout = parse_duration("SANDBOX_TIMEOUT", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_MAX_OUTPUT") {
+            limits.max_output_bytes = parse_bytes("SANDBOX_MAX_OUTPUT", &v, 1)?;
+            if limits.max_output_bytes > MAX_OUTPUT_CEILING {
+                return Err(ConfigError {
+                    var: "SANDBOX_MAX_OUTPUT",
+                    value: v,
+                    expected: "a size from 1 byte to 64m, such as 1m",
+                });
+            }
+        }
+        if let Some(v) = get("SANDBOX_NETWORK") {
+            config.network = match v.to_ascii_lowercase().as_str() {
+                "none" => NetworkPolicy::None,
+                "bridge" => NetworkPolicy::Bridge,
+                _ => {
+                    return Err(ConfigError {
+                        var: "SANDBOX_NETWORK",
+                        value: v,
+                        expected: "none or bridge",
+                    })
+                }
+            };
+        }
+        if let Some(v) = get("SANDBOX_CA_BUNDLE") {
+            let path = PathBuf::from(&v);
+            if !path.is_absolute() || !path.is_file() {
+                return Err(ConfigError {
+                    var: "SANDBOX_CA_BUNDLE",
+                    value: v,
+                    expected: "the absolute path of an existing CA bundle file on the host",
+                });
+            }
+            config.ca_bundle = Some(path);
+        }
+        if let Some(v) = get("LOG_LEVEL") {
+            if tracing_subscriber::EnvFilter::try_new(&v).is_err() {
+                return Err(ConfigError {
+                    var: "LOG_LEVEL",
+                    value: v,
+                    expected: "a log level (error, warn, info, debug, trace) or a tracing filter",
+                });
+            }
+            config.log_level = Some(v);
+        }
+        Ok(config)
+    }
+}
+
+/// The largest output cap an operator may set: the host buffers up to this much per execution.
+pub const MAX_OUTPUT_CEILING: u64 = 64 << 20;
+
+/// Parses a size the way Docker does: `512m`, `2g`, `1048576`; units are binary (`m` = MiB).
+pub fn parse_bytes(var: &'static str, value: &str, minimum: u64) -> Result<u64, ConfigError> {
+    let error = || ConfigError {
+        var,
+        value: value.to_string(),
+        expected: "a size such as 512m, 2g or 1048576 (bytes; k/m/g are binary units)",
+    };
+    let parsed = parse_size::Config::new()
+        .with_binary()
+        .parse_size(value)
+        .map_err(|_| error())?;
+    if parsed < minimum {
+        return Err(ConfigError {
+            var,
+            value: value.to_string(),
+            expected: "a larger size (this one is below the minimum that can work)",
+        });
+    }
+    Ok(parsed)
+}
+
+/// Parses a duration: `30s`, `2m`, `1h 30m`, or a bare number of seconds (`45`, `2.5`).
+pub fn parse_duration(var: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    let error = || ConfigError {
+        var,
+        value: value.to_string(),
+        expected: "a positive duration such as 30s, 2m or 90 (seconds)",
+    };
+    let duration = match value.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => Duration::from_secs_f64(secs),
+        Ok(_) => return Err(error()),
+        Err(_) => humantime::parse_duration(value).map_err(|_| error())?,
+    };
+    if duration.is_zero() {
+        return Err(error());
+    }
+    Ok(duration)
+}
+
+fn parse_cpus(value: &str) -> Result<f64, ConfigError> {
+    match value.parse::<f64>() {
+        Ok(cpus) if cpus.is_finite() && (0.01..=1024.0).contains(&cpus) => Ok(cpus),
+        _ => Err(ConfigError {
+            var: "SANDBOX_CPU_LIMIT",
+            value: value.to_string(),
+            expected: "a number of CPUs from 0.01 to 1024, such as 0.5 or 2",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_match_the_seed() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.image, DEFAULT_IMAGE);
+        assert_eq!(c.limits.memory_bytes, 2 * 1024 * 1024 * 1024);
+        assert_eq!(c.limits.cpus, 0.5);
+        assert_eq!(c.network, NetworkPolicy::None);
+        assert_eq!(c.ca_bundle, None);
+    }
+
+    #[test]
+    fn sizes_use_binary_units_like_docker() {
+        let c = config(&[("SANDBOX_MEMORY_LIMIT", "512m"), ("SANDBOX_MAX_OUTPUT", "64k")]).unwrap();
+        assert_eq!(c.limits.memory_bytes, 512 * 1024 * 1024);
+        assert_eq!(c.limits.max_output_bytes, 64 * 1024);
+        let c = config(&[("SANDBOX_MEMORY_LIMIT", "1G")]).unwrap();
+        assert_eq!(c.limits.memory_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn durations_accept_units_and_bare_seconds() {
+        let c = config(&[("SANDBOX_TIMEOUT", "90")]).unwrap();
+        assert_eq!(c.limits.timeout, Duration::from_secs(90));
+        let c = config(&[("SANDBOX_TIMEOUT", "2m")]).unwrap();
+        assert_eq!(c.limits.timeout, Duration::from_secs(120));
+        let c = config(&[("SANDBOX_TIMEOUT", "1.5")]).unwrap();
+        assert_eq!(c.limits.timeout, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn empty_values_take_the_default() {
+        let c = config(&[("SANDBOX_TIMEOUT", ""), ("SANDBOX_NETWORK", " ")]).unwrap();
+        assert_eq!(c.limits.timeout, Duration::from_secs(60));
+        assert_eq!(c.network, NetworkPolicy::None);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_value_and_form() {
+        let cases = [
+            ("SANDBOX_MEMORY_LIMIT", "lots"),
+            ("SANDBOX_MEMORY_LIMIT", "1k"),
+            ("SANDBOX_CPU_LIMIT", "-1"),
+            ("SANDBOX_CPU_LIMIT", "NaN"),
+            ("SANDBOX_PIDS_LIMIT", "0"),
+            ("SANDBOX_PIDS_LIMIT", "many"),
+            ("SANDBOX_TIMEOUT", "0"),
+            ("SANDBOX_TIMEOUT", "soon"),
+            ("SANDBOX_TIMEOUT", "-5"),
+            ("SANDBOX_MAX_OUTPUT", "1t"),
+            ("SANDBOX_NETWORK", "host"),
+            ("SANDBOX_CA_BUNDLE", "relative.pem"),
+            ("SANDBOX_CA_BUNDLE", "/no/such/file.pem"),
+            ("SANDBOX_IMAGE", "two words"),
+            ("LOG_LEVEL", "loud=[["),
+        ];
+        for (var, value) in cases {
+            let err = config(&[(var, value)]).expect_err(var);
+            assert_eq!(err.var, var);
+            assert_eq!(err.value, value);
+            let text = err.to_string();
+            assert!(text.contains(var) && text.contains(value) && text.contains("expected"), "{text}");
+        }
+    }
+
+    #[test]
+    fn network_bridge_is_accepted() {
+        let c = config(&[("SANDBOX_NETWORK", "Bridge")]).unwrap();
+        assert_eq!(c.network, NetworkPolicy::Bridge);
+    }
+
+    #[test]
+    fn readme_documents_every_variable() {
+        let readme = include_str!("../README.md");
+        for v in VARIABLES {
+            assert!(readme.contains(&format!("`{}`", v.name)), "README lacks {}", v.name);
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The boundary between the engine and a container platform.
+//!
+//! The engine speaks only in these terms: a sandbox is created from a [`SandboxSpec`], started with
+//! its runner's stdin/stdout attached, interrupted, killed, inspected and destroyed. Docker is one
+//! implementation ([`super::docker::DockerBackend`]); a Kubernetes backend can be another, so
+//! nothing Docker-specific appears here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::Stream;
+use tokio::io::AsyncWrite;
+
+use crate::config::{Limits, NetworkPolicy};
+
+/// The id of a sandbox as the backend knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SandboxId(pub String);
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything a backend needs to create one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub image: String,
+    pub limits: Limits,
+    pub network: NetworkPolicy,
+    /// Host CA bundle, mounted read-only when the sandbox has a network.
+    pub ca_bundle: Option<PathBuf>,
+    /// The runner's argv.
+    pub command: Vec<String>,
+    /// Labels that identify the owning server instance (see `engine::owner`).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Where sandboxed processes see things; the same in every backend.
+pub mod paths {
+    pub const WORKSPACE: &str = "/workspace";
+    pub const TMP: &str = "/tmp";
+    pub const CA_BUNDLE: &str = "/etc/ssl/certs/sandbox-ca-bundle.crt";
+    pub const HOME: &str = "/home/sandbox";
+    /// uid:gid of the unprivileged user every sandbox runs as.
+    pub const USER: &str = "1000:1000";
+}
+
+/// A chunk of what the runner process wrote.
+#[derive(Debug, Clone)]
+pub enum OutputChunk {
+    /// The protocol stream (the runner's original stdout).
+    Stdout(Bytes),
+    /// Diagnostics the runner or Python itself printed before the runner took over (e.g. "python3:
+    /// not found"); shown to the user when a sandbox fails to start.
+    Stderr(Bytes),
+}
+
+pub type OutputStream = Pin<Box<dyn Stream<Item = Result<OutputChunk, BackendError>> + Send>>;
+pub type InputSink = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// The runner's attached standard streams.
+pub struct RunnerStreams {
+    pub input: InputSink,
+    pub output: OutputStream,
+}
+
+/// How a sandbox's main process ended, when it did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub running: bool,
+    pub exit_code: Option<i64>,
+    /// The kernel killed a process of the sandbox for exceeding its memory limit.
+    pub oom_killed: bool,
+}
+
+/// A sandbox found by [`Backend::list`].
+#[derive(Debug, Clone)]
+pub struct SandboxRecord {
+    pub id: SandboxId,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The engine daemon's identity, for `doctor`.
+#[derive(Debug, Clone)]
+pub struct BackendInfo {
+    pub name: String,
+    pub version: String,
+    pub api_version: String,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    #[error("the container engine is not reachable: {0}")]
+    Unavailable(String),
+    #[error("image {image} is not available: {hint}")]
+    ImageMissing { image: String, hint: String },
+    #[error("sandbox {0} no longer exists")]
+    NotFound(SandboxId),
+    #[error("{0}")]
+    Other(String),
+}
+
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Checks that the engine answers.
+    async fn info(&self) -> Result<BackendInfo, BackendError>;
+
+    /// Makes sure `image` can be used, fetching or building it when that is possible.
+    async fn ensure_image(&self, image: &str) -> Result<(), BackendError>;
+
+    /// Creates (but does not start) a sandbox.
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError>;
+
+    /// Starts the sandbox's main process (again, after [`Backend::kill`]) and attaches to its
+    /// standard streams before it can write anything.
+    async fn start(&self, id: &SandboxId) -> Result<RunnerStreams, BackendError>;
+
+    /// Asks the runner to interrupt the code it is executing (SIGINT).
+    async fn interrupt(&self, id: &SandboxId) -> Result<(), BackendError>;
+
+    /// Stops every process of the sandbox at once; its storage stays for a later start.
+    async fn kill(&self, id: &SandboxId) -> Result<(), BackendError>;
+
+    /// How the main process ended, if it did.
+    async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError>;
+
+    /// Removes the sandbox and its storage. Removing one that is already gone succeeds.
+    async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError>;
+
+    /// Sandboxes (of any owner) carrying `label` = `value`, and storage left without a sandbox.
+    async fn list(&self, label: &str, value: &str) -> Result<Vec<SandboxRecord>, BackendError>;
+
+    /// Removes storage volumes with `label` = `value` that no sandbox uses and whose owner labels
+    /// satisfy `orphaned`.
+    async fn remove_orphaned_storage(
+        &self,
+        label: &str,
+        value: &str,
+        orphaned: &(dyn for<'l> Fn(&'l BTreeMap<String, String>) -> bool + Sync),
+    ) -> Result<usize, BackendError>;
+}

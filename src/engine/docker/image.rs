@@ -1,0 +1,246 @@
+//! The sandbox image: how it is built, online or offline, and fetched at first use.
+//!
+//! One recipe ([`RECIPE`], a Dockerfile) adds what the engine relies on (uid 1000 with a home,
+//! `/workspace`, a `python` alias) on top of a base. Online the base is `python:3.11-slim`. Offline
+//! (no registry reachable) the base is a Debian bookworm rootfs made with debootstrap and imported;
+//! it is kept under [`OFFLINE_BASE`] so rebuilding the recipe later takes seconds.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+
+use bollard::models::BuildInfo;
+use bollard::query_parameters::{BuildImageOptions, CreateImageOptions};
+use bollard::Docker;
+use futures_util::{Stream, StreamExt};
+use tokio_util::io::ReaderStream;
+
+use crate::config::DEFAULT_IMAGE;
+use crate::engine::backend::BackendError;
+
+/// The recipe applied on top of either base.
+pub const RECIPE: &str = include_str!("Dockerfile");
+/// The online base.
+pub const ONLINE_BASE: &str = "python:3.11-slim";
+/// The tag of the imported debootstrap rootfs.
+pub const OFFLINE_BASE: &str = "python-code-sandbox-base:bookworm";
+/// Packages of the offline rootfs.
+const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates";
+/// Label carrying a hash of the recipe, so a stale image is recognisable.
+pub const RECIPE_LABEL: &str = "io.python-code-sandbox.recipe";
+
+/// How to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildMode {
+    /// Online, falling back to offline when the base cannot be pulled.
+    Auto,
+    /// Offline only.
+    Offline,
+}
+
+pub fn recipe_hash() -> String {
+    // FNV-1a: stable across Rust versions, unlike DefaultHasher.
+    let mut hash: u64 = 0xcbf29ce484222325;
+    for byte in RECIPE.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x100000001b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// What to tell a user whose image is missing.
+pub fn missing_hint(image: &str) -> String {
+    if image == DEFAULT_IMAGE {
+        "build it with `python-code-sandbox image build` (add `--offline` where no registry is \
+         reachable; that needs root and debootstrap)"
+            .to_string()
+    } else {
+        format!("pull it with `docker pull {image}`, or build it")
+    }
+}
+
+/// Makes `image` available: present already, else built (the default image) or pulled.
+pub async fn ensure(docker: &Docker, image: &str) -> Result<(), BackendError> {
+    if docker.inspect_image(image).await.is_ok() {
+        return Ok(());
+    }
+    if image == DEFAULT_IMAGE {
+        tracing::info!(image, "sandbox image missing: building it (one time)");
+        return build(docker, image, BuildMode::Auto).await.map_err(|e| BackendError::ImageMissing {
+            image: image.to_string(),
+            hint: format!("building it failed ({e}); {}", missing_hint(image)),
+        });
+    }
+    tracing::info!(image, "sandbox image missing: pulling it");
+    pull(docker, image).await.map_err(|e| BackendError::ImageMissing {
+        image: image.to_string(),
+        hint: format!("pulling it failed ({e}); {}", missing_hint(image)),
+    })
+}
+
+async fn pull(docker: &Docker, image: &str) -> Result<(), String> {
+    let options = CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
+    let mut progress = docker.create_image(Some(options), None, None);
+    while let Some(step) = progress.next().await {
+        let step = step.map_err(|e| e.to_string())?;
+        if let Some(status) = step.status {
+            tracing::debug!(image, "{status}");
+        }
+    }
+    Ok(())
+}
+
+/// Builds the sandbox image and tags it `tag`.
+pub async fn build(docker: &Docker, tag: &str, mode: BuildMode) -> Result<(), String> {
+    let base = match mode {
+        BuildMode::Auto => {
+            if docker.inspect_image(ONLINE_BASE).await.is_ok() {
+                ONLINE_BASE.to_string()
+            } else {
+                tracing::info!("pulling {ONLINE_BASE}");
+                match pull(docker, ONLINE_BASE).await {
+                    Ok(()) => ONLINE_BASE.to_string(),
+                    Err(e) => {
+                        tracing::warn!("cannot pull {ONLINE_BASE} ({e}); building offline instead");
+                        offline_base(docker).await?
+                    }
+                }
+            }
+        }
+        BuildMode::Offline => offline_base(docker).await?,
+    };
+    build_recipe(docker, &base, tag).await
+}
+
+/// The imported debootstrap rootfs, made when it does not exist yet.
+async fn offline_base(docker: &Docker) -> Result<String, String> {
+    if docker.inspect_image(OFFLINE_BASE).await.is_ok() {
+        tracing::info!("using the existing offline base {OFFLINE_BASE}");
+        return Ok(OFFLINE_BASE.to_string());
+    }
+    let workdir = tempdir()?;
+    let rootfs = workdir.join("rootfs");
+    let result = async {
+        debootstrap(&rootfs).await?;
+        import_rootfs(docker, &rootfs).await
+    }
+    .await;
+    if let Err(e) = std::fs::remove_dir_all(&workdir) {
+        tracing::warn!("could not remove {}: {e}", workdir.display());
+    }
+    result.map(|()| OFFLINE_BASE.to_string())
+}
+
+fn tempdir() -> Result<std::path::PathBuf, String> {
+    // Under /var/tmp, not /tmp: a rootfs is a few hundred MB and /tmp may be a small tmpfs.
+    let dir = Path::new("/var/tmp").join(format!("python-code-sandbox-rootfs-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+async fn debootstrap(rootfs: &Path) -> Result<(), String> {
+    let mirror = std::env::var("DEBOOTSTRAP_MIRROR").ok().filter(|m| !m.is_empty());
+    tracing::info!("debootstrap bookworm into {} (about a minute)", rootfs.display());
+    let mut command = tokio::process::Command::new("debootstrap");
+    command
+        .arg("--variant=minbase")
+        .arg(format!("--include={DEBOOTSTRAP_INCLUDE}"))
+        .arg("bookworm")
+        .arg(rootfs);
+    if let Some(mirror) = mirror {
+        command.arg(mirror);
+    }
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run debootstrap ({e}); install it (apt-get install debootstrap) and run as root"))?;
+    if !output.status.success() {
+        let text = String::from_utf8_lossy(&output.stdout);
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        return Err(format!(
+            "debootstrap failed ({}); it needs root. Last lines:\n{}",
+            output.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
+    }
+    Ok(())
+}
+
+async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), String> {
+    tracing::info!("importing the rootfs as {OFFLINE_BASE}");
+    // The system tar handles every file type a rootfs has (device nodes included).
+    let mut tar = tokio::process::Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["--numeric-owner", "-c", "."])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run tar: {e}"))?;
+    let stdout = tar.stdout.take().ok_or("tar has no stdout")?;
+    let body = ReaderStream::new(stdout).filter_map(|chunk| async move { chunk.ok() });
+    let (repo, tag) = OFFLINE_BASE.split_once(':').unwrap_or((OFFLINE_BASE, "latest"));
+    let options = CreateImageOptions {
+        from_src: Some("-".to_string()),
+        repo: Some(repo.to_string()),
+        tag: Some(tag.to_string()),
+        ..Default::default()
+    };
+    let mut progress = docker.create_image(Some(options), Some(bollard::body_stream(body)), None);
+    while let Some(step) = progress.next().await {
+        let step = step.map_err(|e| format!("import failed: {e}"))?;
+        if let Some(error) = step.error_detail.and_then(|d| d.message) {
+            return Err(format!("import failed: {error}"));
+        }
+    }
+    let status = tar.wait().await.map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("tar of the rootfs failed ({status})"));
+    }
+    Ok(())
+}
+
+async fn build_recipe(docker: &Docker, base: &str, tag: &str) -> Result<(), String> {
+    tracing::info!("building {tag} from {base}");
+    let context = {
+        let mut archive = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(RECIPE.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, "Dockerfile", RECIPE.as_bytes())
+            .map_err(|e| e.to_string())?;
+        archive.into_inner().map_err(|e| e.to_string())?
+    };
+    let options = BuildImageOptions {
+        t: Some(tag.to_string()),
+        dockerfile: "Dockerfile".to_string(),
+        rm: true,
+        forcerm: true,
+        buildargs: Some(HashMap::from([("BASE".to_string(), base.to_string())])),
+        labels: Some(HashMap::from([(RECIPE_LABEL.to_string(), recipe_hash())])),
+        ..Default::default()
+    };
+    let progress = docker.build_image(options, None, Some(bollard::body_full(context.into())));
+    follow_build(progress).await
+}
+
+async fn follow_build(
+    mut progress: impl Stream<Item = Result<BuildInfo, bollard::errors::Error>> + Unpin,
+) -> Result<(), String> {
+    while let Some(step) = progress.next().await {
+        let step = step.map_err(|e| format!("build failed: {e}"))?;
+        if let Some(error) = step.error_detail.and_then(|d| d.message) {
+            return Err(format!("build failed: {error}"));
+        }
+        if let Some(line) = step.stream {
+            let line = line.trim();
+            if !line.is_empty() {
+                tracing::info!("build: {line}");
+            }
+        }
+    }
+    Ok(())
+}

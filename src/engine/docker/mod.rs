@@ -1,0 +1,333 @@
+//! The Docker backend: sandboxes are containers, created through the Engine API (bollard).
+//!
+//! Every hardening choice lives in [`DockerBackend::container_body`], so one place says what a
+//! sandbox is allowed to do. The connection is made lazily and kept: a server started while the
+//! daemon is down still starts, and works as soon as the daemon answers.
+
+pub mod image;
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use bollard::errors::Error as DockerError;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
+    ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+};
+use bollard::container::LogOutput;
+use bollard::Docker;
+use futures_util::StreamExt;
+use tokio::sync::Mutex;
+
+use super::backend::{
+    paths, Backend, BackendError, BackendInfo, ExitInfo, OutputChunk, RunnerStreams, SandboxId,
+    SandboxRecord, SandboxSpec,
+};
+use crate::config::NetworkPolicy;
+
+pub struct DockerBackend {
+    client: Mutex<Option<Docker>>,
+    /// Images already checked, so `ensure_image` costs one lookup per image per process.
+    ready_images: Mutex<Vec<String>>,
+}
+
+impl Default for DockerBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DockerBackend {
+    pub fn new() -> Self {
+        DockerBackend { client: Mutex::new(None), ready_images: Mutex::new(Vec::new()) }
+    }
+
+    /// The connected client; connects (honouring `DOCKER_HOST`) and negotiates the API version on
+    /// first use, and again after a failed attempt.
+    pub async fn client(&self) -> Result<Docker, BackendError> {
+        let mut slot = self.client.lock().await;
+        if let Some(client) = slot.as_ref() {
+            return Ok(client.clone());
+        }
+        let client = Docker::connect_with_defaults()
+            .map_err(|e| BackendError::Unavailable(e.to_string()))?
+            .negotiate_version()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// The container a sandbox is: every limit and hardening field is set here.
+    pub fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
+        let limits = &spec.limits;
+        let memory = i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX);
+        let labels: HashMap<String, String> =
+            spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let networked = spec.network != NetworkPolicy::None;
+
+        let mut mounts = vec![Mount {
+            // An anonymous volume: removed with the container (remove with `v`), and unlike a tmpfs
+            // it works with the archive API under a read-only root.
+            target: Some(paths::WORKSPACE.to_string()),
+            typ: Some(MountType::VOLUME),
+            volume_options: Some(MountVolumeOptions {
+                labels: Some(labels.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }];
+        let mut env = vec![
+            format!("HOME={}", paths::HOME),
+            "LANG=C.UTF-8".to_string(),
+            "PYTHONIOENCODING=utf-8".to_string(),
+            "PYTHONDONTWRITEBYTECODE=1".to_string(),
+            "MPLBACKEND=Agg".to_string(),
+        ];
+        if let (true, Some(bundle)) = (networked, &spec.ca_bundle) {
+            mounts.push(Mount {
+                target: Some(paths::CA_BUNDLE.to_string()),
+                source: Some(bundle.display().to_string()),
+                typ: Some(MountType::BIND),
+                read_only: Some(true),
+                ..Default::default()
+            });
+            for var in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"] {
+                env.push(format!("{var}={}", paths::CA_BUNDLE));
+            }
+        }
+
+        let host_config = HostConfig {
+            cap_drop: Some(vec!["ALL".to_string()]),
+            security_opt: Some(vec!["no-new-privileges".to_string()]),
+            pids_limit: Some(i64::try_from(limits.pids).unwrap_or(i64::MAX)),
+            memory: Some(memory),
+            // Equal to memory: no swap at all.
+            memory_swap: Some(memory),
+            nano_cpus: Some((limits.cpus * 1e9).round() as i64),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                paths::TMP.to_string(),
+                format!("rw,nosuid,nodev,size={}", limits.tmp_bytes),
+            )])),
+            mounts: Some(mounts),
+            network_mode: Some(spec.network.as_str().to_string()),
+            init: Some(true),
+            ipc_mode: Some("private".to_string()),
+            ulimits: Some(vec![ResourcesUlimits {
+                // No core dumps: they would land in the workspace.
+                name: Some("core".to_string()),
+                soft: Some(0),
+                hard: Some(0),
+            }]),
+            ..Default::default()
+        };
+
+        ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.command.clone()),
+            entrypoint: Some(Vec::new()),
+            user: Some(paths::USER.to_string()),
+            working_dir: Some(paths::WORKSPACE.to_string()),
+            hostname: Some("sandbox".to_string()),
+            env: Some(env),
+            labels: Some(labels),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(false),
+            tty: Some(false),
+            network_disabled: Some(!networked),
+            host_config: Some(host_config),
+            ..Default::default()
+        }
+    }
+}
+
+/// Classifies a client error: transport failures mean the engine is unavailable.
+fn unavailable(e: &DockerError) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+fn classify(e: DockerError) -> BackendError {
+    match e {
+        DockerError::DockerResponseServerError { status_code, message } => {
+            BackendError::Other(format!("container engine error {status_code}: {message}"))
+        }
+        DockerError::JsonDataError { .. } | DockerError::JsonSerdeError { .. } => BackendError::Other(e.to_string()),
+        other => unavailable(&other),
+    }
+}
+
+fn status_of(e: &DockerError) -> Option<u16> {
+    match e {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl Backend for DockerBackend {
+    async fn info(&self) -> Result<BackendInfo, BackendError> {
+        let docker = self.client().await?;
+        let version = docker.version().await.map_err(classify)?;
+        Ok(BackendInfo {
+            name: "docker".to_string(),
+            version: version.version.unwrap_or_default(),
+            api_version: version.api_version.unwrap_or_default(),
+        })
+    }
+
+    async fn ensure_image(&self, image: &str) -> Result<(), BackendError> {
+        if self.ready_images.lock().await.iter().any(|i| i == image) {
+            return Ok(());
+        }
+        let docker = self.client().await?;
+        image::ensure(&docker, image).await?;
+        self.ready_images.lock().await.push(image.to_string());
+        Ok(())
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
+        let docker = self.client().await?;
+        let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
+        let options = CreateContainerOptions { name: Some(name), ..Default::default() };
+        match docker.create_container(Some(options), Self::container_body(spec)).await {
+            Ok(created) => Ok(SandboxId(created.id)),
+            Err(e) if status_of(&e) == Some(404) => {
+                // The image vanished since it was checked.
+                self.ready_images.lock().await.retain(|i| i != &spec.image);
+                Err(BackendError::ImageMissing {
+                    image: spec.image.clone(),
+                    hint: image::missing_hint(&spec.image),
+                })
+            }
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn start(&self, id: &SandboxId) -> Result<RunnerStreams, BackendError> {
+        let docker = self.client().await?;
+        let options = AttachContainerOptions {
+            stream: true,
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            logs: false,
+            ..Default::default()
+        };
+        let attached = docker.attach_container(&id.0, Some(options)).await.map_err(|e| not_found_or(e, id))?;
+        docker.start_container(&id.0, None).await.map_err(|e| not_found_or(e, id))?;
+        let output = attached.output.filter_map(|item| async move {
+            match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    Some(Ok(OutputChunk::Stdout(message)))
+                }
+                Ok(LogOutput::StdErr { message }) => Some(Ok(OutputChunk::Stderr(message))),
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(e) => Some(Err(classify(e))),
+            }
+        });
+        Ok(RunnerStreams { input: attached.input, output: Box::pin(output) })
+    }
+
+    async fn interrupt(&self, id: &SandboxId) -> Result<(), BackendError> {
+        self.signal(id, "SIGINT").await
+    }
+
+    async fn kill(&self, id: &SandboxId) -> Result<(), BackendError> {
+        self.signal(id, "SIGKILL").await
+    }
+
+    async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
+        let docker = self.client().await?;
+        let inspected = docker.inspect_container(&id.0, None).await.map_err(|e| not_found_or(e, id))?;
+        let state = inspected.state.unwrap_or_default();
+        Ok(ExitInfo {
+            running: state.running.unwrap_or(false),
+            exit_code: state.exit_code,
+            oom_killed: state.oom_killed.unwrap_or(false),
+        })
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        match docker.remove_container(&id.0, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            // 409: removal already in progress (another caller is destroying it).
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn list(&self, label: &str, value: &str) -> Result<Vec<SandboxRecord>, BackendError> {
+        let docker = self.client().await?;
+        let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
+        let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let containers = docker.list_containers(Some(options)).await.map_err(classify)?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                Some(SandboxRecord {
+                    id: SandboxId(c.id?),
+                    labels: c.labels.unwrap_or_default().into_iter().collect(),
+                })
+            })
+            .collect())
+    }
+
+    async fn remove_orphaned_storage(
+        &self,
+        label: &str,
+        value: &str,
+        orphaned: &(dyn for<'l> Fn(&'l BTreeMap<String, String>) -> bool + Sync),
+    ) -> Result<usize, BackendError> {
+        let docker = self.client().await?;
+        let filters = HashMap::from([
+            ("label".to_string(), vec![format!("{label}={value}")]),
+            ("dangling".to_string(), vec!["true".to_string()]),
+        ]);
+        let listed = docker
+            .list_volumes(Some(ListVolumesOptions { filters: Some(filters) }))
+            .await
+            .map_err(classify)?;
+        let mut removed = 0;
+        for volume in listed.volumes.unwrap_or_default() {
+            let labels: BTreeMap<String, String> = volume.labels.into_iter().collect();
+            if orphaned(&labels) {
+                let options = RemoveVolumeOptions { force: false };
+                if docker.remove_volume(&volume.name, Some(options)).await.is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+impl DockerBackend {
+    async fn signal(&self, id: &SandboxId, signal: &str) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let options = KillContainerOptions { signal: signal.to_string() };
+        match docker.kill_container(&id.0, Some(options)).await {
+            Ok(()) => Ok(()),
+            // 409: not running (it already ended): nothing left to signal.
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => Err(not_found_or(e, id)),
+        }
+    }
+}
+
+fn not_found_or(e: DockerError, id: &SandboxId) -> BackendError {
+    if status_of(&e) == Some(404) {
+        BackendError::NotFound(id.clone())
+    } else {
+        classify(e)
+    }
+}

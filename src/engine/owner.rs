@@ -1,0 +1,139 @@
+//! Which server instance owns a sandbox, and whether that owner is gone.
+//!
+//! Every sandbox carries labels naming its server instance, host, boot and process. Several servers
+//! may share one engine (Claude Desktop and an editor each start one), so a server removes only
+//! sandboxes whose owner is provably dead: same host, and either another boot or no live process
+//! with that pid and start time. Sandboxes of other hosts are never touched.
+
+use std::collections::BTreeMap;
+
+pub const LABEL_MANAGED: &str = "io.python-code-sandbox.managed";
+pub const LABEL_INSTANCE: &str = "io.python-code-sandbox.instance";
+pub const LABEL_HOST: &str = "io.python-code-sandbox.host";
+pub const LABEL_BOOT: &str = "io.python-code-sandbox.boot";
+pub const LABEL_PID: &str = "io.python-code-sandbox.pid";
+pub const LABEL_PID_START: &str = "io.python-code-sandbox.pid-start";
+pub const LABEL_KIND: &str = "io.python-code-sandbox.kind";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub instance: String,
+    pub host: String,
+    pub boot: String,
+    pub pid: u32,
+    /// The process's start time in clock ticks since boot: tells a reused pid apart.
+    pub pid_start: u64,
+}
+
+impl Owner {
+    /// This process, as a new server instance.
+    pub fn current() -> Owner {
+        let pid = std::process::id();
+        Owner {
+            instance: uuid::Uuid::new_v4().simple().to_string(),
+            host: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
+            boot: read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_else(|| "unknown".into()),
+            pid,
+            pid_start: process_start_time(pid).unwrap_or(0),
+        }
+    }
+
+    pub fn labels(&self, kind: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_INSTANCE.to_string(), self.instance.clone()),
+            (LABEL_HOST.to_string(), self.host.clone()),
+            (LABEL_BOOT.to_string(), self.boot.clone()),
+            (LABEL_PID.to_string(), self.pid.to_string()),
+            (LABEL_PID_START.to_string(), self.pid_start.to_string()),
+            (LABEL_KIND.to_string(), kind.to_string()),
+        ])
+    }
+
+    /// Whether a sandbox with these labels belongs to a server that no longer runs.
+    pub fn is_leftover(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.is_leftover_with(labels, |pid, start| process_start_time(pid) == Some(start))
+    }
+
+    /// [`Owner::is_leftover`] with the liveness check supplied (for tests).
+    pub fn is_leftover_with(
+        &self,
+        labels: &BTreeMap<String, String>,
+        alive: impl Fn(u32, u64) -> bool,
+    ) -> bool {
+        let get = |key: &str| labels.get(key).map(String::as_str);
+        if get(LABEL_INSTANCE) == Some(self.instance.as_str()) {
+            return false; // ours
+        }
+        if get(LABEL_HOST) != Some(self.host.as_str()) {
+            return false; // another host's server: we cannot know, so we leave it
+        }
+        if get(LABEL_BOOT) != Some(self.boot.as_str()) {
+            return true; // made before this boot: its server is gone
+        }
+        let pid = get(LABEL_PID).and_then(|p| p.parse::<u32>().ok());
+        let start = get(LABEL_PID_START).and_then(|s| s.parse::<u64>().ok());
+        match (pid, start) {
+            (Some(pid), Some(start)) => !alive(pid, start),
+            _ => false, // unreadable labels: not provably ours to remove
+        }
+    }
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// Field 22 of `/proc/PID/stat`, read after the command name (which may hold spaces and parens).
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // After the name come field 3 (state) onwards; starttime is field 22.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        Owner {
+            instance: "me".into(),
+            host: "h".into(),
+            boot: "b".into(),
+            pid: 10,
+            pid_start: 100,
+        }
+    }
+
+    fn labels_of(instance: &str, host: &str, boot: &str, pid: &str, start: &str) -> BTreeMap<String, String> {
+        let mut o = owner();
+        o.instance = instance.into();
+        o.host = host.into();
+        o.boot = boot.into();
+        let mut l = o.labels("session");
+        l.insert(LABEL_PID.into(), pid.into());
+        l.insert(LABEL_PID_START.into(), start.into());
+        l
+    }
+
+    #[test]
+    fn decides_leftovers_only_when_the_owner_is_provably_dead() {
+        let me = owner();
+        let alive = |pid: u32, start: u64| pid == 20 && start == 200;
+        assert!(!me.is_leftover_with(&labels_of("me", "h", "b", "1", "1"), alive), "ours");
+        assert!(!me.is_leftover_with(&labels_of("x", "other", "b", "1", "1"), alive), "other host");
+        assert!(me.is_leftover_with(&labels_of("x", "h", "old", "20", "200"), alive), "old boot");
+        assert!(!me.is_leftover_with(&labels_of("x", "h", "b", "20", "200"), alive), "alive");
+        assert!(me.is_leftover_with(&labels_of("x", "h", "b", "20", "999"), alive), "pid reused");
+        assert!(me.is_leftover_with(&labels_of("x", "h", "b", "21", "200"), alive), "dead");
+        assert!(!me.is_leftover_with(&labels_of("x", "h", "b", "junk", "200"), alive), "unreadable");
+    }
+
+    #[test]
+    fn reads_this_process_start_time() {
+        let start = process_start_time(std::process::id());
+        assert!(start.is_some());
+        assert_eq!(start, process_start_time(std::process::id()));
+    }
+}

@@ -1,0 +1,305 @@
+//! The runner protocol: how the host talks to the runner process inside a sandbox.
+//!
+//! Both directions carry frames: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+//! The container's command is a fixed bootstrap that reads one frame holding the runner's source
+//! (`runner.py`, embedded in this binary) and executes it; the agent's code only ever travels inside
+//! request frames, never in argv.
+//!
+//! Everything the runner sends is untrusted (the code it runs can rewrite it), so the decoder
+//! bounds every frame before buffering it and turns anything malformed into an error, never a panic.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+/// The runner's source, sent to the bootstrap when a sandbox starts.
+pub const RUNNER_SOURCE: &str = include_str!("runner.py");
+
+/// The container command: read one frame from stdin and execute it as the runner.
+pub const BOOTSTRAP: &str = "import os,sys\n\
+def r(n):\n \
+ b=b''\n \
+ while len(b)<n:\n  \
+  c=os.read(0,n-len(b))\n  \
+  if not c: sys.exit(0)\n  \
+  b+=c\n \
+ return b\n\
+n=int.from_bytes(r(4),'big')\n\
+exec(compile(r(n),'<sandbox-runner>','exec'),{'__name__':'__sandbox_runner__'})\n";
+
+/// The argv of a sandbox's main process.
+pub fn bootstrap_command() -> Vec<String> {
+    vec!["python3".into(), "-u".into(), "-c".into(), BOOTSTRAP.into()]
+}
+
+/// Encodes one frame.
+pub fn encode_frame(body: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// A request to the runner.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request<'a> {
+    /// Execute Python code in the runner's persistent namespace.
+    Exec { id: u64, code: &'a str, max_output: u64 },
+    /// Run a shell command (`/bin/sh -c`) with the same capture and limits.
+    Shell { id: u64, command: &'a str, max_output: u64 },
+}
+
+impl Request<'_> {
+    pub fn id(&self) -> u64 {
+        match self {
+            Request::Exec { id, .. } | Request::Shell { id, .. } => *id,
+        }
+    }
+
+    pub fn to_frame(&self) -> Vec<u8> {
+        // Serializing plain strings and integers cannot fail.
+        encode_frame(&serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+/// A message from the runner, as parsed; see [`Reply::validate`] for the checked form.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Reply {
+    Ready { python: String },
+    Result(RawResult),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawResult {
+    pub id: u64,
+    pub exit_code: i64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_dropped: u64,
+    pub stderr_dropped: u64,
+    pub duration_ms: f64,
+    pub interrupted: bool,
+    pub error: Option<RaisedException>,
+}
+
+/// The exception that ended the code, when one did.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct RaisedException {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+}
+
+/// An execution's outcome as reported by the runner, decoded and bounded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunnerResult {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Bytes the code wrote beyond the output cap (counted, not kept).
+    pub dropped_bytes: u64,
+    pub exit_code: i32,
+    pub duration_ms: f64,
+    pub interrupted: bool,
+    pub error: Option<RaisedException>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("the sandbox announced a {size}-byte message, more than the {limit}-byte limit")]
+    FrameTooLarge { size: usize, limit: usize },
+    #[error("the sandbox sent a malformed message: {0}")]
+    Malformed(String),
+    #[error("the sandbox answered request {got} while request {expected} was pending")]
+    WrongId { expected: u64, got: u64 },
+}
+
+impl RawResult {
+    /// Decodes the output and holds the runner to the cap it was given: whatever it claims, no
+    /// more than `max_output` bytes of output are kept on the host.
+    pub fn validate(self, expected_id: u64, max_output: u64) -> Result<RunnerResult, ProtocolError> {
+        if self.id != expected_id {
+            return Err(ProtocolError::WrongId { expected: expected_id, got: self.id });
+        }
+        let decode = |s: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .map_err(|e| ProtocolError::Malformed(format!("output is not base64: {e}")))
+        };
+        let mut stdout = decode(&self.stdout)?;
+        let mut stderr = decode(&self.stderr)?;
+        let cap = usize::try_from(max_output).unwrap_or(usize::MAX);
+        let mut dropped = self.stdout_dropped.saturating_add(self.stderr_dropped);
+        if stdout.len() > cap {
+            dropped = dropped.saturating_add((stdout.len() - cap) as u64);
+            stdout.truncate(cap);
+        }
+        let room = cap - stdout.len();
+        if stderr.len() > room {
+            dropped = dropped.saturating_add((stderr.len() - room) as u64);
+            stderr.truncate(room);
+        }
+        let duration_ms = if self.duration_ms.is_finite() && self.duration_ms >= 0.0 {
+            self.duration_ms
+        } else {
+            0.0
+        };
+        let exit_code = i32::try_from(self.exit_code).unwrap_or(if self.exit_code < 0 { i32::MIN } else { i32::MAX });
+        let error = self.error.map(|mut e| {
+            e.kind.truncate(200);
+            e.message.truncate(1000);
+            e
+        });
+        Ok(RunnerResult {
+            stdout,
+            stderr,
+            dropped_bytes: dropped,
+            exit_code,
+            duration_ms,
+            interrupted: self.interrupted,
+            error,
+        })
+    }
+}
+
+/// Splits the runner's stdout byte stream into frames, never buffering more than one frame of at
+/// most `max_frame` bytes.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    buffer: Vec<u8>,
+    max_frame: usize,
+}
+
+impl FrameDecoder {
+    pub fn new(max_frame: usize) -> Self {
+        FrameDecoder { buffer: Vec::new(), max_frame }
+    }
+
+    /// The frame size needed to carry `max_output` bytes of output (base64 grows it by 4/3) plus the
+    /// JSON around it.
+    pub fn limit_for_output(max_output: u64) -> usize {
+        let output = usize::try_from(max_output).unwrap_or(usize::MAX / 2);
+        output.saturating_mul(4) / 3 + 64 * 1024
+    }
+
+    /// Appends bytes received from the runner.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), ProtocolError> {
+        self.buffer.extend_from_slice(bytes);
+        self.check_header()
+    }
+
+    fn check_header(&self) -> Result<(), ProtocolError> {
+        if let Some(size) = self.announced() {
+            if size > self.max_frame {
+                return Err(ProtocolError::FrameTooLarge { size, limit: self.max_frame });
+            }
+        }
+        // More bytes than one frame can hold are pending only if the runner pipelines replies we
+        // did not ask for; refuse rather than grow.
+        if self.buffer.len() > self.max_frame.saturating_add(4) * 2 {
+            return Err(ProtocolError::Malformed("more data than any reply can hold".into()));
+        }
+        Ok(())
+    }
+
+    fn announced(&self) -> Option<usize> {
+        let header: [u8; 4] = self.buffer.get(..4)?.try_into().ok()?;
+        Some(u32::from_be_bytes(header) as usize)
+    }
+
+    /// Takes the next complete frame and parses it, if one is buffered.
+    pub fn next_reply(&mut self) -> Result<Option<Reply>, ProtocolError> {
+        let Some(size) = self.announced() else { return Ok(None) };
+        if size > self.max_frame {
+            return Err(ProtocolError::FrameTooLarge { size, limit: self.max_frame });
+        }
+        if self.buffer.len() < 4 + size {
+            return Ok(None);
+        }
+        let body: Vec<u8> = self.buffer.drain(..4 + size).skip(4).collect();
+        let reply = serde_json::from_slice(&body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+        self.check_header()?;
+        Ok(Some(reply))
+    }
+
+    /// Changes the frame limit (requests with a different output cap need a different bound).
+    pub fn set_limit(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result_json(id: u64, stdout: &[u8]) -> Vec<u8> {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(stdout);
+        format!(
+            r#"{{"type":"result","id":{id},"exit_code":0,"stdout":"{b64}","stderr":"","stdout_dropped":0,"stderr_dropped":0,"duration_ms":1.5,"interrupted":false,"error":null}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn frames_split_across_pushes_are_reassembled() {
+        let frame = encode_frame(&result_json(7, b"hi\n"));
+        let mut decoder = FrameDecoder::new(1 << 16);
+        for byte in &frame[..frame.len() - 1] {
+            decoder.push(std::slice::from_ref(byte)).unwrap();
+            assert!(decoder.next_reply().unwrap().is_none());
+        }
+        decoder.push(&frame[frame.len() - 1..]).unwrap();
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!("no result") };
+        let result = raw.validate(7, 1024).unwrap();
+        assert_eq!(result.stdout, b"hi\n");
+        assert!(decoder.next_reply().unwrap().is_none());
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_before_it_is_buffered() {
+        let mut decoder = FrameDecoder::new(1024);
+        let err = decoder.push(&u32::MAX.to_be_bytes()).unwrap_err();
+        assert!(matches!(err, ProtocolError::FrameTooLarge { .. }));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for junk in [&b"\x00\x00\x00\x03abc"[..], b"\x00\x00\x00\x02{}", b"\x00\x00\x00\x04null"] {
+            let mut decoder = FrameDecoder::new(1024);
+            decoder.push(junk).unwrap();
+            assert!(matches!(decoder.next_reply(), Err(ProtocolError::Malformed(_))), "{junk:?}");
+        }
+        let mut decoder = FrameDecoder::new(1024);
+        let bad = br#"{"type":"result","id":1,"exit_code":0,"stdout":"!!","stderr":"","stdout_dropped":0,"stderr_dropped":0,"duration_ms":0,"interrupted":false,"error":null}"#;
+        decoder.push(&encode_frame(bad)).unwrap();
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!() };
+        assert!(matches!(raw.validate(1, 10), Err(ProtocolError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_reply_to_another_request_is_refused() {
+        let mut decoder = FrameDecoder::new(1 << 16);
+        decoder.push(&encode_frame(&result_json(2, b""))).unwrap();
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!() };
+        assert_eq!(raw.validate(1, 10), Err(ProtocolError::WrongId { expected: 1, got: 2 }));
+    }
+
+    #[test]
+    fn output_beyond_the_cap_is_cut_on_the_host_too() {
+        let mut decoder = FrameDecoder::new(1 << 16);
+        decoder.push(&encode_frame(&result_json(1, &[b'x'; 100]))).unwrap();
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!() };
+        let result = raw.validate(1, 10).unwrap();
+        assert_eq!(result.stdout.len(), 10);
+        assert_eq!(result.dropped_bytes, 90);
+    }
+
+    #[test]
+    fn requests_serialize_with_their_op() {
+        let frame = Request::Exec { id: 3, code: "print(1)", max_output: 5 }.to_frame();
+        let body: serde_json::Value = serde_json::from_slice(&frame[4..]).unwrap();
+        assert_eq!(body["op"], "exec");
+        assert_eq!(body["code"], "print(1)");
+        assert_eq!(u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize, frame.len() - 4);
+    }
+}

@@ -1,0 +1,436 @@
+//! One sandbox and the runner inside it, as an explicit state machine.
+//!
+//! ```text
+//!   launch ──► Ready ──execute──► Ready            (the code finished, or was interrupted in time)
+//!                │                  │
+//!                │        runner died / killed after the grace / protocol broken
+//!                ▼                  ▼
+//!              Down ──restart (state lost)──► Ready
+//!                │
+//!   destroy ◄────┴── from any state ──► Destroyed
+//! ```
+//!
+//! A sandbox dropped without `destroy` (a cancelled request) is destroyed in the background.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::backend::{Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec};
+use super::protocol::{encode_frame, FrameDecoder, ProtocolError, RaisedException, Reply, Request, RUNNER_SOURCE};
+use super::EngineError;
+
+/// How long the runner gets to answer after SIGINT before the sandbox is killed.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+/// How long a sandbox gets from start to a ready runner.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bytes kept of what the sandbox's processes print outside the protocol (start-up failures).
+const DIAGNOSTICS_LIMIT: usize = 8 * 1024;
+
+/// What to execute.
+#[derive(Debug, Clone, Copy)]
+pub enum Task<'a> {
+    /// Python source, executed in the runner's persistent namespace.
+    Python(&'a str),
+    /// A shell command line, run with `/bin/sh -c`.
+    Shell(&'a str),
+}
+
+/// The outcome of one execution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// The code's exit status: 0, `sys.exit(n)`, 1 for an uncaught exception, 130 when interrupted,
+    /// 137 when the sandbox was killed.
+    pub exit_code: i32,
+    /// Time the code ran, as measured inside the sandbox (or on the host when the runner died).
+    pub duration: Duration,
+    /// Bytes of output beyond the cap: counted, not kept.
+    pub truncated_bytes: u64,
+    /// The wall-clock limit expired.
+    pub timed_out: bool,
+    /// The runner was restarted: variables and imports of earlier executions are gone.
+    pub state_lost: bool,
+    /// The sandbox ran out of memory.
+    pub out_of_memory: bool,
+    /// The exception that ended the code, if one did.
+    pub error: Option<RaisedException>,
+}
+
+impl Execution {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == 0 && !self.timed_out && !self.out_of_memory
+    }
+}
+
+enum State {
+    Ready(Runner),
+    Down(String),
+    Destroyed,
+}
+
+/// The host's end of the runner protocol.
+struct Runner {
+    input: InputSink,
+    output: OutputStream,
+    decoder: FrameDecoder,
+    diagnostics: Vec<u8>,
+}
+
+enum RunnerFailure {
+    /// The runner's stream ended: its process is gone.
+    Ended,
+    Protocol(ProtocolError),
+    Backend(BackendError),
+}
+
+impl Runner {
+    async fn connect(streams: super::backend::RunnerStreams) -> Result<(Runner, String), (RunnerFailure, Vec<u8>)> {
+        let mut runner = Runner {
+            input: streams.input,
+            output: streams.output,
+            decoder: FrameDecoder::new(FrameDecoder::limit_for_output(0)),
+            diagnostics: Vec::new(),
+        };
+        if let Err(e) = runner.send(&encode_frame(RUNNER_SOURCE.as_bytes())).await {
+            return Err((e, runner.diagnostics));
+        }
+        match tokio::time::timeout(START_TIMEOUT, runner.next_reply()).await {
+            Ok(Ok(Reply::Ready { python })) => Ok((runner, python)),
+            Ok(Ok(Reply::Result(_))) => Err((
+                RunnerFailure::Protocol(ProtocolError::Malformed("a result before ready".into())),
+                runner.diagnostics,
+            )),
+            Ok(Err(e)) => Err((e, runner.diagnostics)),
+            Err(_) => Err((
+                RunnerFailure::Backend(BackendError::Other(format!(
+                    "the runner did not start within {}s",
+                    START_TIMEOUT.as_secs()
+                ))),
+                runner.diagnostics,
+            )),
+        }
+    }
+
+    async fn send(&mut self, frame: &[u8]) -> Result<(), RunnerFailure> {
+        let write = async {
+            self.input.write_all(frame).await?;
+            self.input.flush().await
+        };
+        // A dead runner cannot make a write fail promptly on every platform; the reply side notices.
+        write.await.map_err(|_| RunnerFailure::Ended)
+    }
+
+    /// Reads until one complete reply is decoded. Cancel-safe only as a whole: keep the future
+    /// alive across `select!` arms rather than re-creating it.
+    async fn next_reply(&mut self) -> Result<Reply, RunnerFailure> {
+        loop {
+            if let Some(reply) = self.decoder.next_reply().map_err(RunnerFailure::Protocol)? {
+                return Ok(reply);
+            }
+            match self.output.next().await {
+                None => return Err(RunnerFailure::Ended),
+                Some(Err(e)) => return Err(RunnerFailure::Backend(e)),
+                Some(Ok(OutputChunk::Stdout(bytes))) => {
+                    self.decoder.push(&bytes).map_err(RunnerFailure::Protocol)?
+                }
+                Some(Ok(OutputChunk::Stderr(bytes))) => {
+                    let room = DIAGNOSTICS_LIMIT.saturating_sub(self.diagnostics.len());
+                    self.diagnostics.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
+            }
+        }
+    }
+}
+
+pub struct Sandbox {
+    id: SandboxId,
+    backend: Arc<dyn Backend>,
+    state: State,
+    next_request: u64,
+    python_version: String,
+}
+
+/// How an execution's wait for its reply ended.
+enum Waited {
+    Replied(Result<Reply, RunnerFailure>),
+    Interrupted(Result<Reply, RunnerFailure>),
+    Unresponsive,
+}
+
+impl Sandbox {
+    /// Creates and starts a sandbox and waits for its runner. On failure nothing is left behind.
+    pub async fn launch(backend: Arc<dyn Backend>, spec: &SandboxSpec) -> Result<Sandbox, EngineError> {
+        let id = backend.create(spec).await?;
+        let mut sandbox = Sandbox {
+            id,
+            backend,
+            state: State::Down("not started".into()),
+            next_request: 0,
+            python_version: String::new(),
+        };
+        match sandbox.start_runner().await {
+            Ok(()) => Ok(sandbox),
+            Err(e) => {
+                sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
+    pub fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    pub fn python_version(&self) -> &str {
+        &self.python_version
+    }
+
+    async fn start_runner(&mut self) -> Result<(), EngineError> {
+        let streams = self.backend.start(&self.id).await?;
+        match Runner::connect(streams).await {
+            Ok((runner, python)) => {
+                self.python_version = python;
+                self.state = State::Ready(runner);
+                Ok(())
+            }
+            Err((failure, diagnostics)) => {
+                let reason = self.describe_failure(failure, &diagnostics).await;
+                self.state = State::Down(reason.clone());
+                Err(EngineError::SandboxStart(reason))
+            }
+        }
+    }
+
+    async fn describe_failure(&self, failure: RunnerFailure, diagnostics: &[u8]) -> String {
+        let mut reason = match failure {
+            RunnerFailure::Ended => match self.backend.exit_info(&self.id).await {
+                Ok(info) if info.oom_killed => "the sandbox ran out of memory".to_string(),
+                Ok(info) => format!(
+                    "the sandbox's runner exited (status {})",
+                    info.exit_code.map_or("unknown".into(), |c| c.to_string())
+                ),
+                Err(e) => format!("the sandbox's runner is gone ({e})"),
+            },
+            RunnerFailure::Protocol(e) => e.to_string(),
+            RunnerFailure::Backend(e) => e.to_string(),
+        };
+        let text = String::from_utf8_lossy(diagnostics);
+        let text = text.trim();
+        if !text.is_empty() {
+            reason.push_str(": ");
+            reason.push_str(text);
+        }
+        reason
+    }
+
+    /// Kills the sandbox's processes and starts a fresh runner (the workspace is kept).
+    pub async fn restart(&mut self) -> Result<(), EngineError> {
+        if matches!(self.state, State::Destroyed) {
+            return Err(EngineError::SandboxGone);
+        }
+        self.state = State::Down("restarting".into());
+        self.backend.kill(&self.id).await?;
+        // The kill is asynchronous: wait until the engine reports the process gone.
+        for _ in 0..100 {
+            if !self.backend.exit_info(&self.id).await?.running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.start_runner().await
+    }
+
+    /// Executes a task with a wall-clock limit; interrupts, then kills, when it expires.
+    pub async fn execute(&mut self, task: Task<'_>, timeout: Duration, max_output: u64) -> Result<Execution, EngineError> {
+        let mut restarted = false;
+        if let State::Down(reason) = &self.state {
+            tracing::info!(sandbox = %self.id, "restarting a runner that is down ({reason})");
+            self.restart().await?;
+            restarted = true;
+        }
+        self.next_request += 1;
+        let id = self.next_request;
+        let request = match task {
+            Task::Python(code) => Request::Exec { id, code, max_output },
+            Task::Shell(command) => Request::Shell { id, command, max_output },
+        };
+        let started = Instant::now();
+        let waited = {
+            let State::Ready(runner) = &mut self.state else {
+                return Err(EngineError::SandboxGone);
+            };
+            runner.decoder.set_limit(FrameDecoder::limit_for_output(max_output));
+            let backend = &self.backend;
+            let sandbox_id = &self.id;
+            match runner.send(&request.to_frame()).await {
+                Err(failure) => Waited::Replied(Err(failure)),
+                Ok(()) => {
+                    let reply = runner.next_reply();
+                    tokio::pin!(reply);
+                    tokio::select! {
+                        r = &mut reply => Waited::Replied(r),
+                        () = tokio::time::sleep(timeout) => {
+                            tracing::debug!(sandbox = %sandbox_id, "timeout: interrupting");
+                            if let Err(e) = backend.interrupt(sandbox_id).await {
+                                tracing::warn!(sandbox = %sandbox_id, "interrupt failed: {e}");
+                            }
+                            tokio::select! {
+                                r = &mut reply => Waited::Interrupted(r),
+                                () = tokio::time::sleep(INTERRUPT_GRACE) => Waited::Unresponsive,
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let elapsed = started.elapsed();
+        let timed_out = matches!(waited, Waited::Interrupted(_) | Waited::Unresponsive);
+        let mut execution = match waited {
+            Waited::Replied(Ok(Reply::Result(raw))) | Waited::Interrupted(Ok(Reply::Result(raw))) => {
+                match raw.validate(id, max_output) {
+                    Ok(r) => Execution {
+                        stdout: r.stdout,
+                        stderr: r.stderr,
+                        exit_code: r.exit_code,
+                        duration: Duration::from_secs_f64(r.duration_ms / 1000.0),
+                        truncated_bytes: r.dropped_bytes,
+                        timed_out,
+                        state_lost: false,
+                        out_of_memory: false,
+                        error: r.error,
+                    },
+                    Err(e) => return Err(self.broken(e).await),
+                }
+            }
+            Waited::Replied(Ok(Reply::Ready { .. })) | Waited::Interrupted(Ok(Reply::Ready { .. })) => {
+                let e = ProtocolError::Malformed("an unexpected ready message".into());
+                return Err(self.broken(e).await);
+            }
+            Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
+                self.runner_died(failure, elapsed, timed_out).await?
+            }
+            Waited::Unresponsive => {
+                tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing the sandbox");
+                self.state = State::Down("killed after a timeout".into());
+                self.backend.kill(&self.id).await?;
+                Execution {
+                    stdout: Vec::new(),
+                    stderr: format!(
+                        "Timed out after {}; the code did not stop on interrupt, so the sandbox was \
+                         killed and its output lost.\n",
+                        human(timeout)
+                    )
+                    .into_bytes(),
+                    exit_code: 137,
+                    duration: elapsed,
+                    truncated_bytes: 0,
+                    timed_out: true,
+                    state_lost: true,
+                    out_of_memory: false,
+                    error: None,
+                }
+            }
+        };
+        execution.state_lost |= restarted;
+        Ok(execution)
+    }
+
+    /// The runner's stream ended mid-execution: the code killed it (os._exit, a signal) or the
+    /// kernel did (out of memory). The result says which; the sandbox restarts on next use.
+    async fn runner_died(&mut self, failure: RunnerFailure, elapsed: Duration, timed_out: bool) -> Result<Execution, EngineError> {
+        match failure {
+            RunnerFailure::Protocol(e) => Err(self.broken(e).await),
+            RunnerFailure::Backend(e) => {
+                self.state = State::Down(e.to_string());
+                Err(e.into())
+            }
+            RunnerFailure::Ended => {
+                let info = self.backend.exit_info(&self.id).await?;
+                let diagnostics = match &self.state {
+                    State::Ready(runner) => String::from_utf8_lossy(&runner.diagnostics).into_owned(),
+                    _ => String::new(),
+                };
+                self.state = State::Down("the runner exited".into());
+                let code = info.exit_code.and_then(|c| i32::try_from(c).ok()).unwrap_or(137);
+                let (stderr, error) = if info.oom_killed {
+                    (
+                        "MemoryError: the sandbox ran out of memory and its Python process was killed; \
+                         variables from earlier executions are lost.\n"
+                            .to_string(),
+                        Some(RaisedException { kind: "MemoryError".into(), message: "out of memory".into() }),
+                    )
+                } else {
+                    (
+                        format!(
+                            "The sandbox's Python process exited with status {code} during the \
+                             execution; variables from earlier executions are lost.\n{diagnostics}"
+                        ),
+                        None,
+                    )
+                };
+                Ok(Execution {
+                    stdout: Vec::new(),
+                    stderr: stderr.into_bytes(),
+                    exit_code: code,
+                    duration: elapsed,
+                    truncated_bytes: 0,
+                    timed_out,
+                    state_lost: true,
+                    out_of_memory: info.oom_killed,
+                    error,
+                })
+            }
+        }
+    }
+
+    /// The runner broke the protocol (the code can do that): stop it and report.
+    async fn broken(&mut self, e: ProtocolError) -> EngineError {
+        tracing::warn!(sandbox = %self.id, "runner protocol broken: {e}");
+        self.state = State::Down(e.to_string());
+        if let Err(kill) = self.backend.kill(&self.id).await {
+            tracing::warn!(sandbox = %self.id, "kill failed: {kill}");
+        }
+        EngineError::Protocol(e)
+    }
+
+    /// Removes the sandbox and its storage.
+    pub async fn destroy(mut self) {
+        self.destroy_in_place().await;
+    }
+
+    pub(crate) async fn destroy_in_place(&mut self) {
+        if matches!(self.state, State::Destroyed) {
+            return;
+        }
+        self.state = State::Destroyed;
+        if let Err(e) = self.backend.destroy(&self.id).await {
+            tracing::warn!(sandbox = %self.id, "could not remove the sandbox: {e}");
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if matches!(self.state, State::Destroyed) {
+            return;
+        }
+        // Dropped mid-flight (a cancelled request): remove it in the background.
+        let backend = self.backend.clone();
+        let id = self.id.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = backend.destroy(&id).await {
+                    tracing::warn!(sandbox = %id, "could not remove an abandoned sandbox: {e}");
+                }
+            });
+        }
+    }
+}
+
+pub fn human(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}

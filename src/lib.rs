@@ -1,0 +1,24 @@
+//! # python-code-sandbox
+//!
+//! Runs untrusted Python, written by LLM agents, in disposable and hardened containers, and serves
+//! that to MCP clients.
+//!
+//! The design has three layers, each depending only on the one below:
+//!
+//! - [`config`] reads and validates the operator's settings (environment and `.env`) once.
+//! - [`engine`] owns sandboxes. A [`engine::backend::Backend`] trait hides the container platform
+//!   (Docker today). Inside every sandbox one long-lived runner process (`runner.py`, embedded in
+//!   the binary and sent over stdin at start) executes code on request, over length-prefixed JSON
+//!   frames on the container's attached stdin/stdout. The runner keeps one namespace, so a session
+//!   keeps its variables between executions; a disposable run is a fresh sandbox removed right after.
+//!   Timeouts interrupt the code first (SIGINT, so a session keeps its state) and kill the sandbox
+//!   only when that fails.
+//! - [`cli`] is the command line: `run`, `doctor`, `image build`, `bench`.
+//!
+//! Everything that comes out of a sandbox is treated as hostile: frames are size-checked before
+//! they are buffered, output is capped inside the sandbox and again on the host, and malformed
+//! messages stop the sandbox instead of the server.
+
+pub mod cli;
+pub mod config;
+pub mod engine;

@@ -1,0 +1,3 @@
+fn main() -> std::process::ExitCode {
+    python_code_sandbox::cli::main()
+}
