@@ -94,16 +94,56 @@ pub struct Variable {
 }
 
 pub const VARIABLES: &[Variable] = &[
-    Variable { name: "SANDBOX_IMAGE", default: DEFAULT_IMAGE, meaning: "image of every sandbox" },
-    Variable { name: "SANDBOX_MEMORY_LIMIT", default: "2g", meaning: "memory per sandbox, no swap" },
-    Variable { name: "SANDBOX_CPU_LIMIT", default: "0.5", meaning: "CPUs per sandbox" },
-    Variable { name: "SANDBOX_PIDS_LIMIT", default: "256", meaning: "processes+threads per sandbox" },
-    Variable { name: "SANDBOX_TMP_SIZE", default: "64m", meaning: "size of the /tmp tmpfs" },
-    Variable { name: "SANDBOX_TIMEOUT", default: "60s", meaning: "wall clock per execution" },
-    Variable { name: "SANDBOX_MAX_OUTPUT", default: "1m", meaning: "stdout+stderr kept per execution" },
-    Variable { name: "SANDBOX_NETWORK", default: "none", meaning: "none or bridge" },
-    Variable { name: "SANDBOX_CA_BUNDLE", default: "(unset)", meaning: "host CA file for networked sandboxes" },
-    Variable { name: "LOG_LEVEL", default: "info (run: warn)", meaning: "log filter, written to stderr" },
+    Variable {
+        name: "SANDBOX_IMAGE",
+        default: DEFAULT_IMAGE,
+        meaning: "image of every sandbox",
+    },
+    Variable {
+        name: "SANDBOX_MEMORY_LIMIT",
+        default: "2g",
+        meaning: "memory per sandbox, no swap",
+    },
+    Variable {
+        name: "SANDBOX_CPU_LIMIT",
+        default: "0.5",
+        meaning: "CPUs per sandbox",
+    },
+    Variable {
+        name: "SANDBOX_PIDS_LIMIT",
+        default: "256",
+        meaning: "processes+threads per sandbox",
+    },
+    Variable {
+        name: "SANDBOX_TMP_SIZE",
+        default: "64m",
+        meaning: "size of the /tmp tmpfs",
+    },
+    Variable {
+        name: "SANDBOX_TIMEOUT",
+        default: "60s",
+        meaning: "wall clock per execution",
+    },
+    Variable {
+        name: "SANDBOX_MAX_OUTPUT",
+        default: "1m",
+        meaning: "stdout+stderr kept per execution",
+    },
+    Variable {
+        name: "SANDBOX_NETWORK",
+        default: "none",
+        meaning: "none or bridge",
+    },
+    Variable {
+        name: "SANDBOX_CA_BUNDLE",
+        default: "(unset)",
+        meaning: "host CA file for networked sandboxes",
+    },
+    Variable {
+        name: "LOG_LEVEL",
+        default: "info (run: warn)",
+        meaning: "log filter, written to stderr",
+    },
 ];
 
 impl Config {
@@ -117,7 +157,11 @@ impl Config {
     /// Builds a configuration from any variable source (the environment, or a map in tests).
     /// Unset and empty variables take their default.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let get = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let get = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let mut config = Config::default();
 
         if let Some(image) = get("SANDBOX_IMAGE") {
@@ -262,8 +306,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|name| map.get(name).cloned())
     }
 
@@ -279,7 +325,11 @@ mod tests {
 
     #[test]
     fn sizes_use_binary_units_like_docker() {
-        let c = config(&[("SANDBOX_MEMORY_LIMIT", "512m"), ("SANDBOX_MAX_OUTPUT", "64k")]).unwrap();
+        let c = config(&[
+            ("SANDBOX_MEMORY_LIMIT", "512m"),
+            ("SANDBOX_MAX_OUTPUT", "64k"),
+        ])
+        .unwrap();
         assert_eq!(c.limits.memory_bytes, 512 * 1024 * 1024);
         assert_eq!(c.limits.max_output_bytes, 64 * 1024);
         let c = config(&[("SANDBOX_MEMORY_LIMIT", "1G")]).unwrap();
@@ -327,7 +377,10 @@ mod tests {
             assert_eq!(err.var, var);
             assert_eq!(err.value, value);
             let text = err.to_string();
-            assert!(text.contains(var) && text.contains(value) && text.contains("expected"), "{text}");
+            assert!(
+                text.contains(var) && text.contains(value) && text.contains("expected"),
+                "{text}"
+            );
         }
     }
 
@@ -341,7 +394,11 @@ mod tests {
     fn readme_documents_every_variable() {
         let readme = include_str!("../README.md");
         for v in VARIABLES {
-            assert!(readme.contains(&format!("`{}`", v.name)), "README lacks {}", v.name);
+            assert!(
+                readme.contains(&format!("`{}`", v.name)),
+                "README lacks {}",
+                v.name
+            );
         }
     }
 }

@@ -42,16 +42,24 @@ pub async fn bench(config: Config, runs: usize, json: bool) -> ExitCode {
         return infra_error(&e);
     }
 
-    let mut ours = Series { name: "ephemeral hello (create → result → removed)", samples: Vec::new() };
+    let mut ours = Series {
+        name: "ephemeral hello (create → result → removed)",
+        samples: Vec::new(),
+    };
     for _ in 0..runs {
         let started = Instant::now();
         match engine.run_ephemeral(hello, &options).await {
             Ok(execution) if execution.stdout == b"hello\n" => ours.samples.push(started.elapsed()),
-            Ok(execution) => return infra_error(&format!("unexpected output {:?}", execution.stdout)),
+            Ok(execution) => {
+                return infra_error(&format!("unexpected output {:?}", execution.stdout))
+            }
             Err(e) => return infra_error(&e),
         }
     }
-    let mut floor = Series { name: "floor: docker run --rm IMAGE python3 -c pass", samples: Vec::new() };
+    let mut floor = Series {
+        name: "floor: docker run --rm IMAGE python3 -c pass",
+        samples: Vec::new(),
+    };
     for _ in 0..runs {
         let started = Instant::now();
         if let Err(e) = docker_run(&image).await {
@@ -73,9 +81,15 @@ pub async fn bench(config: Config, runs: usize, json: bool) -> ExitCode {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "image": image, "series": series, "p50_ratio_to_floor": ratio }));
+        println!(
+            "{}",
+            serde_json::json!({ "image": image, "series": series, "p50_ratio_to_floor": ratio })
+        );
     } else {
-        println!("{:<48} {:>6} {:>10} {:>10}", "measurement", "runs", "p50 ms", "p95 ms");
+        println!(
+            "{:<48} {:>6} {:>10} {:>10}",
+            "measurement", "runs", "p50 ms", "p95 ms"
+        );
         for s in [&ours, &floor] {
             println!(
                 "{:<48} {:>6} {:>10.1} {:>10.1}",

@@ -57,7 +57,11 @@ pub async fn doctor(config: Config) -> ExitCode {
     let mut report = Report { failures: 0 };
     let backend = Arc::new(DockerBackend::new());
     match backend.info().await {
-        Ok(info) => report.line(true, "engine", format!("{} {} (API {})", info.name, info.version, info.api_version)),
+        Ok(info) => report.line(
+            true,
+            "engine",
+            format!("{} {} (API {})", info.name, info.version, info.api_version),
+        ),
         Err(e) => {
             report.line(false, "engine", e);
             println!("     start one with: bash scripts/dev-env.sh");
@@ -69,16 +73,31 @@ pub async fn doctor(config: Config) -> ExitCode {
         Err(_) => false,
     };
     if !present {
-        report.line(false, "image", format!("{} is missing: {}", config.image, image::missing_hint(&config.image)));
+        report.line(
+            false,
+            "image",
+            format!(
+                "{} is missing: {}",
+                config.image,
+                image::missing_hint(&config.image)
+            ),
+        );
         return ExitCode::FAILURE;
     }
     report.line(true, "image", &config.image);
 
     let engine = Engine::new(backend, config.clone());
-    let execution = match engine.run_ephemeral(Task::Python(PROBE), &RunOptions::default()).await {
+    let execution = match engine
+        .run_ephemeral(Task::Python(PROBE), &RunOptions::default())
+        .await
+    {
         Ok(execution) if execution.succeeded() => execution,
         Ok(execution) => {
-            report.line(false, "probe sandbox", String::from_utf8_lossy(&execution.stderr));
+            report.line(
+                false,
+                "probe sandbox",
+                String::from_utf8_lossy(&execution.stderr),
+            );
             return ExitCode::FAILURE;
         }
         Err(e) => {
@@ -89,7 +108,11 @@ pub async fn doctor(config: Config) -> ExitCode {
     let seen: serde_json::Value = match serde_json::from_slice(&execution.stdout) {
         Ok(seen) => seen,
         Err(e) => {
-            report.line(false, "probe sandbox", format!("unreadable probe output: {e}"));
+            report.line(
+                false,
+                "probe sandbox",
+                format!("unreadable probe output: {e}"),
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -104,14 +127,30 @@ pub async fn doctor(config: Config) -> ExitCode {
 fn check_probe(report: &mut Report, config: &Config, seen: &serde_json::Value) {
     let text = |key: &str| seen[key].as_str().unwrap_or("?").to_string();
     let uid = seen["uid"].as_i64().unwrap_or(-1);
-    report.line(uid > 0, "user", format!("uid {uid}{}", if uid > 0 { " (not root)" } else { "" }));
+    report.line(
+        uid > 0,
+        "user",
+        format!("uid {uid}{}", if uid > 0 { " (not root)" } else { "" }),
+    );
     let caps = text("cap_eff");
-    report.line(caps.trim_start_matches('0').is_empty(), "capabilities", format!("effective set {caps}"));
-    report.line(text("no_new_privs") == "1", "no-new-privileges", text("no_new_privs"));
+    report.line(
+        caps.trim_start_matches('0').is_empty(),
+        "capabilities",
+        format!("effective set {caps}"),
+    );
+    report.line(
+        text("no_new_privs") == "1",
+        "no-new-privileges",
+        text("no_new_privs"),
+    );
     let pids = text("pids_max");
     report.line(pids == config.limits.pids.to_string(), "pids limit", &pids);
     let memory = text("memory_max");
-    report.line(memory == config.limits.memory_bytes.to_string(), "memory limit", format!("{memory} bytes"));
+    report.line(
+        memory == config.limits.memory_bytes.to_string(),
+        "memory limit",
+        format!("{memory} bytes"),
+    );
     // cgroup v2 shows the swap limit itself; v1 shows memory+swap, which must equal memory.
     let (swap_ok, swap) = match (seen["swap_max"].as_str(), seen["memsw_max"].as_str()) {
         (Some(swap), _) => (swap == "0", format!("swap.max {swap}")),
@@ -121,15 +160,39 @@ fn check_probe(report: &mut Report, config: &Config, seen: &serde_json::Value) {
     report.line(swap_ok, "no swap", swap);
     let interfaces: Vec<String> = seen["interfaces"]
         .as_array()
-        .map(|a| a.iter().filter_map(|i| i.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default();
     let network_ok = match config.network {
         NetworkPolicy::None => interfaces == ["lo"],
         NetworkPolicy::Bridge => interfaces.len() > 1,
     };
-    report.line(network_ok, "network", format!("{} (policy {})", interfaces.join(", "), config.network.as_str()));
+    report.line(
+        network_ok,
+        "network",
+        format!(
+            "{} (policy {})",
+            interfaces.join(", "),
+            config.network.as_str()
+        ),
+    );
     let root_writable = seen["root_writable"].as_bool().unwrap_or(true);
-    report.line(!root_writable, "read-only root", if root_writable { "writable!" } else { "yes" });
+    report.line(
+        !root_writable,
+        "read-only root",
+        if root_writable { "writable!" } else { "yes" },
+    );
     let workspace = seen["workspace_writable"].as_bool().unwrap_or(false);
-    report.line(workspace, "workspace", if workspace { "/workspace writable" } else { "/workspace not writable" });
+    report.line(
+        workspace,
+        "workspace",
+        if workspace {
+            "/workspace writable"
+        } else {
+            "/workspace not writable"
+        },
+    );
 }

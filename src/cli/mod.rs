@@ -23,7 +23,11 @@ pub const EXIT_INFRA: u8 = 125;
 pub const EXIT_TIMEOUT: u8 = 124;
 
 #[derive(Parser, Debug)]
-#[command(name = "python-code-sandbox", version, about = "Run untrusted Python in hardened, disposable Docker sandboxes")]
+#[command(
+    name = "python-code-sandbox",
+    version,
+    about = "Run untrusted Python in hardened, disposable Docker sandboxes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -104,7 +108,10 @@ fn init_logging(config: &Config, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Logs go to stderr: stdout is the code's output (run) or the MCP protocol (server).
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 async fn dispatch(cli: Cli, config: Config) -> ExitCode {
@@ -113,11 +120,15 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
             eprintln!("python-code-sandbox: the MCP server is not available yet; see --help for the commands");
             ExitCode::from(EXIT_CONFIG)
         }
-        Some(Command::Run { file, deps, timeout }) => run(config, file, deps, timeout).await,
+        Some(Command::Run {
+            file,
+            deps,
+            timeout,
+        }) => run(config, file, deps, timeout).await,
         Some(Command::Doctor) => doctor::doctor(config).await,
-        Some(Command::Image { command: ImageCommand::Build { offline, tag } }) => {
-            build_image(config, offline, tag).await
-        }
+        Some(Command::Image {
+            command: ImageCommand::Build { offline, tag },
+        }) => build_image(config, offline, tag).await,
         Some(Command::Bench { runs, json }) => bench::bench(config, runs, json).await,
         Some(Command::Cleanup) => {
             let engine = Engine::new(Arc::new(DockerBackend::new()), config);
@@ -144,7 +155,11 @@ async fn build_image(config: Config, offline: bool, tag: Option<String>) -> Exit
         Err(e) => return infra_error(&e),
     };
     let tag = tag.unwrap_or(config.image);
-    let mode = if offline { image::BuildMode::Offline } else { image::BuildMode::Auto };
+    let mode = if offline {
+        image::BuildMode::Offline
+    } else {
+        image::BuildMode::Auto
+    };
     match image::build(&docker, &tag, mode).await {
         Ok(()) => {
             println!("built {tag}");
@@ -161,15 +176,24 @@ fn read_code(file: &PathBuf) -> std::io::Result<String> {
     } else {
         bytes = std::fs::read(file)?;
     }
-    String::from_utf8(bytes).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "the code is not UTF-8"))
+    String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "the code is not UTF-8"))
 }
 
-async fn run(config: Config, file: PathBuf, deps: Vec<String>, timeout: Option<String>) -> ExitCode {
+async fn run(
+    config: Config,
+    file: PathBuf,
+    deps: Vec<String>,
+    timeout: Option<String>,
+) -> ExitCode {
     if !deps.is_empty() {
         eprintln!("python-code-sandbox: --dep is not yet supported (dependencies arrive in a later release)");
         return ExitCode::from(EXIT_CONFIG);
     }
-    let timeout = match timeout.map(|t| config::parse_duration("--timeout", &t)).transpose() {
+    let timeout = match timeout
+        .map(|t| config::parse_duration("--timeout", &t))
+        .transpose()
+    {
         Ok(t) => t,
         Err(e) => {
             eprintln!("python-code-sandbox: {e}");

@@ -130,6 +130,18 @@ pub trait Backend: Send + Sync + 'static {
     /// How the main process ended, if it did.
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError>;
 
+    /// Unpacks a tar archive into `dir` inside the sandbox (a directory of the workspace).
+    async fn copy_in(&self, id: &SandboxId, dir: &str, archive: Bytes) -> Result<(), BackendError>;
+
+    /// Packs `path` inside the sandbox as a tar archive, refusing archives over `max_bytes`. The
+    /// archive is the sandbox's content: untrusted, to be unpacked with care.
+    async fn copy_out(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<Bytes, BackendError>;
+
     /// Removes the sandbox and its storage. Removing one that is already gone succeeds.
     async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError>;
 

@@ -23,8 +23,8 @@ use crate::config::Config;
 use backend::{Backend, BackendError, SandboxSpec};
 use owner::{Owner, LABEL_INSTANCE, LABEL_MANAGED};
 use protocol::ProtocolError;
-pub use sandbox::{Execution, Task};
 use sandbox::Sandbox;
+pub use sandbox::{Execution, Task};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -61,7 +61,12 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(backend: Arc<dyn Backend>, config: Config) -> Engine {
-        Engine { backend, config, owner: Owner::current(), sessions: Default::default() }
+        Engine {
+            backend,
+            config,
+            owner: Owner::current(),
+            sessions: Default::default(),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -94,10 +99,16 @@ impl Engine {
     }
 
     /// Runs code in a fresh sandbox that is removed, with its workspace, before this returns.
-    pub async fn run_ephemeral(&self, task: Task<'_>, options: &RunOptions) -> Result<Execution, EngineError> {
+    pub async fn run_ephemeral(
+        &self,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
         let mut sandbox = self.launch("ephemeral").await?;
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        let result = sandbox.execute(task, timeout, self.config.limits.max_output_bytes).await;
+        let result = sandbox
+            .execute(task, timeout, self.config.limits.max_output_bytes)
+            .await;
         sandbox.destroy().await;
         result
     }
@@ -106,31 +117,49 @@ impl Engine {
     pub async fn create_session(&self) -> Result<String, EngineError> {
         let sandbox = self.launch("session").await?;
         let id = sandbox.id().0.clone();
-        let session = Arc::new(Session { sandbox: Mutex::new(sandbox), created: Instant::now() });
+        let session = Arc::new(Session {
+            sandbox: Mutex::new(sandbox),
+            created: Instant::now(),
+        });
         self.lock_sessions().insert(id.clone(), session);
         Ok(id)
     }
 
     fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
         // A panic while holding this lock cannot leave the map inconsistent (single operations).
-        self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn session(&self, id: &str) -> Result<Arc<Session>, EngineError> {
-        self.lock_sessions().get(id).cloned().ok_or_else(|| EngineError::UnknownSession(id.to_string()))
+        self.lock_sessions()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownSession(id.to_string()))
     }
 
     /// Executes in a session; executions of one session run one at a time, in order.
-    pub async fn execute_in_session(&self, id: &str, task: Task<'_>, options: &RunOptions) -> Result<Execution, EngineError> {
+    pub async fn execute_in_session(
+        &self,
+        id: &str,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
         let session = self.session(id)?;
         let mut sandbox = session.sandbox.lock().await;
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        sandbox.execute(task, timeout, self.config.limits.max_output_bytes).await
+        sandbox
+            .execute(task, timeout, self.config.limits.max_output_bytes)
+            .await
     }
 
     /// Stops a session and removes its sandbox.
     pub async fn stop_session(&self, id: &str) -> Result<(), EngineError> {
-        let session = self.lock_sessions().remove(id).ok_or_else(|| EngineError::UnknownSession(id.to_string()))?;
+        let session = self
+            .lock_sessions()
+            .remove(id)
+            .ok_or_else(|| EngineError::UnknownSession(id.to_string()))?;
         let mut sandbox = session.sandbox.lock().await;
         // The sandbox is owned by the session: destroy it through a placeholder-free path.
         destroy_locked(&mut sandbox).await;
@@ -139,14 +168,20 @@ impl Engine {
 
     /// Ids and ages of the live sessions.
     pub fn sessions(&self) -> Vec<(String, Duration)> {
-        self.lock_sessions().iter().map(|(id, s)| (id.clone(), s.created.elapsed())).collect()
+        self.lock_sessions()
+            .iter()
+            .map(|(id, s)| (id.clone(), s.created.elapsed()))
+            .collect()
     }
 
     /// Removes sandboxes left behind by server instances that are no longer running.
     pub async fn remove_leftovers(&self) -> Result<usize, EngineError> {
         let records = self.backend.list(LABEL_MANAGED, "true").await?;
         let mut removed = 0;
-        for record in records.into_iter().filter(|r| self.owner.is_leftover(&r.labels)) {
+        for record in records
+            .into_iter()
+            .filter(|r| self.owner.is_leftover(&r.labels))
+        {
             tracing::info!(sandbox = %record.id, "removing a sandbox left by a server that is gone");
             self.backend.destroy(&record.id).await?;
             removed += 1;
@@ -168,10 +203,17 @@ impl Engine {
                 destroy_locked(&mut sandbox).await;
             }
         }
-        match self.backend.list(LABEL_INSTANCE, &self.owner.instance).await {
+        match self
+            .backend
+            .list(LABEL_INSTANCE, &self.owner.instance)
+            .await
+        {
             Ok(records) => {
                 let removals = records.iter().map(|r| self.backend.destroy(&r.id));
-                for (record, result) in records.iter().zip(futures_util::future::join_all(removals).await) {
+                for (record, result) in records
+                    .iter()
+                    .zip(futures_util::future::join_all(removals).await)
+                {
                     if let Err(e) = result {
                         tracing::warn!(sandbox = %record.id, "could not remove at shutdown: {e}");
                     }
@@ -180,7 +222,6 @@ impl Engine {
             Err(e) => tracing::warn!("could not list this server's sandboxes at shutdown: {e}"),
         }
     }
-
 }
 
 async fn destroy_locked(sandbox: &mut Sandbox) {

@@ -32,7 +32,8 @@ impl Owner {
         Owner {
             instance: uuid::Uuid::new_v4().simple().to_string(),
             host: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
-            boot: read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_else(|| "unknown".into()),
+            boot: read_trimmed("/proc/sys/kernel/random/boot_id")
+                .unwrap_or_else(|| "unknown".into()),
             pid,
             pid_start: process_start_time(pid).unwrap_or(0),
         }
@@ -81,7 +82,10 @@ impl Owner {
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Field 22 of `/proc/PID/stat`, read after the command name (which may hold spaces and parens).
@@ -106,7 +110,13 @@ mod tests {
         }
     }
 
-    fn labels_of(instance: &str, host: &str, boot: &str, pid: &str, start: &str) -> BTreeMap<String, String> {
+    fn labels_of(
+        instance: &str,
+        host: &str,
+        boot: &str,
+        pid: &str,
+        start: &str,
+    ) -> BTreeMap<String, String> {
         let mut o = owner();
         o.instance = instance.into();
         o.host = host.into();
@@ -121,13 +131,34 @@ mod tests {
     fn decides_leftovers_only_when_the_owner_is_provably_dead() {
         let me = owner();
         let alive = |pid: u32, start: u64| pid == 20 && start == 200;
-        assert!(!me.is_leftover_with(&labels_of("me", "h", "b", "1", "1"), alive), "ours");
-        assert!(!me.is_leftover_with(&labels_of("x", "other", "b", "1", "1"), alive), "other host");
-        assert!(me.is_leftover_with(&labels_of("x", "h", "old", "20", "200"), alive), "old boot");
-        assert!(!me.is_leftover_with(&labels_of("x", "h", "b", "20", "200"), alive), "alive");
-        assert!(me.is_leftover_with(&labels_of("x", "h", "b", "20", "999"), alive), "pid reused");
-        assert!(me.is_leftover_with(&labels_of("x", "h", "b", "21", "200"), alive), "dead");
-        assert!(!me.is_leftover_with(&labels_of("x", "h", "b", "junk", "200"), alive), "unreadable");
+        assert!(
+            !me.is_leftover_with(&labels_of("me", "h", "b", "1", "1"), alive),
+            "ours"
+        );
+        assert!(
+            !me.is_leftover_with(&labels_of("x", "other", "b", "1", "1"), alive),
+            "other host"
+        );
+        assert!(
+            me.is_leftover_with(&labels_of("x", "h", "old", "20", "200"), alive),
+            "old boot"
+        );
+        assert!(
+            !me.is_leftover_with(&labels_of("x", "h", "b", "20", "200"), alive),
+            "alive"
+        );
+        assert!(
+            me.is_leftover_with(&labels_of("x", "h", "b", "20", "999"), alive),
+            "pid reused"
+        );
+        assert!(
+            me.is_leftover_with(&labels_of("x", "h", "b", "21", "200"), alive),
+            "dead"
+        );
+        assert!(
+            !me.is_leftover_with(&labels_of("x", "h", "b", "junk", "200"), alive),
+            "unreadable"
+        );
     }
 
     #[test]

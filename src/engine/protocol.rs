@@ -44,9 +44,17 @@ pub fn encode_frame(body: &[u8]) -> Vec<u8> {
 #[serde(tag = "op", rename_all = "lowercase")]
 pub enum Request<'a> {
     /// Execute Python code in the runner's persistent namespace.
-    Exec { id: u64, code: &'a str, max_output: u64 },
+    Exec {
+        id: u64,
+        code: &'a str,
+        max_output: u64,
+    },
     /// Run a shell command (`/bin/sh -c`) with the same capture and limits.
-    Shell { id: u64, command: &'a str, max_output: u64 },
+    Shell {
+        id: u64,
+        command: &'a str,
+        max_output: u64,
+    },
 }
 
 impl Request<'_> {
@@ -117,9 +125,16 @@ pub enum ProtocolError {
 impl RawResult {
     /// Decodes the output and holds the runner to the cap it was given: whatever it claims, no
     /// more than `max_output` bytes of output are kept on the host.
-    pub fn validate(self, expected_id: u64, max_output: u64) -> Result<RunnerResult, ProtocolError> {
+    pub fn validate(
+        self,
+        expected_id: u64,
+        max_output: u64,
+    ) -> Result<RunnerResult, ProtocolError> {
         if self.id != expected_id {
-            return Err(ProtocolError::WrongId { expected: expected_id, got: self.id });
+            return Err(ProtocolError::WrongId {
+                expected: expected_id,
+                got: self.id,
+            });
         }
         let decode = |s: &str| {
             base64::engine::general_purpose::STANDARD
@@ -144,7 +159,11 @@ impl RawResult {
         } else {
             0.0
         };
-        let exit_code = i32::try_from(self.exit_code).unwrap_or(if self.exit_code < 0 { i32::MIN } else { i32::MAX });
+        let exit_code = i32::try_from(self.exit_code).unwrap_or(if self.exit_code < 0 {
+            i32::MIN
+        } else {
+            i32::MAX
+        });
         let error = self.error.map(|mut e| {
             e.kind.truncate(200);
             e.message.truncate(1000);
@@ -172,7 +191,10 @@ pub struct FrameDecoder {
 
 impl FrameDecoder {
     pub fn new(max_frame: usize) -> Self {
-        FrameDecoder { buffer: Vec::new(), max_frame }
+        FrameDecoder {
+            buffer: Vec::new(),
+            max_frame,
+        }
     }
 
     /// The frame size needed to carry `max_output` bytes of output (base64 grows it by 4/3) plus the
@@ -191,13 +213,18 @@ impl FrameDecoder {
     fn check_header(&self) -> Result<(), ProtocolError> {
         if let Some(size) = self.announced() {
             if size > self.max_frame {
-                return Err(ProtocolError::FrameTooLarge { size, limit: self.max_frame });
+                return Err(ProtocolError::FrameTooLarge {
+                    size,
+                    limit: self.max_frame,
+                });
             }
         }
         // More bytes than one frame can hold are pending only if the runner pipelines replies we
         // did not ask for; refuse rather than grow.
         if self.buffer.len() > self.max_frame.saturating_add(4) * 2 {
-            return Err(ProtocolError::Malformed("more data than any reply can hold".into()));
+            return Err(ProtocolError::Malformed(
+                "more data than any reply can hold".into(),
+            ));
         }
         Ok(())
     }
@@ -209,15 +236,21 @@ impl FrameDecoder {
 
     /// Takes the next complete frame and parses it, if one is buffered.
     pub fn next_reply(&mut self) -> Result<Option<Reply>, ProtocolError> {
-        let Some(size) = self.announced() else { return Ok(None) };
+        let Some(size) = self.announced() else {
+            return Ok(None);
+        };
         if size > self.max_frame {
-            return Err(ProtocolError::FrameTooLarge { size, limit: self.max_frame });
+            return Err(ProtocolError::FrameTooLarge {
+                size,
+                limit: self.max_frame,
+            });
         }
         if self.buffer.len() < 4 + size {
             return Ok(None);
         }
         let body: Vec<u8> = self.buffer.drain(..4 + size).skip(4).collect();
-        let reply = serde_json::from_slice(&body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+        let reply =
+            serde_json::from_slice(&body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
         self.check_header()?;
         Ok(Some(reply))
     }
@@ -249,7 +282,9 @@ mod tests {
             assert!(decoder.next_reply().unwrap().is_none());
         }
         decoder.push(&frame[frame.len() - 1..]).unwrap();
-        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!("no result") };
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else {
+            panic!("no result")
+        };
         let result = raw.validate(7, 1024).unwrap();
         assert_eq!(result.stdout, b"hi\n");
         assert!(decoder.next_reply().unwrap().is_none());
@@ -264,31 +299,55 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for junk in [&b"\x00\x00\x00\x03abc"[..], b"\x00\x00\x00\x02{}", b"\x00\x00\x00\x04null"] {
+        for junk in [
+            &b"\x00\x00\x00\x03abc"[..],
+            b"\x00\x00\x00\x02{}",
+            b"\x00\x00\x00\x04null",
+        ] {
             let mut decoder = FrameDecoder::new(1024);
             decoder.push(junk).unwrap();
-            assert!(matches!(decoder.next_reply(), Err(ProtocolError::Malformed(_))), "{junk:?}");
+            assert!(
+                matches!(decoder.next_reply(), Err(ProtocolError::Malformed(_))),
+                "{junk:?}"
+            );
         }
         let mut decoder = FrameDecoder::new(1024);
         let bad = br#"{"type":"result","id":1,"exit_code":0,"stdout":"!!","stderr":"","stdout_dropped":0,"stderr_dropped":0,"duration_ms":0,"interrupted":false,"error":null}"#;
         decoder.push(&encode_frame(bad)).unwrap();
-        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!() };
-        assert!(matches!(raw.validate(1, 10), Err(ProtocolError::Malformed(_))));
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else {
+            panic!()
+        };
+        assert!(matches!(
+            raw.validate(1, 10),
+            Err(ProtocolError::Malformed(_))
+        ));
     }
 
     #[test]
     fn a_reply_to_another_request_is_refused() {
         let mut decoder = FrameDecoder::new(1 << 16);
         decoder.push(&encode_frame(&result_json(2, b""))).unwrap();
-        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!() };
-        assert_eq!(raw.validate(1, 10), Err(ProtocolError::WrongId { expected: 1, got: 2 }));
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            raw.validate(1, 10),
+            Err(ProtocolError::WrongId {
+                expected: 1,
+                got: 2
+            })
+        );
     }
 
     #[test]
     fn output_beyond_the_cap_is_cut_on_the_host_too() {
         let mut decoder = FrameDecoder::new(1 << 16);
-        decoder.push(&encode_frame(&result_json(1, &[b'x'; 100]))).unwrap();
-        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else { panic!() };
+        decoder
+            .push(&encode_frame(&result_json(1, &[b'x'; 100])))
+            .unwrap();
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else {
+            panic!()
+        };
         let result = raw.validate(1, 10).unwrap();
         assert_eq!(result.stdout.len(), 10);
         assert_eq!(result.dropped_bytes, 90);
@@ -296,10 +355,18 @@ mod tests {
 
     #[test]
     fn requests_serialize_with_their_op() {
-        let frame = Request::Exec { id: 3, code: "print(1)", max_output: 5 }.to_frame();
+        let frame = Request::Exec {
+            id: 3,
+            code: "print(1)",
+            max_output: 5,
+        }
+        .to_frame();
         let body: serde_json::Value = serde_json::from_slice(&frame[4..]).unwrap();
         assert_eq!(body["op"], "exec");
         assert_eq!(body["code"], "print(1)");
-        assert_eq!(u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize, frame.len() - 4);
+        assert_eq!(
+            u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize,
+            frame.len() - 4
+        );
     }
 }

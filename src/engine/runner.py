@@ -164,12 +164,21 @@ def on_sigint(signum, frame):
         raise KeyboardInterrupt
 
 
+def without_runner_frames(te, seen):
+    if te is None or id(te) in seen:
+        return
+    seen.add(id(te))
+    kept = [frame for frame in te.stack if frame.filename != RUNNER_FILENAME]
+    te.stack = traceback.StackSummary.from_list(kept)
+    without_runner_frames(te.__cause__, seen)
+    without_runner_frames(te.__context__, seen)
+
+
 def user_traceback(exc):
-    """The exception's traceback without the runner's own frames."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == RUNNER_FILENAME:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The exception's traceback as Python would print it, without the runner's own frames."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    without_runner_frames(te, set())
+    return "".join(te.format())
 
 
 def kill_strays():

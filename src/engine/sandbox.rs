@@ -18,8 +18,12 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::backend::{Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec};
-use super::protocol::{encode_frame, FrameDecoder, ProtocolError, RaisedException, Reply, Request, RUNNER_SOURCE};
+use super::backend::{
+    Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
+};
+use super::protocol::{
+    encode_frame, FrameDecoder, ProtocolError, RaisedException, Reply, Request, RUNNER_SOURCE,
+};
 use super::EngineError;
 
 /// How long the runner gets to answer after SIGINT before the sandbox is killed.
@@ -88,7 +92,9 @@ enum RunnerFailure {
 }
 
 impl Runner {
-    async fn connect(streams: super::backend::RunnerStreams) -> Result<(Runner, String), (RunnerFailure, Vec<u8>)> {
+    async fn connect(
+        streams: super::backend::RunnerStreams,
+    ) -> Result<(Runner, String), (RunnerFailure, Vec<u8>)> {
         let mut runner = Runner {
             input: streams.input,
             output: streams.output,
@@ -139,7 +145,8 @@ impl Runner {
                 }
                 Some(Ok(OutputChunk::Stderr(bytes))) => {
                     let room = DIAGNOSTICS_LIMIT.saturating_sub(self.diagnostics.len());
-                    self.diagnostics.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                    self.diagnostics
+                        .extend_from_slice(&bytes[..bytes.len().min(room)]);
                 }
             }
         }
@@ -163,7 +170,10 @@ enum Waited {
 
 impl Sandbox {
     /// Creates and starts a sandbox and waits for its runner. On failure nothing is left behind.
-    pub async fn launch(backend: Arc<dyn Backend>, spec: &SandboxSpec) -> Result<Sandbox, EngineError> {
+    pub async fn launch(
+        backend: Arc<dyn Backend>,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, EngineError> {
         let id = backend.create(spec).await?;
         let mut sandbox = Sandbox {
             id,
@@ -245,7 +255,12 @@ impl Sandbox {
     }
 
     /// Executes a task with a wall-clock limit; interrupts, then kills, when it expires.
-    pub async fn execute(&mut self, task: Task<'_>, timeout: Duration, max_output: u64) -> Result<Execution, EngineError> {
+    pub async fn execute(
+        &mut self,
+        task: Task<'_>,
+        timeout: Duration,
+        max_output: u64,
+    ) -> Result<Execution, EngineError> {
         let mut restarted = false;
         if let State::Down(reason) = &self.state {
             tracing::info!(sandbox = %self.id, "restarting a runner that is down ({reason})");
@@ -255,15 +270,25 @@ impl Sandbox {
         self.next_request += 1;
         let id = self.next_request;
         let request = match task {
-            Task::Python(code) => Request::Exec { id, code, max_output },
-            Task::Shell(command) => Request::Shell { id, command, max_output },
+            Task::Python(code) => Request::Exec {
+                id,
+                code,
+                max_output,
+            },
+            Task::Shell(command) => Request::Shell {
+                id,
+                command,
+                max_output,
+            },
         };
         let started = Instant::now();
         let waited = {
             let State::Ready(runner) = &mut self.state else {
                 return Err(EngineError::SandboxGone);
             };
-            runner.decoder.set_limit(FrameDecoder::limit_for_output(max_output));
+            runner
+                .decoder
+                .set_limit(FrameDecoder::limit_for_output(max_output));
             let backend = &self.backend;
             let sandbox_id = &self.id;
             match runner.send(&request.to_frame()).await {
@@ -290,23 +315,23 @@ impl Sandbox {
         let elapsed = started.elapsed();
         let timed_out = matches!(waited, Waited::Interrupted(_) | Waited::Unresponsive);
         let mut execution = match waited {
-            Waited::Replied(Ok(Reply::Result(raw))) | Waited::Interrupted(Ok(Reply::Result(raw))) => {
-                match raw.validate(id, max_output) {
-                    Ok(r) => Execution {
-                        stdout: r.stdout,
-                        stderr: r.stderr,
-                        exit_code: r.exit_code,
-                        duration: Duration::from_secs_f64(r.duration_ms / 1000.0),
-                        truncated_bytes: r.dropped_bytes,
-                        timed_out,
-                        state_lost: false,
-                        out_of_memory: false,
-                        error: r.error,
-                    },
-                    Err(e) => return Err(self.broken(e).await),
-                }
-            }
-            Waited::Replied(Ok(Reply::Ready { .. })) | Waited::Interrupted(Ok(Reply::Ready { .. })) => {
+            Waited::Replied(Ok(Reply::Result(raw)))
+            | Waited::Interrupted(Ok(Reply::Result(raw))) => match raw.validate(id, max_output) {
+                Ok(r) => Execution {
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    exit_code: r.exit_code,
+                    duration: Duration::from_secs_f64(r.duration_ms / 1000.0),
+                    truncated_bytes: r.dropped_bytes,
+                    timed_out,
+                    state_lost: false,
+                    out_of_memory: false,
+                    error: r.error,
+                },
+                Err(e) => return Err(self.broken(e).await),
+            },
+            Waited::Replied(Ok(Reply::Ready { .. }))
+            | Waited::Interrupted(Ok(Reply::Ready { .. })) => {
                 let e = ProtocolError::Malformed("an unexpected ready message".into());
                 return Err(self.broken(e).await);
             }
@@ -341,7 +366,12 @@ impl Sandbox {
 
     /// The runner's stream ended mid-execution: the code killed it (os._exit, a signal) or the
     /// kernel did (out of memory). The result says which; the sandbox restarts on next use.
-    async fn runner_died(&mut self, failure: RunnerFailure, elapsed: Duration, timed_out: bool) -> Result<Execution, EngineError> {
+    async fn runner_died(
+        &mut self,
+        failure: RunnerFailure,
+        elapsed: Duration,
+        timed_out: bool,
+    ) -> Result<Execution, EngineError> {
         match failure {
             RunnerFailure::Protocol(e) => Err(self.broken(e).await),
             RunnerFailure::Backend(e) => {
@@ -351,11 +381,16 @@ impl Sandbox {
             RunnerFailure::Ended => {
                 let info = self.backend.exit_info(&self.id).await?;
                 let diagnostics = match &self.state {
-                    State::Ready(runner) => String::from_utf8_lossy(&runner.diagnostics).into_owned(),
+                    State::Ready(runner) => {
+                        String::from_utf8_lossy(&runner.diagnostics).into_owned()
+                    }
                     _ => String::new(),
                 };
                 self.state = State::Down("the runner exited".into());
-                let code = info.exit_code.and_then(|c| i32::try_from(c).ok()).unwrap_or(137);
+                let code = info
+                    .exit_code
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(137);
                 let (stderr, error) = if info.oom_killed {
                     (
                         "MemoryError: the sandbox ran out of memory and its Python process was killed; \

@@ -66,20 +66,27 @@ pub async fn ensure(docker: &Docker, image: &str) -> Result<(), BackendError> {
     }
     if image == DEFAULT_IMAGE {
         tracing::info!(image, "sandbox image missing: building it (one time)");
-        return build(docker, image, BuildMode::Auto).await.map_err(|e| BackendError::ImageMissing {
-            image: image.to_string(),
-            hint: format!("building it failed ({e}); {}", missing_hint(image)),
+        return build(docker, image, BuildMode::Auto).await.map_err(|e| {
+            BackendError::ImageMissing {
+                image: image.to_string(),
+                hint: format!("building it failed ({e}); {}", missing_hint(image)),
+            }
         });
     }
     tracing::info!(image, "sandbox image missing: pulling it");
-    pull(docker, image).await.map_err(|e| BackendError::ImageMissing {
-        image: image.to_string(),
-        hint: format!("pulling it failed ({e}); {}", missing_hint(image)),
-    })
+    pull(docker, image)
+        .await
+        .map_err(|e| BackendError::ImageMissing {
+            image: image.to_string(),
+            hint: format!("pulling it failed ({e}); {}", missing_hint(image)),
+        })
 }
 
 async fn pull(docker: &Docker, image: &str) -> Result<(), String> {
-    let options = CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
+    let options = CreateImageOptions {
+        from_image: Some(image.to_string()),
+        ..Default::default()
+    };
     let mut progress = docker.create_image(Some(options), None, None);
     while let Some(step) = progress.next().await {
         let step = step.map_err(|e| e.to_string())?;
@@ -133,14 +140,22 @@ async fn offline_base(docker: &Docker) -> Result<String, String> {
 
 fn tempdir() -> Result<std::path::PathBuf, String> {
     // Under /var/tmp, not /tmp: a rootfs is a few hundred MB and /tmp may be a small tmpfs.
-    let dir = Path::new("/var/tmp").join(format!("python-code-sandbox-rootfs-{}", uuid::Uuid::new_v4().simple()));
+    let dir = Path::new("/var/tmp").join(format!(
+        "python-code-sandbox-rootfs-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     Ok(dir)
 }
 
 async fn debootstrap(rootfs: &Path) -> Result<(), String> {
-    let mirror = std::env::var("DEBOOTSTRAP_MIRROR").ok().filter(|m| !m.is_empty());
-    tracing::info!("debootstrap bookworm into {} (about a minute)", rootfs.display());
+    let mirror = std::env::var("DEBOOTSTRAP_MIRROR")
+        .ok()
+        .filter(|m| !m.is_empty());
+    tracing::info!(
+        "debootstrap bookworm into {} (about a minute)",
+        rootfs.display()
+    );
     let mut command = tokio::process::Command::new("debootstrap");
     command
         .arg("--variant=minbase")
@@ -180,7 +195,9 @@ async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot run tar: {e}"))?;
     let stdout = tar.stdout.take().ok_or("tar has no stdout")?;
     let body = ReaderStream::new(stdout).filter_map(|chunk| async move { chunk.ok() });
-    let (repo, tag) = OFFLINE_BASE.split_once(':').unwrap_or((OFFLINE_BASE, "latest"));
+    let (repo, tag) = OFFLINE_BASE
+        .split_once(':')
+        .unwrap_or((OFFLINE_BASE, "latest"));
     let options = CreateImageOptions {
         from_src: Some("-".to_string()),
         repo: Some(repo.to_string()),

@@ -9,16 +9,18 @@ pub mod image;
 use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
+use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
-    ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
+    KillContainerOptions, ListContainersOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, UploadToContainerOptions,
 };
-use bollard::container::LogOutput;
 use bollard::Docker;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::sync::Mutex;
 
@@ -42,7 +44,10 @@ impl Default for DockerBackend {
 
 impl DockerBackend {
     pub fn new() -> Self {
-        DockerBackend { client: Mutex::new(None), ready_images: Mutex::new(Vec::new()) }
+        DockerBackend {
+            client: Mutex::new(None),
+            ready_images: Mutex::new(Vec::new()),
+        }
     }
 
     /// The connected client; connects (honouring `DOCKER_HOST`) and negotiates the API version on
@@ -65,8 +70,11 @@ impl DockerBackend {
     pub fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
         let limits = &spec.limits;
         let memory = i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX);
-        let labels: HashMap<String, String> =
-            spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let labels: HashMap<String, String> = spec
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let networked = spec.network != NetworkPolicy::None;
 
         let mut mounts = vec![Mount {
@@ -86,6 +94,9 @@ impl DockerBackend {
             "PYTHONIOENCODING=utf-8".to_string(),
             "PYTHONDONTWRITEBYTECODE=1".to_string(),
             "MPLBACKEND=Agg".to_string(),
+            // The home directory is on the read-only root: caches go to /tmp.
+            format!("MPLCONFIGDIR={}/.matplotlib", paths::TMP),
+            format!("XDG_CACHE_HOME={}/.cache", paths::TMP),
         ];
         if let (true, Some(bundle)) = (networked, &spec.ca_bundle) {
             mounts.push(Mount {
@@ -95,7 +106,12 @@ impl DockerBackend {
                 read_only: Some(true),
                 ..Default::default()
             });
-            for var in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"] {
+            for var in [
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "PIP_CERT",
+                "CURL_CA_BUNDLE",
+            ] {
                 env.push(format!("{var}={}", paths::CA_BUNDLE));
             }
         }
@@ -155,10 +171,13 @@ fn unavailable(e: &DockerError) -> BackendError {
 
 fn classify(e: DockerError) -> BackendError {
     match e {
-        DockerError::DockerResponseServerError { status_code, message } => {
-            BackendError::Other(format!("container engine error {status_code}: {message}"))
+        DockerError::DockerResponseServerError {
+            status_code,
+            message,
+        } => BackendError::Other(format!("container engine error {status_code}: {message}")),
+        DockerError::JsonDataError { .. } | DockerError::JsonSerdeError { .. } => {
+            BackendError::Other(e.to_string())
         }
-        DockerError::JsonDataError { .. } | DockerError::JsonSerdeError { .. } => BackendError::Other(e.to_string()),
         other => unavailable(&other),
     }
 }
@@ -195,8 +214,14 @@ impl Backend for DockerBackend {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
         let docker = self.client().await?;
         let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
-        let options = CreateContainerOptions { name: Some(name), ..Default::default() };
-        match docker.create_container(Some(options), Self::container_body(spec)).await {
+        let options = CreateContainerOptions {
+            name: Some(name),
+            ..Default::default()
+        };
+        match docker
+            .create_container(Some(options), Self::container_body(spec))
+            .await
+        {
             Ok(created) => Ok(SandboxId(created.id)),
             Err(e) if status_of(&e) == Some(404) => {
                 // The image vanished since it was checked.
@@ -220,8 +245,14 @@ impl Backend for DockerBackend {
             logs: false,
             ..Default::default()
         };
-        let attached = docker.attach_container(&id.0, Some(options)).await.map_err(|e| not_found_or(e, id))?;
-        docker.start_container(&id.0, None).await.map_err(|e| not_found_or(e, id))?;
+        let attached = docker
+            .attach_container(&id.0, Some(options))
+            .await
+            .map_err(|e| not_found_or(e, id))?;
+        docker
+            .start_container(&id.0, None)
+            .await
+            .map_err(|e| not_found_or(e, id))?;
         let output = attached.output.filter_map(|item| async move {
             match item {
                 Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
@@ -232,7 +263,10 @@ impl Backend for DockerBackend {
                 Err(e) => Some(Err(classify(e))),
             }
         });
-        Ok(RunnerStreams { input: attached.input, output: Box::pin(output) })
+        Ok(RunnerStreams {
+            input: attached.input,
+            output: Box::pin(output),
+        })
     }
 
     async fn interrupt(&self, id: &SandboxId) -> Result<(), BackendError> {
@@ -245,7 +279,10 @@ impl Backend for DockerBackend {
 
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
         let docker = self.client().await?;
-        let inspected = docker.inspect_container(&id.0, None).await.map_err(|e| not_found_or(e, id))?;
+        let inspected = docker
+            .inspect_container(&id.0, None)
+            .await
+            .map_err(|e| not_found_or(e, id))?;
         let state = inspected.state.unwrap_or_default();
         Ok(ExitInfo {
             running: state.running.unwrap_or(false),
@@ -254,14 +291,65 @@ impl Backend for DockerBackend {
         })
     }
 
+    async fn copy_in(&self, id: &SandboxId, dir: &str, archive: Bytes) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let options = UploadToContainerOptions {
+            path: dir.to_string(),
+            ..Default::default()
+        };
+        docker
+            .upload_to_container(&id.0, Some(options), bollard::body_full(archive))
+            .await
+            .map_err(|e| not_found_or(e, id))
+    }
+
+    async fn copy_out(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<Bytes, BackendError> {
+        let docker = self.client().await?;
+        let options = DownloadFromContainerOptions {
+            path: path.to_string(),
+        };
+        let mut stream = docker.download_from_container(&id.0, Some(options));
+        let mut archive = BytesMut::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| not_found_or(e, id))?;
+            if (archive.len() + chunk.len()) as u64 > max_bytes {
+                return Err(BackendError::Other(format!(
+                    "{path} is larger than the {max_bytes}-byte limit for copying out"
+                )));
+            }
+            archive.extend_from_slice(&chunk);
+        }
+        Ok(archive.freeze())
+    }
+
     async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError> {
         let docker = self.client().await?;
-        let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+        };
         match docker.remove_container(&id.0, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) if status_of(&e) == Some(404) => Ok(()),
-            // 409: removal already in progress (another caller is destroying it).
-            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            // 409: another caller is removing it already; done when it is gone.
+            Err(e) if status_of(&e) == Some(409) => {
+                for _ in 0..200 {
+                    match docker.inspect_container(&id.0, None).await {
+                        Err(e) if status_of(&e) == Some(404) => return Ok(()),
+                        Err(e) => return Err(classify(e)),
+                        Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                    }
+                }
+                Err(BackendError::Other(format!(
+                    "sandbox {id} is still being removed after 10s"
+                )))
+            }
             Err(e) => Err(classify(e)),
         }
     }
@@ -269,8 +357,15 @@ impl Backend for DockerBackend {
     async fn list(&self, label: &str, value: &str) -> Result<Vec<SandboxRecord>, BackendError> {
         let docker = self.client().await?;
         let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
-        let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
-        let containers = docker.list_containers(Some(options)).await.map_err(classify)?;
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let containers = docker
+            .list_containers(Some(options))
+            .await
+            .map_err(classify)?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
@@ -294,7 +389,9 @@ impl Backend for DockerBackend {
             ("dangling".to_string(), vec!["true".to_string()]),
         ]);
         let listed = docker
-            .list_volumes(Some(ListVolumesOptions { filters: Some(filters) }))
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filters),
+            }))
             .await
             .map_err(classify)?;
         let mut removed = 0;
@@ -302,7 +399,11 @@ impl Backend for DockerBackend {
             let labels: BTreeMap<String, String> = volume.labels.into_iter().collect();
             if orphaned(&labels) {
                 let options = RemoveVolumeOptions { force: false };
-                if docker.remove_volume(&volume.name, Some(options)).await.is_ok() {
+                if docker
+                    .remove_volume(&volume.name, Some(options))
+                    .await
+                    .is_ok()
+                {
                     removed += 1;
                 }
             }
@@ -314,7 +415,9 @@ impl Backend for DockerBackend {
 impl DockerBackend {
     async fn signal(&self, id: &SandboxId, signal: &str) -> Result<(), BackendError> {
         let docker = self.client().await?;
-        let options = KillContainerOptions { signal: signal.to_string() };
+        let options = KillContainerOptions {
+            signal: signal.to_string(),
+        };
         match docker.kill_container(&id.0, Some(options)).await {
             Ok(()) => Ok(()),
             // 409: not running (it already ended): nothing left to signal.

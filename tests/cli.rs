@@ -1,0 +1,170 @@
+//! The command line, as a person uses it, against the real Docker engine.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use common::labelled;
+
+const BIN: &str = env!("CARGO_BIN_EXE_python-code-sandbox");
+
+fn cli(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> (Output, u32) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the binary");
+    let pid = child.id();
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).expect("write stdin");
+    drop(input);
+    (child.wait_with_output().expect("wait"), pid)
+}
+
+/// No sandbox made by the server process `pid` exists any more.
+async fn assert_no_sandbox_of(pid: u32) {
+    let (containers, volumes) = labelled("io.python-code-sandbox.pid", &pid.to_string()).await;
+    assert!(
+        containers.is_empty() && volumes.is_empty(),
+        "left behind: {containers:?} {volumes:?}"
+    );
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn run_prints_the_example_output_and_leaves_nothing() {
+    let (out, pid) = cli(&["run", "examples/hello.py"], "", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("Hello from the sandbox!\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_no_sandbox_of(pid).await;
+}
+
+#[tokio::test]
+async fn run_passes_the_exit_status_through() {
+    let (out, pid) = cli(&["run", "-"], "import sys\nsys.exit(3)", &[]);
+    assert_eq!(out.status.code(), Some(3));
+    let (out, _) = cli(&["run", "-"], "raise RuntimeError('bad')", &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("RuntimeError: bad"));
+    assert_no_sandbox_of(pid).await;
+}
+
+#[tokio::test]
+async fn run_exits_124_on_timeout() {
+    let (out, pid) = cli(&["run", "--timeout", "1s", "-"], "while True: pass", &[]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(
+        text(&out.stderr).contains("timed out after 1s"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_no_sandbox_of(pid).await;
+}
+
+#[tokio::test]
+async fn endless_output_is_cut_and_the_host_process_stays_small() {
+    let (out, pid) = cli(
+        &["run", "--timeout", "4s", "-"],
+        "while True: print('x' * 1000)",
+        &[("SANDBOX_MAX_OUTPUT", "1m")],
+    );
+    assert_eq!(out.status.code(), Some(124));
+    assert_eq!(out.stdout.len(), 1 << 20, "exactly the cap reaches stdout");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("output cut;"), "{stderr}");
+    // The largest RSS any child of this test process reached (only our binary runs as a child).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) },
+        0
+    );
+    let max_rss_kib = usage.ru_maxrss;
+    assert!(max_rss_kib < 64 * 1024, "the CLI grew to {max_rss_kib} KiB");
+    assert_no_sandbox_of(pid).await;
+}
+
+#[tokio::test]
+async fn an_invalid_setting_stops_start_up_with_exit_2() {
+    let (out, _) = cli(
+        &["run", "-"],
+        "print(1)",
+        &[("SANDBOX_MEMORY_LIMIT", "plenty")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("SANDBOX_MEMORY_LIMIT")
+            && stderr.contains("plenty")
+            && stderr.contains("512m"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn doctor_reports_every_check_ok() {
+    let (out, pid) = cli(&["doctor"], "", &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    for check in [
+        "engine",
+        "image",
+        "user",
+        "capabilities",
+        "pids limit",
+        "memory limit",
+        "no swap",
+        "network",
+        "read-only root",
+    ] {
+        assert!(
+            stdout.contains(&format!("ok   {check}:")),
+            "{check} missing in:\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("FAIL"));
+    assert_no_sandbox_of(pid).await;
+}
+
+#[tokio::test]
+async fn sigterm_during_a_run_removes_the_sandbox() {
+    let mut child = Command::new(BIN)
+        .args(["run", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"print('running', flush=True)\nimport time\ntime.sleep(600)")
+        .expect("write");
+    // Wait until the sandbox exists, then terminate the CLI.
+    let mut seen = false;
+    for _ in 0..200 {
+        let (containers, _) = labelled("io.python-code-sandbox.pid", &pid.to_string()).await;
+        if !containers.is_empty() {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(seen, "the sandbox never appeared");
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(130));
+    assert_no_sandbox_of(pid).await;
+}

@@ -1,0 +1,115 @@
+//! Shared helpers for the tests that drive the real Docker engine.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::query_parameters::{ListContainersOptions, ListVolumesOptions};
+use bollard::Docker;
+use python_code_sandbox::config::Config;
+use python_code_sandbox::engine::docker::DockerBackend;
+use python_code_sandbox::engine::owner::LABEL_INSTANCE;
+use python_code_sandbox::engine::{Engine, Execution, RunOptions, Task};
+
+/// The configuration tests run with: the defaults, with a short timeout so a hang fails fast.
+pub fn test_config() -> Config {
+    let mut config = Config::default();
+    config.limits.timeout = Duration::from_secs(30);
+    config
+}
+
+pub fn engine() -> Engine {
+    engine_with(|_| {})
+}
+
+pub fn engine_with(adjust: impl FnOnce(&mut Config)) -> Engine {
+    let mut config = test_config();
+    adjust(&mut config);
+    Engine::new(Arc::new(DockerBackend::new()), config)
+}
+
+pub async fn docker() -> Docker {
+    Docker::connect_with_defaults()
+        .expect("docker client")
+        .negotiate_version()
+        .await
+        .expect("docker answers")
+}
+
+/// Containers and volumes labelled with `label=value`.
+pub async fn labelled(label: &str, value: &str) -> (Vec<String>, Vec<String>) {
+    let docker = docker().await;
+    let filter = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
+    let containers = docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(filter.clone()),
+            ..Default::default()
+        }))
+        .await
+        .expect("list containers");
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: Some(filter),
+        }))
+        .await
+        .expect("list volumes");
+    (
+        containers.into_iter().filter_map(|c| c.id).collect(),
+        volumes
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.name)
+            .collect(),
+    )
+}
+
+/// Fails when the engine's instance still owns any container or volume.
+pub async fn assert_nothing_left(engine: &Engine) {
+    let (containers, volumes) = labelled(LABEL_INSTANCE, &engine.owner().instance).await;
+    assert!(
+        containers.is_empty(),
+        "containers left behind: {containers:?}"
+    );
+    assert!(volumes.is_empty(), "volumes left behind: {volumes:?}");
+}
+
+/// Runs code in a fresh sandbox with the configured timeout.
+pub async fn run(engine: &Engine, code: &str) -> Execution {
+    engine
+        .run_ephemeral(Task::Python(code), &RunOptions::default())
+        .await
+        .expect("the engine runs the code")
+}
+
+pub async fn run_with_timeout(engine: &Engine, code: &str, timeout: Duration) -> Execution {
+    engine
+        .run_ephemeral(
+            Task::Python(code),
+            &RunOptions {
+                timeout: Some(timeout),
+            },
+        )
+        .await
+        .expect("the engine runs the code")
+}
+
+pub async fn in_session(engine: &Engine, id: &str, code: &str) -> Execution {
+    engine
+        .execute_in_session(id, Task::Python(code), &RunOptions::default())
+        .await
+        .expect("the session runs the code")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Guards a test against hanging (not a timing assertion: the bound is generous).
+pub async fn no_hang<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(240), future)
+        .await
+        .expect("the test hung")
+}

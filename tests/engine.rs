@@ -1,0 +1,629 @@
+//! The engine against the real Docker engine: behaviour, limits and hardening of sandboxes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use python_code_sandbox::engine::backend::{Backend, SandboxSpec};
+use python_code_sandbox::engine::docker::DockerBackend;
+use python_code_sandbox::engine::owner::{LABEL_PID, LABEL_PID_START};
+use python_code_sandbox::engine::protocol::bootstrap_command;
+use python_code_sandbox::engine::{RunOptions, Task};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_world() {
+    let engine = engine();
+    no_hang(async {
+        let result = run(&engine, "print('hello world')").await;
+        assert_eq!(text(&result.stdout), "hello world\n");
+        assert_eq!(result.stderr, b"");
+        assert_eq!(result.exit_code, 0);
+        assert!(result.succeeded() && !result.timed_out && result.truncated_bytes == 0);
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exception_gives_its_traceback_and_status_1() {
+    let engine = engine();
+    no_hang(async {
+        let result = run(
+            &engine,
+            "def f():\n    raise ValueError('boom')\nprint('before')\nf()\n",
+        )
+        .await;
+        assert_eq!(result.exit_code, 1);
+        assert_eq!(text(&result.stdout), "before\n");
+        let stderr = text(&result.stderr);
+        assert!(
+            stderr.starts_with("Traceback (most recent call last):"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("raise ValueError('boom')") && stderr.ends_with("ValueError: boom\n"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("sandbox-runner"),
+            "runner frames leak into the traceback: {stderr}"
+        );
+        let error = result.error.expect("the exception is reported");
+        assert_eq!(
+            (error.kind.as_str(), error.message.as_str()),
+            ("ValueError", "boom")
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sys_exit_sets_the_status_and_a_session_survives_it() {
+    let engine = engine();
+    no_hang(async {
+        let result = run(&engine, "import sys\nprint('bye')\nsys.exit(3)").await;
+        assert_eq!(
+            (result.exit_code, text(&result.stdout).as_str()),
+            (3, "bye\n")
+        );
+        assert!(result.error.is_none());
+
+        let session = engine.create_session().await.expect("session");
+        assert_eq!(
+            in_session(&engine, &session, "kept = 'yes'\nimport sys; sys.exit(3)")
+                .await
+                .exit_code,
+            3
+        );
+        let after = in_session(&engine, &session, "print(kept)").await;
+        assert_eq!(text(&after.stdout), "yes\n", "the runner survives sys.exit");
+        assert!(!after.state_lost);
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_persists_across_executions_in_a_session() {
+    let engine = engine();
+    no_hang(async {
+        let session = engine.create_session().await.expect("session");
+        in_session(
+            &engine,
+            &session,
+            "import math\nx = 41\nopen('note.txt', 'w').write('kept')",
+        )
+        .await;
+        let result = in_session(
+            &engine,
+            &session,
+            "x += 1\nprint(x, math.pi > 3, open('note.txt').read())",
+        )
+        .await;
+        assert_eq!(text(&result.stdout), "42 True kept\n");
+        engine.stop_session(&session).await.expect("stop");
+        let again = engine
+            .execute_in_session(&session, Task::Python("print(1)"), &RunOptions::default())
+            .await;
+        assert!(again.is_err(), "a stopped session must not run code");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
+    let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(2));
+    no_hang(async {
+        let result = run(&engine, "print('started', flush=True)\nwhile True: pass").await;
+        assert!(result.timed_out);
+        assert_eq!(result.exit_code, 130);
+        assert_eq!(
+            text(&result.stdout),
+            "started\n",
+            "output before the timeout is kept"
+        );
+        assert!(text(&result.stderr).contains("KeyboardInterrupt"));
+
+        let session = engine.create_session().await.expect("session");
+        in_session(&engine, &session, "x = 'survives'").await;
+        let looped = in_session(&engine, &session, "while True: pass").await;
+        assert!(looped.timed_out && !looped.state_lost);
+        let after = in_session(&engine, &session, "print(x)").await;
+        assert_eq!(text(&after.stdout), "survives\n");
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
+    let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(1));
+    no_hang(async {
+        let session = engine.create_session().await.expect("session");
+        in_session(
+            &engine,
+            &session,
+            "x = 1\nopen('file.txt', 'w').write('on disk')",
+        )
+        .await;
+        let stubborn =
+            "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass";
+        let result = in_session(&engine, &session, stubborn).await;
+        assert!(result.timed_out && result.state_lost, "{result:?}");
+        assert!(text(&result.stderr).contains("killed"));
+        let after = in_session(
+            &engine,
+            &session,
+            "print('x' in globals(), open('file.txt').read())",
+        )
+        .await;
+        assert_eq!(
+            text(&after.stdout),
+            "False on disk\n",
+            "variables are lost, the workspace is not"
+        );
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_output_is_cut_at_the_cap() {
+    let engine = engine_with(|c| {
+        c.limits.max_output_bytes = 64 * 1024;
+        c.limits.timeout = Duration::from_secs(3);
+    });
+    no_hang(async {
+        let result = run(&engine, "while True: print('x')").await;
+        assert!(result.timed_out);
+        assert_eq!(
+            result.stdout.len() + result.stderr.len(),
+            64 * 1024,
+            "exactly the cap is kept"
+        );
+        assert!(
+            result.truncated_bytes > 64 * 1024,
+            "much more was written: {}",
+            result.truncated_bytes
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_code_runs_unprivileged_without_capabilities() {
+    let engine = engine();
+    no_hang(async {
+        let code = r#"
+import os
+status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
+print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapPrm'].strip(), status['NoNewPrivs'].strip())
+"#;
+        let result = run(&engine, code).await;
+        assert_eq!(text(&result.stdout), "1000 1000 0000000000000000 0000000000000000 1\n");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_has_no_network_but_loopback() {
+    let engine = engine();
+    no_hang(async {
+        let code = r#"
+import os, socket
+print(sorted(os.listdir('/sys/class/net')))
+routes = [l for l in open('/proc/net/route').read().splitlines()[1:] if l.strip()]
+print(len(routes))
+try:
+    socket.getaddrinfo('pypi.org', 443)
+    print('resolved')
+except OSError:
+    print('no name resolution')
+"#;
+        let result = run(&engine, code).await;
+        assert_eq!(
+            text(&result.stdout),
+            "['lo']\n0\nno name resolution\n",
+            "{}",
+            text(&result.stderr)
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_filesystem_is_read_only_and_tmp_is_bounded() {
+    let engine = engine_with(|c| c.limits.tmp_bytes = 8 << 20);
+    no_hang(async {
+        let code = r#"
+import errno
+for path in ('/evil', '/usr/lib/evil', '/home/sandbox/evil'):
+    try:
+        open(path, 'a').write('x')
+        print(path, 'WRITABLE')
+    except OSError as e:
+        print(path, errno.errorcode[e.errno])
+open('/tmp/ok', 'w').write('fine')
+try:
+    with open('/tmp/big', 'wb') as f:
+        f.write(b'0' * (16 << 20))
+    print('tmp unbounded')
+except OSError as e:
+    print('tmp', errno.errorcode[e.errno])
+"#;
+        let result = run(&engine, code).await;
+        assert_eq!(
+            text(&result.stdout),
+            "/evil EROFS\n/usr/lib/evil EROFS\n/home/sandbox/evil EROFS\ntmp ENOSPC\n",
+            "{}",
+            text(&result.stderr)
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_bomb_is_reported_as_out_of_memory() {
+    let engine = engine_with(|c| c.limits.memory_bytes = 128 << 20);
+    no_hang(async {
+        let result = run(
+            &engine,
+            "x = []\nwhile True:\n    x.append(bytearray(8 << 20))",
+        )
+        .await;
+        assert!(result.out_of_memory, "{result:?}");
+        assert!(!result.succeeded());
+        assert!(text(&result.stderr).contains("out of memory"));
+        assert_eq!(
+            result.error.map(|e| e.kind),
+            Some("MemoryError".to_string())
+        );
+
+        // A session recovers from it with a fresh runner.
+        let session = engine.create_session().await.expect("session");
+        let bomb = in_session(
+            &engine,
+            &session,
+            "x = []\nwhile True:\n    x.append(bytearray(8 << 20))",
+        )
+        .await;
+        assert!(bomb.out_of_memory && bomb.state_lost);
+        let after = in_session(&engine, &session, "print('alive')").await;
+        assert_eq!(text(&after.stdout), "alive\n");
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_is_contained() {
+    let engine = engine_with(|c| {
+        c.limits.pids = 64;
+        c.limits.timeout = Duration::from_secs(3);
+    });
+    no_hang(async {
+        let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass";
+        let result = run(&engine, bomb).await;
+        assert!(result.timed_out, "{result:?}");
+
+        // In a session the runner cleans up after the interrupt, and the next execution works.
+        let session = engine.create_session().await.expect("session");
+        in_session(&engine, &session, "x = 7").await;
+        assert!(in_session(&engine, &session, bomb).await.timed_out);
+        let after = in_session(&engine, &session, "import os\nprint(x, len([p for p in os.listdir('/proc') if p.isdigit()]))").await;
+        // Left: init (pid 1) and the runner.
+        assert_eq!(text(&after.stdout), "7 2\n", "{}", text(&after.stderr));
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    // The host still responds: a normal run right after.
+    assert_eq!(text(&run(&engine, "print('ok')").await.stdout), "ok\n");
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unicode_and_invalid_utf8_output_come_back_byte_for_byte() {
+    let engine = engine();
+    no_hang(async {
+        let code = "import sys\nprint('héllo ☃ 你好 🐍')\nsys.stdout.flush()\nsys.stdout.buffer.write(b'raw \\xff\\xfe end\\n')\nsys.stderr.buffer.write(b'\\x80err\\n')";
+        let result = run(&engine, code).await;
+        let mut expected = "héllo ☃ 你好 🐍\nraw ".as_bytes().to_vec();
+        expected.extend_from_slice(b"\xff\xfe end\n");
+        assert_eq!(result.stdout, expected);
+        assert_eq!(result.stderr, b"\x80err\n");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_kilobytes_of_code_run() {
+    let engine = engine();
+    no_hang(async {
+        let mut code = String::new();
+        let mut i = 0;
+        while code.len() < 100 * 1024 {
+            code.push_str(&format!("v{i} = {i}\n"));
+            i += 1;
+        }
+        code.push_str(&format!(
+            "print(sum(globals()[f'v{{n}}'] for n in range({i})))\n"
+        ));
+        let result = run(&engine, &code).await;
+        assert_eq!(
+            text(&result.stdout),
+            format!("{}\n", (0..i).sum::<u64>()),
+            "{}",
+            text(&result.stderr)
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_runs_in_parallel_are_all_correct() {
+    let engine = engine();
+    no_hang(async {
+        let codes: Vec<String> = (0..10).map(|i| format!("print({i} * {i})")).collect();
+        let options = RunOptions::default();
+        let runs = codes
+            .iter()
+            .map(|code| engine.run_ephemeral(Task::Python(code), &options));
+        let results = futures_util::future::join_all(runs).await;
+        for (i, result) in results.into_iter().enumerate() {
+            let result = result.expect("run");
+            assert_eq!(text(&result.stdout), format!("{}\n", i * i));
+        }
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
+    let engine = engine();
+    no_hang(async {
+        let result = run(&engine, "import os\nos._exit(5)").await;
+        assert_eq!(result.exit_code, 5);
+        assert!(result.state_lost);
+
+        let session = engine.create_session().await.expect("session");
+        // Garbage on every descriptor the code can find, the protocol stream included.
+        let garbage = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\xff\\xff\\xff\\xffjunk')\n    except OSError:\n        pass\nimport time; time.sleep(1)";
+        let broken = engine.execute_in_session(&session, Task::Python(garbage), &RunOptions::default()).await;
+        assert!(broken.is_err(), "a broken protocol is an error: {broken:?}");
+        let after = in_session(&engine, &session, "print('recovered')").await;
+        assert_eq!(text(&after.stdout), "recovered\n");
+        assert!(after.state_lost);
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forked_children_cannot_speak_the_protocol() {
+    let engine = engine();
+    no_hang(async {
+        let session = engine.create_session().await.expect("session");
+        let code = "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n    os.waitpid(pid, 0)\n    print('parent')";
+        let result = in_session(&engine, &session, code).await;
+        assert_eq!(text(&result.stdout), "child\nparent\n");
+        let next = in_session(&engine, &session, "print('next')").await;
+        assert_eq!(text(&next.stdout), "next\n");
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_commands_run_with_the_same_capture() {
+    let engine = engine();
+    no_hang(async {
+        let session = engine.create_session().await.expect("session");
+        let result = engine
+            .execute_in_session(
+                &session,
+                Task::Shell("echo out; echo err >&2; id -u; exit 4"),
+                &RunOptions::default(),
+            )
+            .await
+            .expect("shell");
+        assert_eq!(
+            (
+                text(&result.stdout).as_str(),
+                text(&result.stderr).as_str(),
+                result.exit_code
+            ),
+            ("out\n1000\n", "err\n", 4)
+        );
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_sandbox_carries_every_hardening_field() {
+    let engine = engine();
+    no_hang(async {
+        let session = engine.create_session().await.expect("session");
+        let inspected = docker()
+            .await
+            .inspect_container(&session, None)
+            .await
+            .expect("inspect");
+        let host = inspected.host_config.expect("host config");
+        let config = inspected.config.expect("config");
+        let limits = &engine.config().limits;
+        assert_eq!(config.user.as_deref(), Some("1000:1000"));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert!(host.cap_add.unwrap_or_default().is_empty());
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_string()])
+        );
+        assert_eq!(host.pids_limit, Some(limits.pids as i64));
+        assert_eq!(host.memory, Some(limits.memory_bytes as i64));
+        assert_eq!(host.memory_swap, host.memory, "no swap");
+        assert_eq!(host.nano_cpus, Some((limits.cpus * 1e9) as i64));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert!(host
+            .tmpfs
+            .unwrap_or_default()
+            .get("/tmp")
+            .is_some_and(|o| o.contains("size=")));
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.init, Some(true));
+        assert_eq!(host.privileged, Some(false));
+        let mounts = inspected.mounts.unwrap_or_default();
+        let workspace = mounts
+            .iter()
+            .find(|m| m.destination.as_deref() == Some("/workspace"))
+            .expect("workspace mount");
+        assert_eq!(
+            workspace.typ.as_ref().map(|t| t.to_string()).as_deref(),
+            Some("volume")
+        );
+        let labels = config.labels.unwrap_or_default();
+        assert_eq!(
+            labels.get("io.python-code-sandbox.instance"),
+            Some(&engine.owner().instance)
+        );
+        // The agent's code is never in argv: only the fixed bootstrap is.
+        assert_eq!(config.cmd, Some(bootstrap_command()));
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_copy_in_and_out_of_a_session() {
+    let engine = engine();
+    no_hang(async {
+        let session = engine.create_session().await.expect("session");
+        let mut archive = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(5);
+        header.set_mode(0o644);
+        header.set_uid(1000);
+        header.set_gid(1000);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, "input.txt", &b"hello"[..])
+            .expect("tar");
+        let backend = engine.backend();
+        let id = python_code_sandbox::engine::backend::SandboxId(session.clone());
+        backend
+            .copy_in(&id, "/workspace", archive.into_inner().expect("tar").into())
+            .await
+            .expect("copy in");
+        let result = in_session(
+            &engine,
+            &session,
+            "print(open('input.txt').read())\nopen('out.txt', 'w').write('made inside')",
+        )
+        .await;
+        assert_eq!(text(&result.stdout), "hello\n");
+        let out = backend
+            .copy_out(&id, "/workspace/out.txt", 1 << 20)
+            .await
+            .expect("copy out");
+        let mut entries = tar::Archive::new(&out[..]);
+        let mut entry = entries
+            .entries()
+            .expect("entries")
+            .next()
+            .expect("one entry")
+            .expect("entry");
+        let mut content = String::new();
+        std::io::Read::read_to_string(&mut entry, &mut content).expect("read");
+        assert_eq!(content, "made inside");
+        assert!(
+            backend
+                .copy_out(&id, "/workspace/out.txt", 10)
+                .await
+                .is_err(),
+            "the size bound holds"
+        );
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
+    let engine = engine();
+    let backend = DockerBackend::new();
+    no_hang(async {
+        // A sandbox labelled as made by a process of this boot that is not running.
+        let dead_owner = python_code_sandbox::engine::owner::Owner::current();
+        let mut labels: BTreeMap<String, String> = dead_owner.labels("session");
+        labels.insert(LABEL_PID.into(), "4194304".into()); // above any pid_max
+        labels.insert(LABEL_PID_START.into(), "1".into());
+        let spec = SandboxSpec {
+            image: engine.config().image.clone(),
+            limits: engine.config().limits.clone(),
+            network: engine.config().network,
+            ca_bundle: None,
+            command: bootstrap_command(),
+            labels,
+        };
+        let dead = backend.create(&spec).await.expect("create");
+        // And one of a live server (this test process, another instance).
+        let live_owner = python_code_sandbox::engine::owner::Owner::current();
+        let live = backend
+            .create(&SandboxSpec {
+                labels: live_owner.labels("session"),
+                ..spec.clone()
+            })
+            .await
+            .expect("create");
+
+        let removed = engine.remove_leftovers().await.expect("cleanup");
+        assert!(removed >= 1);
+        let (left, _) = labelled("io.python-code-sandbox.instance", &dead_owner.instance).await;
+        assert!(left.is_empty(), "the dead server's sandbox is removed");
+        let (kept, _) = labelled("io.python-code-sandbox.instance", &live_owner.instance).await;
+        assert_eq!(
+            kept,
+            vec![live.0.clone()],
+            "a live server's sandbox is kept"
+        );
+        backend.destroy(&live).await.expect("destroy");
+        backend.destroy(&dead).await.expect("destroy is idempotent");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_removes_every_sandbox_of_the_instance() {
+    let engine = engine();
+    no_hang(async {
+        let a = engine.create_session().await.expect("session");
+        let _b = engine.create_session().await.expect("session");
+        in_session(&engine, &a, "x = 1").await;
+        assert_eq!(engine.sessions().len(), 2);
+        engine.shutdown().await;
+        assert!(engine.sessions().is_empty());
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
