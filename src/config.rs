@@ -37,6 +37,16 @@ impl NetworkPolicy {
     }
 }
 
+/// How many sessions may live, and for how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionPolicy {
+    pub max_sessions: usize,
+    /// A session unused this long is stopped.
+    pub idle_timeout: Duration,
+    /// A session is stopped this long after it started, used or not.
+    pub max_lifetime: Duration,
+}
+
 /// Resource limits applied to every sandbox.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
@@ -62,6 +72,17 @@ pub struct Config {
     pub network: NetworkPolicy,
     /// Host CA bundle made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
+    /// Images an agent may ask for besides `image` (glob patterns: `*` and `?`).
+    pub allowed_images: Vec<String>,
+    pub sessions: SessionPolicy,
+    /// Executions (and sandbox start-ups) running at once; further calls wait.
+    pub max_concurrent: usize,
+    /// Base URL of the package index searched by `search_pypi_packages`.
+    pub pypi_url: String,
+    /// How long the downloaded PyPI name index is reused.
+    pub pypi_index_ttl: Duration,
+    /// Where the server keeps caches (the PyPI name index).
+    pub cache_dir: PathBuf,
     /// `tracing` filter directive (e.g. `info`, `debug`, `python_code_sandbox=trace`); unset, each
     /// command picks its own default (the server `info`, `run` only warnings).
     pub log_level: Option<String>,
@@ -81,6 +102,16 @@ impl Default for Config {
             },
             network: NetworkPolicy::None,
             ca_bundle: None,
+            allowed_images: Vec::new(),
+            sessions: SessionPolicy {
+                max_sessions: 10,
+                idle_timeout: Duration::from_secs(30 * 60),
+                max_lifetime: Duration::from_secs(8 * 60 * 60),
+            },
+            max_concurrent: 8,
+            pypi_url: "https://pypi.org".to_string(),
+            pypi_index_ttl: Duration::from_secs(24 * 60 * 60),
+            cache_dir: default_cache_dir(),
             log_level: None,
         }
     }
@@ -233,6 +264,62 @@ impl Config {
             }
             config.ca_bundle = Some(path);
         }
+        if let Some(v) = get("SANDBOX_ALLOWED_IMAGES") {
+            let patterns: Vec<String> = v
+                .split(',')
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect();
+            if patterns
+                .iter()
+                .any(|p| p.chars().any(|c| c.is_whitespace() || c.is_control()))
+            {
+                return Err(ConfigError {
+                    var: "SANDBOX_ALLOWED_IMAGES",
+                    value: v,
+                    expected: "comma-separated image patterns such as python:3.12-slim,myorg/*",
+                });
+            }
+            config.allowed_images = patterns;
+        }
+        if let Some(v) = get("SANDBOX_MAX_SESSIONS") {
+            config.sessions.max_sessions = parse_count("SANDBOX_MAX_SESSIONS", &v, 0, 10_000)?;
+        }
+        if let Some(v) = get("SANDBOX_SESSION_IDLE_TIMEOUT") {
+            config.sessions.idle_timeout = parse_duration("SANDBOX_SESSION_IDLE_TIMEOUT", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_SESSION_MAX_LIFETIME") {
+            config.sessions.max_lifetime = parse_duration("SANDBOX_SESSION_MAX_LIFETIME", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_MAX_CONCURRENT") {
+            config.max_concurrent = parse_count("SANDBOX_MAX_CONCURRENT", &v, 1, 10_000)?;
+        }
+        if let Some(v) = get("SANDBOX_PYPI_URL") {
+            if !(v.starts_with("https://") || v.starts_with("http://"))
+                || v.contains(char::is_whitespace)
+            {
+                return Err(ConfigError {
+                    var: "SANDBOX_PYPI_URL",
+                    value: v,
+                    expected: "an http(s) URL such as https://pypi.org",
+                });
+            }
+            config.pypi_url = v.trim_end_matches('/').to_string();
+        }
+        if let Some(v) = get("SANDBOX_PYPI_INDEX_TTL") {
+            config.pypi_index_ttl = parse_duration("SANDBOX_PYPI_INDEX_TTL", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_CACHE_DIR") {
+            let path = PathBuf::from(&v);
+            if !path.is_absolute() {
+                return Err(ConfigError {
+                    var: "SANDBOX_CACHE_DIR",
+                    value: v,
+                    expected: "an absolute directory path",
+                });
+            }
+            config.cache_dir = path;
+        }
         if let Some(v) = get("LOG_LEVEL") {
             if tracing_subscriber::EnvFilter::try_new(&v).is_err() {
                 return Err(ConfigError {
@@ -287,6 +374,55 @@ pub fn parse_duration(var: &'static str, value: &str) -> Result<Duration, Config
         return Err(error());
     }
     Ok(duration)
+}
+
+fn parse_count(
+    var: &'static str,
+    value: &str,
+    min: usize,
+    max: usize,
+) -> Result<usize, ConfigError> {
+    match value.parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(ConfigError {
+            var,
+            value: value.to_string(),
+            expected: "a whole number within the accepted range (see the README)",
+        }),
+    }
+}
+
+/// `$XDG_CACHE_HOME/python-code-sandbox`, else `~/.cache/python-code-sandbox`, else the temp dir.
+fn default_cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("python-code-sandbox")
+}
+
+/// Whether `name` matches a glob `pattern` (`*` any run of characters, `?` one character).
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            backtrack = Some((pi, ni));
+            pi += 1;
+        } else if let Some((star, matched)) = backtrack {
+            pi = star + 1;
+            ni = matched + 1;
+            backtrack = Some((star, matched + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
 }
 
 fn parse_cpus(value: &str) -> Result<f64, ConfigError> {
@@ -382,6 +518,34 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn globs_match_images() {
+        assert!(glob_matches("python:3.12-slim", "python:3.12-slim"));
+        assert!(glob_matches("python:*", "python:3.12-slim"));
+        assert!(glob_matches("myorg/*:v?", "myorg/tools:v2"));
+        assert!(!glob_matches("myorg/*:v?", "myorg/tools:v22"));
+        assert!(!glob_matches("python:*", "evil/python:3"));
+        assert!(glob_matches("*", "anything"));
+        assert!(!glob_matches("", "x"));
+    }
+
+    #[test]
+    fn session_and_concurrency_settings_parse() {
+        let c = config(&[
+            ("SANDBOX_ALLOWED_IMAGES", "python:3.12-slim, myorg/*"),
+            ("SANDBOX_MAX_SESSIONS", "3"),
+            ("SANDBOX_SESSION_IDLE_TIMEOUT", "5m"),
+            ("SANDBOX_MAX_CONCURRENT", "2"),
+        ])
+        .unwrap();
+        assert_eq!(c.allowed_images, vec!["python:3.12-slim", "myorg/*"]);
+        assert_eq!(c.sessions.max_sessions, 3);
+        assert_eq!(c.sessions.idle_timeout, Duration::from_secs(300));
+        assert_eq!(c.max_concurrent, 2);
+        assert!(config(&[("SANDBOX_MAX_CONCURRENT", "0")]).is_err());
+        assert!(config(&[("SANDBOX_PYPI_URL", "ftp://x")]).is_err());
     }
 
     #[test]

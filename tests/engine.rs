@@ -71,7 +71,10 @@ async fn sys_exit_sets_the_status_and_a_session_survives_it() {
         );
         assert!(result.error.is_none());
 
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         assert_eq!(
             in_session(&engine, &session, "kept = 'yes'\nimport sys; sys.exit(3)")
                 .await
@@ -91,7 +94,10 @@ async fn sys_exit_sets_the_status_and_a_session_survives_it() {
 async fn state_persists_across_executions_in_a_session() {
     let engine = engine();
     no_hang(async {
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         in_session(
             &engine,
             &session,
@@ -129,7 +135,10 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
         );
         assert!(text(&result.stderr).contains("KeyboardInterrupt"));
 
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         in_session(&engine, &session, "x = 'survives'").await;
         let looped = in_session(&engine, &session, "while True: pass").await;
         assert!(looped.timed_out && !looped.state_lost);
@@ -145,7 +154,10 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
 async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
     let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(1));
     no_hang(async {
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         in_session(
             &engine,
             &session,
@@ -291,7 +303,10 @@ async fn a_memory_bomb_is_reported_as_out_of_memory() {
         );
 
         // A session recovers from it with a fresh runner.
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         let bomb = in_session(
             &engine,
             &session,
@@ -319,7 +334,7 @@ async fn a_fork_bomb_is_contained() {
         assert!(result.timed_out, "{result:?}");
 
         // In a session the runner cleans up after the interrupt, and the next execution works.
-        let session = engine.create_session().await.expect("session");
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
         in_session(&engine, &session, "x = 7").await;
         assert!(in_session(&engine, &session, bomb).await.timed_out);
         let after = in_session(&engine, &session, "import os\nprint(x, len([p for p in os.listdir('/proc') if p.isdigit()]))").await;
@@ -400,7 +415,7 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
         assert_eq!(result.exit_code, 5);
         assert!(result.state_lost);
 
-        let session = engine.create_session().await.expect("session");
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
         // Garbage on every descriptor the code can find, the protocol stream included.
         let garbage = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\xff\\xff\\xff\\xffjunk')\n    except OSError:\n        pass\nimport time; time.sleep(1)";
         let broken = engine.execute_in_session(&session, Task::Python(garbage), &RunOptions::default()).await;
@@ -418,7 +433,7 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
 async fn forked_children_cannot_speak_the_protocol() {
     let engine = engine();
     no_hang(async {
-        let session = engine.create_session().await.expect("session");
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
         let code = "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n    os.waitpid(pid, 0)\n    print('parent')";
         let result = in_session(&engine, &session, code).await;
         assert_eq!(text(&result.stdout), "child\nparent\n");
@@ -434,7 +449,10 @@ async fn forked_children_cannot_speak_the_protocol() {
 async fn shell_commands_run_with_the_same_capture() {
     let engine = engine();
     no_hang(async {
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         let result = engine
             .execute_in_session(
                 &session,
@@ -461,7 +479,10 @@ async fn shell_commands_run_with_the_same_capture() {
 async fn a_live_sandbox_carries_every_hardening_field() {
     let engine = engine();
     no_hang(async {
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         let inspected = docker()
             .await
             .inspect_container(&session, None)
@@ -516,7 +537,10 @@ async fn a_live_sandbox_carries_every_hardening_field() {
 async fn files_copy_in_and_out_of_a_session() {
     let engine = engine();
     no_hang(async {
-        let session = engine.create_session().await.expect("session");
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         let mut archive = tar::Builder::new(Vec::new());
         let mut header = tar::Header::new_gnu();
         header.set_size(5);
@@ -617,8 +641,14 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
 async fn shutdown_removes_every_sandbox_of_the_instance() {
     let engine = engine();
     no_hang(async {
-        let a = engine.create_session().await.expect("session");
-        let _b = engine.create_session().await.expect("session");
+        let a = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
+        let _b = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
         in_session(&engine, &a, "x = 1").await;
         assert_eq!(engine.sessions().len(), 2);
         engine.shutdown().await;

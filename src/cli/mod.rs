@@ -208,7 +208,10 @@ async fn run(
         }
     };
     let engine = Engine::new(Arc::new(DockerBackend::new()), config);
-    let options = RunOptions { timeout };
+    let options = RunOptions {
+        timeout,
+        ..Default::default()
+    };
     let outcome = tokio::select! {
         outcome = engine.run_ephemeral(Task::Python(&code), &options) => Some(outcome),
         signal = termination() => {

@@ -13,17 +13,18 @@ pub mod owner;
 pub mod protocol;
 pub mod sandbox;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
+use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use backend::{Backend, BackendError, SandboxSpec};
+use crate::config::{glob_matches, Config};
+use backend::{Backend, BackendError, SandboxId, SandboxSpec};
 use owner::{Owner, LABEL_INSTANCE, LABEL_MANAGED};
 use protocol::ProtocolError;
-use sandbox::Sandbox;
+use sandbox::{human, Sandbox};
 pub use sandbox::{Execution, Task};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,36 +37,120 @@ pub enum EngineError {
     Protocol(#[from] ProtocolError),
     #[error("the sandbox has been removed")]
     SandboxGone,
-    #[error("no session {0}: it was stopped, expired, or never created by this server")]
+    #[error("no session {0}: it was stopped or never created by this server; start one with sandbox_initialize")]
     UnknownSession(String),
+    #[error("session {id} has expired ({reason}); start a new one with sandbox_initialize")]
+    SessionExpired { id: String, reason: String },
+    #[error("{0:?} is not a valid container_id: use the id sandbox_initialize returned")]
+    MalformedSessionId(String),
+    #[error("image {image} is not allowed; allowed: {allowed}")]
+    ImageNotAllowed { image: String, allowed: String },
+    #[error("the limit of {0} live sessions is reached; stop one with sandbox_stop first")]
+    TooManySessions(usize),
+    #[error("the code is {size} bytes, more than the {limit}-byte limit")]
+    CodeTooLarge { size: usize, limit: usize },
 }
 
+impl EngineError {
+    /// Whether the caller's request was at fault (as opposed to the engine or the sandbox).
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            EngineError::UnknownSession(_)
+                | EngineError::SessionExpired { .. }
+                | EngineError::MalformedSessionId(_)
+                | EngineError::ImageNotAllowed { .. }
+                | EngineError::TooManySessions(_)
+                | EngineError::CodeTooLarge { .. }
+        )
+    }
+}
+
+/// The largest code (or shell command) accepted for one execution.
+pub const MAX_CODE_BYTES: usize = 8 << 20;
+
+/// Receives short progress messages ("starting the sandbox", ...).
+pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Per-call options that override the configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
     pub timeout: Option<Duration>,
+    /// Another image than the configured one; it must be allowed.
+    pub image: Option<String>,
+    /// Fires to interrupt the execution (an MCP `notifications/cancelled`).
+    pub cancel: Option<CancellationToken>,
+    pub progress: Option<ProgressSink>,
+}
+
+impl RunOptions {
+    fn report(&self, message: &str) {
+        if let Some(progress) = &self.progress {
+            progress(message);
+        }
+    }
 }
 
 /// A live session: a sandbox whose runner keeps its state between executions.
 struct Session {
     sandbox: Mutex<Sandbox>,
+    image: String,
     created: Instant,
+    last_used: std::sync::Mutex<Instant>,
 }
+
+impl Session {
+    fn idle(&self) -> Duration {
+        self.last_used
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
+    }
+
+    fn touch(&self) {
+        if let Ok(mut t) = self.last_used.lock() {
+            *t = Instant::now();
+        }
+    }
+}
+
+/// What `sandbox_list` shows of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub image: String,
+    pub age: Duration,
+    pub idle: Duration,
+}
+
+/// Ids of sessions that ended on their own, so a later call can say why.
+const TOMBSTONES: usize = 1024;
 
 pub struct Engine {
     backend: Arc<dyn Backend>,
     config: Config,
     owner: Owner,
-    sessions: std::sync::Mutex<HashMap<String, Arc<Session>>>,
+    sessions: std::sync::Mutex<Sessions>,
+    executions: Semaphore,
+}
+
+#[derive(Default)]
+struct Sessions {
+    live: HashMap<String, Arc<Session>>,
+    /// Sessions being created: they count against the limit already.
+    starting: usize,
+    ended: VecDeque<(String, String)>,
 }
 
 impl Engine {
     pub fn new(backend: Arc<dyn Backend>, config: Config) -> Engine {
+        let executions = Semaphore::new(config.max_concurrent.max(1));
         Engine {
             backend,
             config,
             owner: Owner::current(),
             sessions: Default::default(),
+            executions,
         }
     }
 
@@ -81,9 +166,32 @@ impl Engine {
         &self.backend
     }
 
-    fn spec(&self, kind: &str) -> SandboxSpec {
+    /// The image a request may use: the configured one, or one the operator allowed.
+    pub fn check_image(&self, requested: Option<&str>) -> Result<String, EngineError> {
+        let image = match requested.map(str::trim).filter(|i| !i.is_empty()) {
+            None => return Ok(self.config.image.clone()),
+            Some(image) => image,
+        };
+        if image == self.config.image
+            || self
+                .config
+                .allowed_images
+                .iter()
+                .any(|p| glob_matches(p, image))
+        {
+            return Ok(image.to_string());
+        }
+        let mut allowed = vec![self.config.image.clone()];
+        allowed.extend(self.config.allowed_images.iter().cloned());
+        Err(EngineError::ImageNotAllowed {
+            image: image.to_string(),
+            allowed: allowed.join(", "),
+        })
+    }
+
+    fn spec(&self, image: String, kind: &str) -> SandboxSpec {
         SandboxSpec {
-            image: self.config.image.clone(),
+            image,
             limits: self.config.limits.clone(),
             network: self.config.network,
             ca_bundle: self.config.ca_bundle.clone(),
@@ -92,10 +200,34 @@ impl Engine {
         }
     }
 
-    async fn launch(&self, kind: &str) -> Result<Sandbox, EngineError> {
-        let spec = self.spec(kind);
+    async fn launch(&self, kind: &str, options: &RunOptions) -> Result<Sandbox, EngineError> {
+        let spec = self.spec(self.check_image(options.image.as_deref())?, kind);
+        options.report(&format!("preparing image {}", spec.image));
         self.backend.ensure_image(&spec.image).await?;
+        options.report("starting the sandbox");
         Sandbox::launch(self.backend.clone(), &spec).await
+    }
+
+    fn check_task(task: Task<'_>) -> Result<(), EngineError> {
+        let size = match task {
+            Task::Python(code) => code.len(),
+            Task::Shell(command) => command.len(),
+        };
+        if size > MAX_CODE_BYTES {
+            return Err(EngineError::CodeTooLarge {
+                size,
+                limit: MAX_CODE_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    async fn permit(&self) -> tokio::sync::SemaphorePermit<'_> {
+        // The semaphore is never closed, so acquiring cannot fail; a closed one would mean shutdown.
+        match self.executions.acquire().await {
+            Ok(permit) => permit,
+            Err(_) => unreachable!("the execution semaphore is never closed"),
+        }
     }
 
     /// Runs code in a fresh sandbox that is removed, with its workspace, before this returns.
@@ -104,39 +236,99 @@ impl Engine {
         task: Task<'_>,
         options: &RunOptions,
     ) -> Result<Execution, EngineError> {
-        let mut sandbox = self.launch("ephemeral").await?;
+        Self::check_task(task)?;
+        let _permit = self.permit().await;
+        let mut sandbox = self.launch("ephemeral", options).await?;
+        options.report("running");
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
         let result = sandbox
-            .execute(task, timeout, self.config.limits.max_output_bytes)
+            .execute(
+                task,
+                timeout,
+                self.config.limits.max_output_bytes,
+                options.cancel.as_ref(),
+            )
             .await;
         sandbox.destroy().await;
         result
     }
 
     /// Starts a session sandbox and returns its id.
-    pub async fn create_session(&self) -> Result<String, EngineError> {
-        let sandbox = self.launch("session").await?;
+    pub async fn create_session(&self, options: &RunOptions) -> Result<String, EngineError> {
+        let image = self.check_image(options.image.as_deref())?;
+        {
+            let mut sessions = self.lock_sessions();
+            let max = self.config.sessions.max_sessions;
+            if sessions.live.len() + sessions.starting >= max {
+                return Err(EngineError::TooManySessions(max));
+            }
+            sessions.starting += 1;
+        }
+        let launched = {
+            let _permit = self.permit().await;
+            self.launch(
+                "session",
+                &RunOptions {
+                    image: Some(image.clone()),
+                    ..options.clone()
+                },
+            )
+            .await
+        };
+        let mut sessions = self.lock_sessions();
+        sessions.starting -= 1;
+        let sandbox = launched?;
         let id = sandbox.id().0.clone();
-        let session = Arc::new(Session {
+        let now = Instant::now();
+        let session = Session {
             sandbox: Mutex::new(sandbox),
-            created: Instant::now(),
-        });
-        self.lock_sessions().insert(id.clone(), session);
+            image,
+            created: now,
+            last_used: std::sync::Mutex::new(now),
+        };
+        sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)
     }
 
-    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        // A panic while holding this lock cannot leave the map inconsistent (single operations).
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        // Every operation under this lock is a single map or counter update: a panic elsewhere
+        // cannot leave it half-done, so a poisoned lock is still consistent.
         self.sessions
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn session(&self, id: &str) -> Result<Arc<Session>, EngineError> {
-        self.lock_sessions()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| EngineError::UnknownSession(id.to_string()))
+    /// Finds a session by its id, or by a unique prefix of at least 12 characters.
+    fn session(&self, id: &str) -> Result<(String, Arc<Session>), EngineError> {
+        let id = id.trim();
+        if id.len() < 12
+            || id.len() > 128
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(EngineError::MalformedSessionId(
+                id.chars().take(80).collect(),
+            ));
+        }
+        let sessions = self.lock_sessions();
+        if let Some(session) = sessions.live.get(id) {
+            return Ok((id.to_string(), session.clone()));
+        }
+        let mut matches = sessions
+            .live
+            .iter()
+            .filter(|(full, _)| full.starts_with(id));
+        if let (Some((full, session)), None) = (matches.next(), matches.next()) {
+            return Ok((full.clone(), session.clone()));
+        }
+        if let Some((full, reason)) = sessions.ended.iter().find(|(full, _)| full.starts_with(id)) {
+            return Err(EngineError::SessionExpired {
+                id: full.clone(),
+                reason: reason.clone(),
+            });
+        }
+        Err(EngineError::UnknownSession(id.to_string()))
     }
 
     /// Executes in a session; executions of one session run one at a time, in order.
@@ -146,32 +338,115 @@ impl Engine {
         task: Task<'_>,
         options: &RunOptions,
     ) -> Result<Execution, EngineError> {
-        let session = self.session(id)?;
+        Self::check_task(task)?;
+        let (_, session) = self.session(id)?;
         let mut sandbox = session.sandbox.lock().await;
+        session.touch();
+        let _permit = self.permit().await;
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        sandbox
-            .execute(task, timeout, self.config.limits.max_output_bytes)
-            .await
+        let result = sandbox
+            .execute(
+                task,
+                timeout,
+                self.config.limits.max_output_bytes,
+                options.cancel.as_ref(),
+            )
+            .await;
+        session.touch();
+        result
     }
 
     /// Stops a session and removes its sandbox.
-    pub async fn stop_session(&self, id: &str) -> Result<(), EngineError> {
+    pub async fn stop_session(&self, id: &str) -> Result<String, EngineError> {
+        let (full, _) = self.session(id)?;
         let session = self
             .lock_sessions()
-            .remove(id)
-            .ok_or_else(|| EngineError::UnknownSession(id.to_string()))?;
-        let mut sandbox = session.sandbox.lock().await;
-        // The sandbox is owned by the session: destroy it through a placeholder-free path.
-        destroy_locked(&mut sandbox).await;
-        Ok(())
+            .live
+            .remove(&full)
+            .ok_or_else(|| EngineError::UnknownSession(full.clone()))?;
+        // An execution in flight is interrupted by killing the sandbox; its caller gets an error.
+        if let Err(e) = self.backend.destroy(&SandboxId(full.clone())).await {
+            tracing::warn!(sandbox = %full, "could not remove a stopped session: {e}");
+        }
+        session.sandbox.lock().await.forget();
+        Ok(full)
     }
 
-    /// Ids and ages of the live sessions.
-    pub fn sessions(&self) -> Vec<(String, Duration)> {
-        self.lock_sessions()
+    /// This server's live sessions.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let mut list: Vec<SessionInfo> = self
+            .lock_sessions()
+            .live
             .iter()
-            .map(|(id, s)| (id.clone(), s.created.elapsed()))
-            .collect()
+            .map(|(id, s)| SessionInfo {
+                id: id.clone(),
+                image: s.image.clone(),
+                age: s.created.elapsed(),
+                idle: s.idle(),
+            })
+            .collect();
+        list.sort_by_key(|s| std::cmp::Reverse(s.age));
+        list
+    }
+
+    /// Stops sessions idle or alive for longer than the policy allows; returns how many.
+    pub async fn reap_expired_sessions(&self) -> usize {
+        let policy = &self.config.sessions;
+        let expired: Vec<(String, String)> = self
+            .lock_sessions()
+            .live
+            .iter()
+            .filter_map(|(id, s)| {
+                if s.created.elapsed() >= policy.max_lifetime {
+                    Some((
+                        id.clone(),
+                        format!(
+                            "it reached the maximum lifetime of {}",
+                            human(policy.max_lifetime)
+                        ),
+                    ))
+                } else if s.idle() >= policy.idle_timeout && s.sandbox.try_lock().is_ok() {
+                    Some((
+                        id.clone(),
+                        format!("it was idle for more than {}", human(policy.idle_timeout)),
+                    ))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (id, reason) in &expired {
+            tracing::info!(session = %id, "stopping: {reason}");
+            {
+                let mut sessions = self.lock_sessions();
+                sessions.live.remove(id);
+                sessions.ended.push_back((id.clone(), reason.clone()));
+                while sessions.ended.len() > TOMBSTONES {
+                    sessions.ended.pop_front();
+                }
+            }
+            if let Err(e) = self.backend.destroy(&SandboxId(id.clone())).await {
+                tracing::warn!(session = %id, "could not remove an expired session: {e}");
+            }
+        }
+        expired.len()
+    }
+
+    /// Runs [`Engine::reap_expired_sessions`] periodically until the engine is dropped.
+    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let engine = Arc::downgrade(self);
+        let policy = self.config.sessions.clone();
+        let period = (policy.idle_timeout.min(policy.max_lifetime) / 4)
+            .clamp(Duration::from_millis(200), Duration::from_secs(30));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                engine.reap_expired_sessions().await;
+            }
+        })
     }
 
     /// Removes sandboxes left behind by server instances that are no longer running.
@@ -196,11 +471,12 @@ impl Engine {
 
     /// Removes every sandbox of this server instance (sessions and any in flight).
     pub async fn shutdown(&self) {
-        let sessions: Vec<Arc<Session>> = self.lock_sessions().drain().map(|(_, s)| s).collect();
+        let sessions: Vec<Arc<Session>> =
+            self.lock_sessions().live.drain().map(|(_, s)| s).collect();
         for session in sessions {
             // An execution in flight holds the lock; don't wait for it, the sweep below removes it.
             if let Ok(mut sandbox) = session.sandbox.try_lock() {
-                destroy_locked(&mut sandbox).await;
+                sandbox.destroy_in_place().await;
             }
         }
         match self
@@ -222,8 +498,4 @@ impl Engine {
             Err(e) => tracing::warn!("could not list this server's sandboxes at shutdown: {e}"),
         }
     }
-}
-
-async fn destroy_locked(sandbox: &mut Sandbox) {
-    sandbox.destroy_in_place().await;
 }

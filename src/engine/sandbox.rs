@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
 
 use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
@@ -56,6 +57,8 @@ pub struct Execution {
     pub truncated_bytes: u64,
     /// The wall-clock limit expired.
     pub timed_out: bool,
+    /// The caller cancelled the execution.
+    pub cancelled: bool,
     /// The runner was restarted: variables and imports of earlier executions are gone.
     pub state_lost: bool,
     /// The sandbox ran out of memory.
@@ -66,7 +69,7 @@ pub struct Execution {
 
 impl Execution {
     pub fn succeeded(&self) -> bool {
-        self.exit_code == 0 && !self.timed_out && !self.out_of_memory
+        self.exit_code == 0 && !self.timed_out && !self.cancelled && !self.out_of_memory
     }
 }
 
@@ -254,12 +257,17 @@ impl Sandbox {
         self.start_runner().await
     }
 
-    /// Executes a task with a wall-clock limit; interrupts, then kills, when it expires.
+    /// Executes a task with a wall-clock limit; interrupts, then kills, when it expires or when
+    /// `cancel` fires.
+    ///
+    /// The runner is taken out of the state while it works: if this future is dropped midway, the
+    /// sandbox is left `Down` (and restarts on next use) rather than with a reply in flight.
     pub async fn execute(
         &mut self,
         task: Task<'_>,
         timeout: Duration,
         max_output: u64,
+        cancel: Option<&CancellationToken>,
     ) -> Result<Execution, EngineError> {
         let mut restarted = false;
         if let State::Down(reason) = &self.state {
@@ -267,6 +275,16 @@ impl Sandbox {
             self.restart().await?;
             restarted = true;
         }
+        let mut runner = match std::mem::replace(
+            &mut self.state,
+            State::Down("an execution was abandoned".into()),
+        ) {
+            State::Ready(runner) => runner,
+            other => {
+                self.state = other;
+                return Err(EngineError::SandboxGone);
+            }
+        };
         self.next_request += 1;
         let id = self.next_request;
         let request = match task {
@@ -281,53 +299,60 @@ impl Sandbox {
                 max_output,
             },
         };
+        runner
+            .decoder
+            .set_limit(FrameDecoder::limit_for_output(max_output));
         let started = Instant::now();
-        let waited = {
-            let State::Ready(runner) = &mut self.state else {
-                return Err(EngineError::SandboxGone);
-            };
-            runner
-                .decoder
-                .set_limit(FrameDecoder::limit_for_output(max_output));
-            let backend = &self.backend;
-            let sandbox_id = &self.id;
-            match runner.send(&request.to_frame()).await {
-                Err(failure) => Waited::Replied(Err(failure)),
-                Ok(()) => {
-                    let reply = runner.next_reply();
-                    tokio::pin!(reply);
-                    tokio::select! {
-                        r = &mut reply => Waited::Replied(r),
-                        () = tokio::time::sleep(timeout) => {
-                            tracing::debug!(sandbox = %sandbox_id, "timeout: interrupting");
-                            if let Err(e) = backend.interrupt(sandbox_id).await {
-                                tracing::warn!(sandbox = %sandbox_id, "interrupt failed: {e}");
-                            }
-                            tokio::select! {
-                                r = &mut reply => Waited::Interrupted(r),
-                                () = tokio::time::sleep(INTERRUPT_GRACE) => Waited::Unresponsive,
-                            }
+        let never = CancellationToken::new();
+        let cancel = cancel.unwrap_or(&never);
+        let mut cancelled = false;
+        let waited = match runner.send(&request.to_frame()).await {
+            Err(failure) => Waited::Replied(Err(failure)),
+            Ok(()) => {
+                let reply = runner.next_reply();
+                tokio::pin!(reply);
+                let stop = tokio::select! {
+                    r = &mut reply => Err(r),
+                    () = tokio::time::sleep(timeout) => Ok("timeout"),
+                    () = cancel.cancelled() => Ok("cancelled"),
+                };
+                match stop {
+                    Err(r) => Waited::Replied(r),
+                    Ok(why) => {
+                        cancelled = why == "cancelled";
+                        tracing::debug!(sandbox = %self.id, "{why}: interrupting");
+                        if let Err(e) = self.backend.interrupt(&self.id).await {
+                            tracing::warn!(sandbox = %self.id, "interrupt failed: {e}");
+                        }
+                        tokio::select! {
+                            r = &mut reply => Waited::Interrupted(r),
+                            () = tokio::time::sleep(INTERRUPT_GRACE) => Waited::Unresponsive,
                         }
                     }
                 }
             }
         };
         let elapsed = started.elapsed();
-        let timed_out = matches!(waited, Waited::Interrupted(_) | Waited::Unresponsive);
+        let timed_out =
+            !cancelled && matches!(waited, Waited::Interrupted(_) | Waited::Unresponsive);
         let mut execution = match waited {
             Waited::Replied(Ok(Reply::Result(raw)))
             | Waited::Interrupted(Ok(Reply::Result(raw))) => match raw.validate(id, max_output) {
-                Ok(r) => Execution {
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    exit_code: r.exit_code,
-                    duration: Duration::from_secs_f64(r.duration_ms / 1000.0),
-                    truncated_bytes: r.dropped_bytes,
-                    timed_out,
-                    state_lost: false,
-                    out_of_memory: false,
-                    error: r.error,
-                },
+                Ok(r) => {
+                    self.state = State::Ready(runner);
+                    Execution {
+                        stdout: r.stdout,
+                        stderr: r.stderr,
+                        exit_code: r.exit_code,
+                        duration: Duration::from_secs_f64(r.duration_ms / 1000.0),
+                        truncated_bytes: r.dropped_bytes,
+                        timed_out,
+                        cancelled,
+                        state_lost: false,
+                        out_of_memory: false,
+                        error: r.error,
+                    }
+                }
                 Err(e) => return Err(self.broken(e).await),
             },
             Waited::Replied(Ok(Reply::Ready { .. }))
@@ -336,24 +361,34 @@ impl Sandbox {
                 return Err(self.broken(e).await);
             }
             Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
-                self.runner_died(failure, elapsed, timed_out).await?
+                let mut execution = self
+                    .runner_died(failure, &runner.diagnostics, elapsed)
+                    .await?;
+                execution.timed_out = timed_out;
+                execution.cancelled = cancelled;
+                execution
             }
             Waited::Unresponsive => {
                 tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing the sandbox");
-                self.state = State::Down("killed after a timeout".into());
+                self.state = State::Down("killed after an unanswered interrupt".into());
                 self.backend.kill(&self.id).await?;
+                let why = if cancelled {
+                    "Cancelled".to_string()
+                } else {
+                    format!("Timed out after {}", human(timeout))
+                };
                 Execution {
                     stdout: Vec::new(),
                     stderr: format!(
-                        "Timed out after {}; the code did not stop on interrupt, so the sandbox was \
-                         killed and its output lost.\n",
-                        human(timeout)
+                        "{why}; the code did not stop on interrupt, so the sandbox was killed and \
+                         its output lost.\n"
                     )
                     .into_bytes(),
                     exit_code: 137,
                     duration: elapsed,
                     truncated_bytes: 0,
-                    timed_out: true,
+                    timed_out,
+                    cancelled,
                     state_lost: true,
                     out_of_memory: false,
                     error: None,
@@ -369,8 +404,8 @@ impl Sandbox {
     async fn runner_died(
         &mut self,
         failure: RunnerFailure,
+        diagnostics: &[u8],
         elapsed: Duration,
-        timed_out: bool,
     ) -> Result<Execution, EngineError> {
         match failure {
             RunnerFailure::Protocol(e) => Err(self.broken(e).await),
@@ -379,14 +414,8 @@ impl Sandbox {
                 Err(e.into())
             }
             RunnerFailure::Ended => {
-                let info = self.backend.exit_info(&self.id).await?;
-                let diagnostics = match &self.state {
-                    State::Ready(runner) => {
-                        String::from_utf8_lossy(&runner.diagnostics).into_owned()
-                    }
-                    _ => String::new(),
-                };
                 self.state = State::Down("the runner exited".into());
+                let info = self.backend.exit_info(&self.id).await?;
                 let code = info
                     .exit_code
                     .and_then(|c| i32::try_from(c).ok())
@@ -402,7 +431,8 @@ impl Sandbox {
                     (
                         format!(
                             "The sandbox's Python process exited with status {code} during the \
-                             execution; variables from earlier executions are lost.\n{diagnostics}"
+                             execution; variables from earlier executions are lost.\n{}",
+                            String::from_utf8_lossy(diagnostics)
                         ),
                         None,
                     )
@@ -413,7 +443,8 @@ impl Sandbox {
                     exit_code: code,
                     duration: elapsed,
                     truncated_bytes: 0,
-                    timed_out,
+                    timed_out: false,
+                    cancelled: false,
                     state_lost: true,
                     out_of_memory: info.oom_killed,
                     error,
@@ -430,6 +461,11 @@ impl Sandbox {
             tracing::warn!(sandbox = %self.id, "kill failed: {kill}");
         }
         EngineError::Protocol(e)
+    }
+
+    /// Marks the sandbox removed by someone else (no removal is attempted again on drop).
+    pub(crate) fn forget(&mut self) {
+        self.state = State::Destroyed;
     }
 
     /// Removes the sandbox and its storage.

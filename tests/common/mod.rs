@@ -90,6 +90,7 @@ pub async fn run_with_timeout(engine: &Engine, code: &str, timeout: Duration) ->
             Task::Python(code),
             &RunOptions {
                 timeout: Some(timeout),
+                ..Default::default()
             },
         )
         .await
