@@ -3,7 +3,9 @@
 #   1. a Docker engine (scripts/dev-env.sh installs and starts one when none answers),
 #   2. the sandbox image (built by the project's own binary; offline when no registry answers),
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine),
-#   4. a final check that no sandbox container or volume was left behind.
+#   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest),
+#   5. a smoke call through the MCP Inspector CLI, a second real client,
+#   6. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,29 @@ cargo clippy --locked --all-targets -- -D warnings
 
 echo "== tests" >&2
 cargo test --locked -- --test-threads=2
+
+echo "== MCP integration tests (official Python SDK)" >&2
+venv=.cache/venv-mcp
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
+PCS_BIN="$PWD/target/debug/python-code-sandbox" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp
+
+echo "== MCP Inspector CLI smoke test" >&2
+inspector=.cache/inspector
+if [ ! -x "$inspector/node_modules/.bin/mcp-inspector" ]; then
+  mkdir -p "$inspector"
+  npm install --silent --no-audit --no-fund --prefix "$inspector" @modelcontextprotocol/inspector@2.12.0 >&2
+fi
+smoke=$("$inspector/node_modules/.bin/mcp-inspector" --cli -e LOG_LEVEL=warn "$PWD/target/debug/python-code-sandbox" \
+  --method tools/call --tool-name run_python_ephemeral --tool-arg 'code=print(6 * 7)' 2>/dev/null)
+if ! printf '%s' "$smoke" | grep -q '"stdout": "42\\n"'; then
+  echo "FAIL: the MCP Inspector CLI did not get 42 back:" >&2
+  printf '%s\n' "$smoke" >&2
+  exit 1
+fi
+echo "inspector: ok" >&2
 
 echo "== leftovers" >&2
 # Tests assert this per engine instance; this catches anything a test process did not clean up.

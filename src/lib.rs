@@ -22,3 +22,5 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod mcp;
+pub mod pypi;

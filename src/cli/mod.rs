@@ -35,6 +35,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve MCP over stdin/stdout (the default when no command is given).
+    Stdio,
     /// Run a Python file (or `-` for stdin) in a fresh sandbox; exits with its exit status.
     Run {
         /// The file to run, or `-` to read the code from stdin.
@@ -100,7 +102,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_INFRA);
         }
     };
-    runtime.block_on(dispatch(cli, config))
+    let code = runtime.block_on(dispatch(cli, config));
+    // The stdio transport leaves a blocking read of stdin behind; don't wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
 }
 
 fn init_logging(config: &Config, default_level: &str) {
@@ -116,10 +121,7 @@ fn init_logging(config: &Config, default_level: &str) {
 
 async fn dispatch(cli: Cli, config: Config) -> ExitCode {
     match cli.command {
-        None => {
-            eprintln!("python-code-sandbox: the MCP server is not available yet; see --help for the commands");
-            ExitCode::from(EXIT_CONFIG)
-        }
+        None | Some(Command::Stdio) => crate::mcp::serve_stdio(config).await,
         Some(Command::Run {
             file,
             deps,

@@ -469,16 +469,11 @@ impl Engine {
         Ok(removed)
     }
 
-    /// Removes every sandbox of this server instance (sessions and any in flight).
+    /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
+    /// an MCP client gives a closing server only a moment before it kills it.
     pub async fn shutdown(&self) {
         let sessions: Vec<Arc<Session>> =
             self.lock_sessions().live.drain().map(|(_, s)| s).collect();
-        for session in sessions {
-            // An execution in flight holds the lock; don't wait for it, the sweep below removes it.
-            if let Ok(mut sandbox) = session.sandbox.try_lock() {
-                sandbox.destroy_in_place().await;
-            }
-        }
         match self
             .backend
             .list(LABEL_INSTANCE, &self.owner.instance)
@@ -496,6 +491,12 @@ impl Engine {
                 }
             }
             Err(e) => tracing::warn!("could not list this server's sandboxes at shutdown: {e}"),
+        }
+        for session in sessions {
+            // A session busy with an execution is dropped later; removing it again then is harmless.
+            if let Ok(mut sandbox) = session.sandbox.try_lock() {
+                sandbox.forget();
+            }
         }
     }
 }

@@ -211,16 +211,24 @@ impl Sandbox {
                 Ok(())
             }
             Err((failure, diagnostics)) => {
-                let reason = self.describe_failure(failure, &diagnostics).await;
+                let reason =
+                    Self::describe_failure(&self.backend, &self.id, failure, &diagnostics).await;
                 self.state = State::Down(reason.clone());
                 Err(EngineError::SandboxStart(reason))
             }
         }
     }
 
-    async fn describe_failure(&self, failure: RunnerFailure, diagnostics: &[u8]) -> String {
+    /// Why a runner failed to start. Takes the backend and id rather than `&self`: a `&Sandbox`
+    /// held across an await would make the future `!Send` (the attached streams are not `Sync`).
+    async fn describe_failure(
+        backend: &Arc<dyn Backend>,
+        id: &SandboxId,
+        failure: RunnerFailure,
+        diagnostics: &[u8],
+    ) -> String {
         let mut reason = match failure {
-            RunnerFailure::Ended => match self.backend.exit_info(&self.id).await {
+            RunnerFailure::Ended => match backend.exit_info(id).await {
                 Ok(info) if info.oom_killed => "the sandbox ran out of memory".to_string(),
                 Ok(info) => format!(
                     "the sandbox's runner exited (status {})",

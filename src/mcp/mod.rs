@@ -1,0 +1,558 @@
+//! The MCP server: the seed's tool set, each tool a thin translation to an engine call and back.
+//!
+//! Tool descriptions are written for the model that reads them and carry the limits in force,
+//! read from the live configuration. The code's own failures (exception, non-zero exit, timeout)
+//! and infrastructure failures are both `isError` results with text the model can act on; protocol
+//! errors are kept for malformed requests.
+
+mod render;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler, ServiceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, NetworkPolicy};
+use crate::engine::docker::DockerBackend;
+use crate::engine::{Engine, ProgressSink, RunOptions, Task};
+use crate::pypi::{PackageInfo, PypiSearch};
+use render::bytes;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunEphemeralParams {
+    /// The Python source code to run.
+    pub code: String,
+    /// PyPI packages to install first, e.g. ["pandas", "matplotlib"] (not supported yet).
+    #[serde(default)]
+    pub dependencies: Option<Vec<String>>,
+    /// Sandbox image; only the configured image or one the operator allowed.
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct InitializeParams {
+    /// Sandbox image; only the configured image or one the operator allowed.
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunPythonParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// The Python source code to run in the session's interpreter.
+    pub code: String,
+    /// PyPI packages to install first (not supported yet).
+    #[serde(default)]
+    pub dependencies: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// A shell command line, run with /bin/sh -c in /workspace.
+    pub command: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct StopParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SearchParams {
+    /// A package name or part of one, e.g. "requests", "yaml", "numpi".
+    pub query: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SessionOutput {
+    /// The session's id: pass it to run_python, sandbox_exec and sandbox_stop.
+    pub container_id: String,
+    pub image: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct StopOutput {
+    pub container_id: String,
+    pub stopped: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListOutput {
+    pub sessions: Vec<SessionEntry>,
+    pub limits: LimitsOutput,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SessionEntry {
+    pub container_id: String,
+    pub image: String,
+    pub age_seconds: u64,
+    pub idle_seconds: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct LimitsOutput {
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub timeout_seconds: f64,
+    pub max_output_bytes: u64,
+    pub network: String,
+    pub max_sessions: usize,
+    pub session_idle_timeout_seconds: u64,
+    pub session_max_lifetime_seconds: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SearchOutput {
+    pub query: String,
+    pub results: Vec<PackageInfo>,
+}
+
+#[derive(Clone)]
+pub struct SandboxServer {
+    engine: Arc<Engine>,
+    pypi: Arc<PypiSearch>,
+    tool_router: ToolRouter<Self>,
+}
+
+const DEPENDENCIES_UNSUPPORTED: &str =
+    "Error: `dependencies` is not supported yet by this server. \
+Run without it: the image has only Python's standard library (plus pip's own packages).";
+
+#[tool_router(router = tool_router)]
+impl SandboxServer {
+    pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
+        let mut tool_router = Self::tool_router();
+        describe(&mut tool_router, engine.config());
+        SandboxServer {
+            engine,
+            pypi,
+            tool_router,
+        }
+    }
+
+    #[tool(
+        name = "run_python_ephemeral",
+        annotations(read_only_hint = false, open_world_hint = false)
+    )]
+    async fn run_python_ephemeral(
+        &self,
+        Parameters(params): Parameters<RunEphemeralParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if params.dependencies.as_ref().is_some_and(|d| !d.is_empty()) {
+            return Ok(render::refusal(DEPENDENCIES_UNSUPPORTED));
+        }
+        let options = options_for(&context, params.image);
+        Ok(
+            match self
+                .engine
+                .run_ephemeral(Task::Python(&params.code), &options)
+                .await
+            {
+                Ok(execution) => render::execution(&execution, &self.engine.config().limits, None),
+                Err(e) => render::error(&e),
+            },
+        )
+    }
+
+    #[tool(name = "sandbox_initialize")]
+    async fn sandbox_initialize(
+        &self,
+        Parameters(params): Parameters<InitializeParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let options = options_for(&context, params.image);
+        let id = match self.engine.create_session(&options).await {
+            Ok(id) => id,
+            Err(e) => return Ok(render::error(&e)),
+        };
+        let image = self
+            .engine
+            .sessions()
+            .into_iter()
+            .find(|s| s.id == id)
+            .map(|s| s.image)
+            .unwrap_or_default();
+        let text = format!(
+            "Sandbox session started.\ncontainer_id: {id}\nimage: {image}\nPass this container_id to run_python \
+             (variables persist between calls), sandbox_exec and sandbox_stop."
+        );
+        Ok(structured(
+            text,
+            &SessionOutput {
+                container_id: id,
+                image,
+            },
+        ))
+    }
+
+    #[tool(name = "run_python")]
+    async fn run_python(
+        &self,
+        Parameters(params): Parameters<RunPythonParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if params.dependencies.as_ref().is_some_and(|d| !d.is_empty()) {
+            return Ok(render::refusal(DEPENDENCIES_UNSUPPORTED));
+        }
+        let options = options_for(&context, None);
+        let task = Task::Python(&params.code);
+        Ok(
+            match self
+                .engine
+                .execute_in_session(&params.container_id, task, &options)
+                .await
+            {
+                Ok(execution) => render::execution(
+                    &execution,
+                    &self.engine.config().limits,
+                    Some(&params.container_id),
+                ),
+                Err(e) => render::error(&e),
+            },
+        )
+    }
+
+    #[tool(name = "sandbox_exec")]
+    async fn sandbox_exec(
+        &self,
+        Parameters(params): Parameters<ExecParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let options = options_for(&context, None);
+        let task = Task::Shell(&params.command);
+        Ok(
+            match self
+                .engine
+                .execute_in_session(&params.container_id, task, &options)
+                .await
+            {
+                Ok(execution) => render::execution(
+                    &execution,
+                    &self.engine.config().limits,
+                    Some(&params.container_id),
+                ),
+                Err(e) => render::error(&e),
+            },
+        )
+    }
+
+    #[tool(name = "sandbox_stop")]
+    async fn sandbox_stop(
+        &self,
+        Parameters(params): Parameters<StopParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(match self.engine.stop_session(&params.container_id).await {
+            Ok(id) => structured(
+                format!("Session {id} stopped and removed."),
+                &StopOutput {
+                    container_id: id,
+                    stopped: true,
+                },
+            ),
+            Err(e) => render::error(&e),
+        })
+    }
+
+    #[tool(name = "sandbox_list", annotations(read_only_hint = true))]
+    async fn sandbox_list(&self) -> Result<CallToolResult, ErrorData> {
+        let config = self.engine.config();
+        let sessions: Vec<SessionEntry> = self
+            .engine
+            .sessions()
+            .into_iter()
+            .map(|s| SessionEntry {
+                container_id: s.id,
+                image: s.image,
+                age_seconds: s.age.as_secs(),
+                idle_seconds: s.idle.as_secs(),
+            })
+            .collect();
+        let mut text = if sessions.is_empty() {
+            "No live sessions.\n".to_string()
+        } else {
+            format!("{} live session(s):\n", sessions.len())
+        };
+        for s in &sessions {
+            text.push_str(&format!(
+                "- {} ({}), age {} s, idle {} s\n",
+                s.container_id, s.image, s.age_seconds, s.idle_seconds
+            ));
+        }
+        text.push_str(&limits_line(config));
+        let limits = LimitsOutput {
+            memory_bytes: config.limits.memory_bytes,
+            cpus: config.limits.cpus,
+            pids: config.limits.pids,
+            timeout_seconds: config.limits.timeout.as_secs_f64(),
+            max_output_bytes: config.limits.max_output_bytes,
+            network: config.network.as_str().to_string(),
+            max_sessions: config.sessions.max_sessions,
+            session_idle_timeout_seconds: config.sessions.idle_timeout.as_secs(),
+            session_max_lifetime_seconds: config.sessions.max_lifetime.as_secs(),
+        };
+        Ok(structured(text, &ListOutput { sessions, limits }))
+    }
+
+    #[tool(
+        name = "search_pypi_packages",
+        annotations(read_only_hint = true, open_world_hint = true)
+    )]
+    async fn search_pypi_packages(
+        &self,
+        Parameters(params): Parameters<SearchParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match self.pypi.search(&params.query).await {
+            Ok(results) => {
+                let mut text = if results.is_empty() {
+                    format!("No PyPI package matches {:?}.\n", params.query)
+                } else {
+                    format!("PyPI packages matching {:?}:\n", params.query)
+                };
+                for p in &results {
+                    text.push_str(&format!("- {} {} — {}\n", p.name, p.version, p.summary));
+                }
+                Ok(structured(
+                    text,
+                    &SearchOutput {
+                        query: params.query,
+                        results,
+                    },
+                ))
+            }
+            Err(e) => Ok(render::refusal(format!("Error: {e}"))),
+        }
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+                    .with_title("Python code sandbox"),
+            )
+            .with_instructions(
+                "Runs Python in disposable, hardened Docker sandboxes. Use run_python_ephemeral for \
+                 one-off code; sandbox_initialize + run_python to keep variables across calls \
+                 (stop it with sandbox_stop when done).",
+            )
+    }
+}
+
+fn structured<T: Serialize>(text: String, value: &T) -> CallToolResult {
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = serde_json::to_value(value).ok();
+    result
+}
+
+/// Run options for one request: cancellation follows the client's `notifications/cancelled`, and
+/// progress goes to the client when it sent a progress token.
+fn options_for(context: &RequestContext<RoleServer>, image: Option<String>) -> RunOptions {
+    let progress: Option<ProgressSink> = context.meta.get_progress_token().map(|token| {
+        let peer = context.peer.clone();
+        let step = Arc::new(AtomicU32::new(0));
+        let sink: ProgressSink = Arc::new(move |message: &str| {
+            let n = step.fetch_add(1, Ordering::Relaxed) + 1;
+            let param = ProgressNotificationParam::new(token.clone(), f64::from(n))
+                .with_message(message.to_string());
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                let _ = peer.notify_progress(param).await;
+            });
+        });
+        sink
+    });
+    RunOptions {
+        timeout: None,
+        image,
+        cancel: Some(context.ct.clone()),
+        progress,
+    }
+}
+
+fn limits_line(config: &Config) -> String {
+    let network = match config.network {
+        NetworkPolicy::None => "no network access".to_string(),
+        NetworkPolicy::Bridge => "network access".to_string(),
+    };
+    format!(
+        "Limits per execution: {} wall clock, {} memory, {} CPU(s), {} processes, output cut at {}, {network}.",
+        render::human(config.limits.timeout),
+        bytes(config.limits.memory_bytes),
+        config.limits.cpus,
+        config.limits.pids,
+        bytes(config.limits.max_output_bytes),
+    )
+}
+
+/// Sets each tool's description from the live configuration, and its output schema.
+fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
+    use rmcp::handler::server::tool::schema_for_output;
+    let limits = limits_line(config);
+    let sessions = &config.sessions;
+    let session_policy = format!(
+        "At most {} sessions at once; a session unused for {} is stopped, and every session ends {} after it started.",
+        sessions.max_sessions,
+        render::human(sessions.idle_timeout),
+        render::human(sessions.max_lifetime)
+    );
+    let images = if config.allowed_images.is_empty() {
+        format!("Optional `image`: only {} is available.", config.image)
+    } else {
+        format!(
+            "Optional `image`: {} (default) or one matching {}.",
+            config.image,
+            config.allowed_images.join(", ")
+        )
+    };
+    let execution_schema = schema_for_output::<render::ExecutionOutput>();
+    let tools: [(&str, String, Option<_>); 7] = [
+        (
+            "run_python_ephemeral",
+            format!(
+                "Run Python code in a brand-new, isolated sandbox that is destroyed right after the \
+                 call. Best for one-off scripts: nothing persists between calls (use sandbox_initialize \
+                 and run_python to keep variables). The code runs as `python` would run a script, as an \
+                 unprivileged user in /workspace, with Python 3.11 and its standard library. Returns \
+                 stdout, stderr (with the traceback of an uncaught exception) and the exit status; a \
+                 failure, non-zero exit or timeout is reported as an error result. {limits} {images}"
+            ),
+            Some(execution_schema.clone()),
+        ),
+        (
+            "sandbox_initialize",
+            format!(
+                "Start a persistent sandbox session and return its container_id. Use it for multi-step \
+                 work: run_python keeps variables, imports and files between calls, like a notebook. \
+                 Call sandbox_stop when done. {session_policy} {images}"
+            ),
+            Some(schema_for_output::<SessionOutput>()),
+        ),
+        (
+            "run_python",
+            format!(
+                "Run Python code in a session's persistent interpreter (start one with \
+                 sandbox_initialize). State persists between calls: variables, functions, imports and \
+                 files in /workspace are still there on the next call. On timeout the code is \
+                 interrupted (KeyboardInterrupt) and the session keeps its state; if the code cannot be \
+                 interrupted or runs out of memory the interpreter restarts and the result says state \
+                 was lost. {limits}"
+            ),
+            Some(execution_schema.clone()),
+        ),
+        (
+            "sandbox_exec",
+            format!(
+                "Run a shell command (/bin/sh -c) in a session's sandbox, in /workspace, as the same \
+                 unprivileged user, e.g. `ls -la` or `python -m pip list`. Returns exit code, stdout \
+                 and stderr. {limits}"
+            ),
+            Some(execution_schema),
+        ),
+        (
+            "sandbox_stop",
+            "Stop a session started by sandbox_initialize and delete its sandbox and files.".to_string(),
+            Some(schema_for_output::<StopOutput>()),
+        ),
+        (
+            "sandbox_list",
+            "List this server's live sessions (container_id, image, age, idle time) and the limits in force."
+                .to_string(),
+            Some(schema_for_output::<ListOutput>()),
+        ),
+        (
+            "search_pypi_packages",
+            "Find PyPI packages by name: exact and normalized names first, then names that start with \
+             or contain the query, then close spellings. Returns up to 5 packages with latest version \
+             and summary."
+                .to_string(),
+            Some(schema_for_output::<SearchOutput>()),
+        ),
+    ];
+    for (name, description, schema) in tools {
+        if let Some(route) = router.map.get_mut(name) {
+            route.attr.description = Some(description.into());
+            route.attr.output_schema = schema;
+        }
+    }
+}
+
+/// Serves MCP over stdio until the client closes stdin or the process gets SIGINT/SIGTERM; then
+/// removes every sandbox this server made.
+pub async fn serve_stdio(config: Config) -> ExitCode {
+    let pypi = match PypiSearch::new(
+        &config.pypi_url,
+        config.cache_dir.join("pypi"),
+        config.pypi_index_ttl,
+    ) {
+        Ok(pypi) => Arc::new(pypi),
+        Err(e) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(crate::cli::EXIT_CONFIG);
+        }
+    };
+    let engine = Arc::new(Engine::new(Arc::new(DockerBackend::new()), config));
+    // Nothing here waits for Docker: `initialize` is answered at once, and the clean-up of what a
+    // dead server left runs in the background.
+    let cleanup = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            match engine.remove_leftovers().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} sandbox(es) left by servers that are gone"),
+                Err(e) => tracing::warn!("could not look for leftover sandboxes: {e}"),
+            }
+        })
+    };
+    let reaper = engine.spawn_reaper();
+    let server = SandboxServer::new(engine.clone(), pypi);
+    let outcome = tokio::select! {
+        running = server.serve(rmcp::transport::stdio()) => match running {
+            Ok(running) => {
+                let token = running.cancellation_token();
+                tokio::select! {
+                    quit = running.waiting() => {
+                        tracing::info!("client disconnected ({quit:?})");
+                        ExitCode::SUCCESS
+                    }
+                    signal = crate::cli::termination() => {
+                        tracing::info!("{signal}: shutting down");
+                        token.cancel();
+                        ExitCode::SUCCESS
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("MCP session failed to start: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        signal = crate::cli::termination() => {
+            tracing::info!("{signal} before the MCP session started: shutting down");
+            ExitCode::SUCCESS
+        }
+    };
+    reaper.abort();
+    cleanup.abort();
+    engine.shutdown().await;
+    outcome
+}

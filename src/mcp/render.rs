@@ -1,0 +1,236 @@
+//! Engine results as MCP tool results: a text block written for an LLM reader, and the same facts
+//! as `structuredContent` matching the tool's declared `outputSchema`.
+
+use rmcp::model::{CallToolResult, ContentBlock};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::config::Limits;
+use crate::engine::backend::BackendError;
+use crate::engine::{EngineError, Execution};
+
+/// What an execution tool returns as structured content.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExecutionOutput {
+    /// Everything the code wrote to stdout (cut at the output limit; invalid UTF-8 replaced).
+    pub stdout: String,
+    /// Everything the code wrote to stderr, tracebacks included.
+    pub stderr: String,
+    /// 0 on success, `sys.exit(n)` gives n, 1 for an uncaught exception, 130 when interrupted,
+    /// 137 when the sandbox was killed.
+    pub exit_code: i32,
+    pub duration_ms: u64,
+    /// The wall-clock limit expired and the code was interrupted.
+    pub timed_out: bool,
+    /// Output beyond the limit was discarded.
+    pub truncated: bool,
+    /// How many bytes were discarded.
+    pub truncated_bytes: u64,
+    /// The client cancelled the call.
+    pub cancelled: bool,
+    /// The interpreter was restarted: variables from earlier calls are gone (files remain).
+    pub state_lost: bool,
+    pub out_of_memory: bool,
+    /// The exception that ended the code, if one did.
+    pub error: Option<ErrorOutput>,
+    /// The session the code ran in (absent for run_python_ephemeral).
+    pub container_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ErrorOutput {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+}
+
+pub fn execution(
+    execution: &Execution,
+    limits: &Limits,
+    container_id: Option<&str>,
+) -> CallToolResult {
+    let stdout = String::from_utf8_lossy(&execution.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&execution.stderr).into_owned();
+    let text = summary(execution, limits, &stdout, &stderr);
+    let output = ExecutionOutput {
+        stdout,
+        stderr,
+        exit_code: execution.exit_code,
+        duration_ms: execution.duration.as_millis() as u64,
+        timed_out: execution.timed_out,
+        truncated: execution.truncated_bytes > 0,
+        truncated_bytes: execution.truncated_bytes,
+        cancelled: execution.cancelled,
+        state_lost: execution.state_lost,
+        out_of_memory: execution.out_of_memory,
+        error: execution.error.as_ref().map(|e| ErrorOutput {
+            kind: e.kind.clone(),
+            message: e.message.clone(),
+        }),
+        container_id: container_id.map(str::to_string),
+    };
+    let content = vec![ContentBlock::text(text)];
+    let mut result = if execution.succeeded() {
+        CallToolResult::success(content)
+    } else {
+        CallToolResult::error(content)
+    };
+    result.structured_content = serde_json::to_value(&output).ok();
+    result
+}
+
+fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -> String {
+    let mut text = String::new();
+    let status = if execution.timed_out {
+        format!("timed out after {}", human(limits.timeout))
+    } else if execution.cancelled {
+        "cancelled".to_string()
+    } else if execution.out_of_memory {
+        format!("out of memory (limit {})", bytes(limits.memory_bytes))
+    } else {
+        format!("exit status {}", execution.exit_code)
+    };
+    text.push_str(&format!(
+        "{status} · {} ms\n",
+        execution.duration.as_millis()
+    ));
+    if !stdout.is_empty() {
+        text.push_str("--- stdout ---\n");
+        text.push_str(stdout);
+        if !stdout.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    if !stderr.is_empty() {
+        text.push_str("--- stderr ---\n");
+        text.push_str(stderr);
+        if !stderr.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    if stdout.is_empty() && stderr.is_empty() {
+        text.push_str("(no output)\n");
+    }
+    if execution.truncated_bytes > 0 {
+        text.push_str(&format!(
+            "[output cut at {}: {} more bytes were discarded]\n",
+            bytes(limits.max_output_bytes),
+            execution.truncated_bytes
+        ));
+    }
+    if execution.timed_out || execution.cancelled {
+        text.push_str(if execution.state_lost {
+            "[the code did not stop on interrupt: the sandbox was killed]\n"
+        } else {
+            "[the code was interrupted; processes it started were stopped]\n"
+        });
+    }
+    if execution.state_lost {
+        text.push_str("[the interpreter was restarted: variables from earlier calls are gone; files in /workspace remain]\n");
+    }
+    text
+}
+
+/// An error as a tool result the model can act on.
+pub fn error(e: &EngineError) -> CallToolResult {
+    let hint = match e {
+        EngineError::Backend(BackendError::Unavailable(_)) => {
+            " The Docker engine must be running (start it, e.g. `systemctl start docker` or \
+             `bash scripts/dev-env.sh`); the server reconnects on the next call."
+        }
+        EngineError::Backend(BackendError::ImageMissing { .. }) => {
+            " Ask the operator to build or pull the image."
+        }
+        _ => "",
+    };
+    CallToolResult::error(vec![ContentBlock::text(format!("Error: {e}.{hint}"))])
+}
+
+/// A request the tool refuses before reaching the engine.
+pub fn refusal(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message.into())])
+}
+
+pub fn human(d: std::time::Duration) -> String {
+    crate::engine::sandbox::human(d)
+}
+
+pub fn bytes(n: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (size, unit) in UNITS {
+        if n >= size {
+            let value = n as f64 / size as f64;
+            return if value.fract() == 0.0 {
+                format!("{value:.0} {unit}")
+            } else {
+                format!("{value:.1} {unit}")
+            };
+        }
+    }
+    format!("{n} bytes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn sample() -> Execution {
+        Execution {
+            stdout: b"hi\n".to_vec(),
+            stderr: Vec::new(),
+            exit_code: 0,
+            duration: Duration::from_millis(12),
+            truncated_bytes: 0,
+            timed_out: false,
+            cancelled: false,
+            state_lost: false,
+            out_of_memory: false,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn success_has_text_and_structured_content() {
+        let limits = crate::config::Config::default().limits;
+        let result = execution(&sample(), &limits, None);
+        assert_eq!(result.is_error, Some(false));
+        let text = result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(
+            text.starts_with("exit status 0 · 12 ms\n--- stdout ---\nhi\n"),
+            "{text}"
+        );
+        assert!(!text.contains("stderr"), "empty stderr is not shown");
+        let structured = result.structured_content.unwrap();
+        assert_eq!(structured["stdout"], "hi\n");
+        assert_eq!(structured["truncated"], false);
+    }
+
+    #[test]
+    fn failures_are_errors_and_say_what_happened() {
+        let limits = crate::config::Config::default().limits;
+        let mut e = sample();
+        e.exit_code = 130;
+        e.timed_out = true;
+        e.truncated_bytes = 5;
+        let result = execution(&e, &limits, Some("abc"));
+        assert_eq!(result.is_error, Some(true));
+        let text = result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(text.starts_with("timed out after 1m"), "{text}");
+        assert!(text.contains("5 more bytes were discarded"));
+        assert_eq!(result.structured_content.unwrap()["container_id"], "abc");
+    }
+
+    #[test]
+    fn byte_sizes_read_well() {
+        assert_eq!(bytes(2 << 30), "2 GiB");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(10), "10 bytes");
+    }
+}

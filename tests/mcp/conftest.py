@@ -1,0 +1,56 @@
+"""Fixtures: the real server binary, driven over stdio by the official MCP Python SDK."""
+
+import contextlib
+import json
+import os
+import subprocess
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+BIN = os.environ.get("PCS_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "target", "debug", "python-code-sandbox"))
+LABEL = "io.python-code-sandbox.managed=true"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def server_params(**env):
+    merged = dict(os.environ)
+    merged.setdefault("LOG_LEVEL", "warn")
+    merged.update({k: str(v) for k, v in env.items()})
+    return StdioServerParameters(command=os.path.abspath(BIN), args=[], env=merged)
+
+
+@contextlib.asynccontextmanager
+async def connect(**env):
+    """A client connected to a fresh server process with extra environment variables."""
+    async with Client(server_params(**env), read_timeout_seconds=180) as client:
+        yield client
+
+
+def sandboxes():
+    """Ids of every container this project's servers own on the engine."""
+    out = subprocess.run(["docker", "ps", "-aq", "--no-trunc", "--filter", "label=" + LABEL], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.split() if line]
+
+
+def volumes():
+    out = subprocess.run(["docker", "volume", "ls", "-q", "--filter", "label=" + LABEL], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.split() if line]
+
+
+def text_of(result):
+    return "".join(block.text for block in result.content if getattr(block, "type", None) == "text")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """Every test starts and ends with no sandbox on the engine (the suite runs alone)."""
+    assert sandboxes() == [], "a sandbox existed before the test"
+    yield
+    # The server removes its sandboxes before it exits; the client waits for that exit.
+    assert sandboxes() == [], "a sandbox outlived its server"
+    assert volumes() == [], "a volume outlived its server"
