@@ -1,0 +1,58 @@
+"""Latency through the official MCP Python SDK over stdio, as an agent's client sees it.
+
+    .cache/venv-mcp/bin/python scripts/bench_mcp.py [--runs 20] [--bin target/release/python-code-sandbox]
+
+Prints p50/p95 of `run_python_ephemeral` hello and of session `run_python` hello. A benchmark, not
+a test: nothing here asserts on time.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+
+from mcp import Client, StdioServerParameters
+
+
+def percentile(samples, p):
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--bin", default="target/release/python-code-sandbox")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    params = StdioServerParameters(command=os.path.abspath(args.bin), args=[], env={**os.environ, "LOG_LEVEL": "warn"})
+    async with Client(params, read_timeout_seconds=120) as client:
+        hello = {"code": "print('hello')"}
+        await client.call_tool("run_python_ephemeral", hello)  # warm-up: image check, page cache
+        ephemeral = []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            result = await client.call_tool("run_python_ephemeral", hello)
+            ephemeral.append((time.perf_counter() - started) * 1000)
+            assert result.structured_content["stdout"] == "hello\n", result
+        cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+        await client.call_tool("run_python", {"container_id": cid, **hello})
+        session = []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            result = await client.call_tool("run_python", {"container_id": cid, **hello})
+            session.append((time.perf_counter() - started) * 1000)
+            assert result.structured_content["stdout"] == "hello\n", result
+        await client.call_tool("sandbox_stop", {"container_id": cid})
+    rows = [("run_python_ephemeral hello", ephemeral), ("session run_python hello", session)]
+    if args.json:
+        print(json.dumps({name: {"runs": len(s), "p50_ms": round(percentile(s, 50), 2), "p95_ms": round(percentile(s, 95), 2)} for name, s in rows}))
+    else:
+        print(f"{'measurement (official MCP client, stdio)':<44} {'runs':>5} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}")
+        for name, s in rows:
+            print(f"{name:<44} {len(s):>5} {percentile(s, 50):>9.1f} {percentile(s, 95):>9.1f} {statistics.mean(s):>9.1f}")
+
+
+asyncio.run(main())
