@@ -240,17 +240,27 @@ impl Engine {
         let _permit = self.permit().await;
         let mut sandbox = self.launch("ephemeral", options).await?;
         options.report("running");
+        let result = self.execute_in(&mut sandbox, task, options).await;
+        sandbox.destroy().await;
+        result
+    }
+
+    /// One execution with the configured limits and the call's overrides.
+    async fn execute_in(
+        &self,
+        sandbox: &mut Sandbox,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        let result = sandbox
+        sandbox
             .execute(
                 task,
                 timeout,
                 self.config.limits.max_output_bytes,
                 options.cancel.as_ref(),
             )
-            .await;
-        sandbox.destroy().await;
-        result
+            .await
     }
 
     /// Starts a session sandbox and returns its id.
@@ -343,15 +353,7 @@ impl Engine {
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
-        let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        let result = sandbox
-            .execute(
-                task,
-                timeout,
-                self.config.limits.max_output_bytes,
-                options.cancel.as_ref(),
-            )
-            .await;
+        let result = self.execute_in(&mut sandbox, task, options).await;
         session.touch();
         result
     }

@@ -212,22 +212,9 @@ impl SandboxServer {
         if params.dependencies.as_ref().is_some_and(|d| !d.is_empty()) {
             return Ok(render::refusal(DEPENDENCIES_UNSUPPORTED));
         }
-        let options = options_for(&context, None);
-        let task = Task::Python(&params.code);
-        Ok(
-            match self
-                .engine
-                .execute_in_session(&params.container_id, task, &options)
-                .await
-            {
-                Ok(execution) => render::execution(
-                    &execution,
-                    &self.engine.config().limits,
-                    Some(&params.container_id),
-                ),
-                Err(e) => render::error(&e),
-            },
-        )
+        Ok(self
+            .in_session(&params.container_id, Task::Python(&params.code), &context)
+            .await)
     }
 
     #[tool(name = "sandbox_exec")]
@@ -236,22 +223,9 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let options = options_for(&context, None);
-        let task = Task::Shell(&params.command);
-        Ok(
-            match self
-                .engine
-                .execute_in_session(&params.container_id, task, &options)
-                .await
-            {
-                Ok(execution) => render::execution(
-                    &execution,
-                    &self.engine.config().limits,
-                    Some(&params.container_id),
-                ),
-                Err(e) => render::error(&e),
-            },
-        )
+        Ok(self
+            .in_session(&params.container_id, Task::Shell(&params.command), &context)
+            .await)
     }
 
     #[tool(name = "sandbox_stop")]
@@ -338,6 +312,27 @@ impl SandboxServer {
                 ))
             }
             Err(e) => Ok(render::refusal(format!("Error: {e}"))),
+        }
+    }
+}
+
+impl SandboxServer {
+    async fn in_session(
+        &self,
+        container_id: &str,
+        task: Task<'_>,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let options = options_for(context, None);
+        match self
+            .engine
+            .execute_in_session(container_id, task, &options)
+            .await
+        {
+            Ok(execution) => {
+                render::execution(&execution, &self.engine.config().limits, Some(container_id))
+            }
+            Err(e) => render::error(&e),
         }
     }
 }
