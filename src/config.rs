@@ -4,7 +4,7 @@
 //! value is reported with the variable's name, the value given and the form that is accepted; the
 //! CLI turns that into exit code 2.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The default sandbox image, built by `python-code-sandbox image build`.
@@ -35,6 +35,45 @@ impl NetworkPolicy {
             NetworkPolicy::Bridge => "bridge",
         }
     }
+}
+
+/// What happens to the files an execution creates or changes in `/workspace`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilePolicy {
+    /// Host directory where they are saved (`<dir>/<run or session>/<path>`); `None`: not saved.
+    pub persist_dir: Option<PathBuf>,
+    /// Limits on what is copied out of a sandbox per execution (and saved).
+    pub max_file_bytes: u64,
+    pub max_total_bytes: u64,
+    pub max_count: usize,
+    /// Limits on what is returned to the client inline, per execution.
+    pub return_max_file_bytes: u64,
+    pub return_max_total_bytes: u64,
+    pub return_max_count: usize,
+}
+
+impl FilePolicy {
+    /// The effective copy-out limits: without persistence nothing bigger than what can be
+    /// returned is worth copying.
+    pub fn copy_limits(&self) -> (u64, u64, usize) {
+        if self.persist_dir.is_some() {
+            (self.max_file_bytes, self.max_total_bytes, self.max_count)
+        } else {
+            (
+                self.max_file_bytes.min(self.return_max_file_bytes),
+                self.max_total_bytes.min(self.return_max_total_bytes),
+                self.max_count.min(self.return_max_count),
+            )
+        }
+    }
+}
+
+/// A host directory the operator mounts into every sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorMount {
+    pub host: PathBuf,
+    pub container: String,
+    pub read_only: bool,
 }
 
 /// How many sessions may live, and for how long.
@@ -72,6 +111,9 @@ pub struct Config {
     pub network: NetworkPolicy,
     /// Host CA bundle made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
+    pub files: FilePolicy,
+    /// Host directories mounted into every sandbox (`SANDBOX_MOUNTS`).
+    pub mounts: Vec<OperatorMount>,
     /// Images an agent may ask for besides `image` (glob patterns: `*` and `?`).
     pub allowed_images: Vec<String>,
     pub sessions: SessionPolicy,
@@ -102,6 +144,20 @@ impl Default for Config {
             },
             network: NetworkPolicy::None,
             ca_bundle: None,
+            files: FilePolicy {
+                persist_dir: Some(
+                    std::env::temp_dir()
+                        .join("python-sandbox-mcp")
+                        .join("files"),
+                ),
+                max_file_bytes: 100 << 20,
+                max_total_bytes: 500 << 20,
+                max_count: 100,
+                return_max_file_bytes: 5 << 20,
+                return_max_total_bytes: 10 << 20,
+                return_max_count: 20,
+            },
+            mounts: Vec::new(),
             allowed_images: Vec::new(),
             sessions: SessionPolicy {
                 max_sessions: 10,
@@ -264,6 +320,43 @@ impl Config {
             }
             config.ca_bundle = Some(path);
         }
+        // Set but empty means "do not save files" (the seed's semantics), unlike other variables.
+        if let Some(v) = lookup("SANDBOX_FILES_DIR") {
+            let v = v.trim().to_string();
+            if v.is_empty() {
+                config.files.persist_dir = None;
+            } else if Path::new(&v).is_absolute() {
+                config.files.persist_dir = Some(PathBuf::from(v));
+            } else {
+                return Err(ConfigError {
+                    var: "SANDBOX_FILES_DIR",
+                    value: v,
+                    expected: "an absolute directory path, or empty to disable saving files",
+                });
+            }
+        }
+        let files = &mut config.files;
+        if let Some(v) = get("SANDBOX_FILES_MAX_FILE") {
+            files.max_file_bytes = parse_bytes("SANDBOX_FILES_MAX_FILE", &v, 1)?;
+        }
+        if let Some(v) = get("SANDBOX_FILES_MAX_TOTAL") {
+            files.max_total_bytes = parse_bytes("SANDBOX_FILES_MAX_TOTAL", &v, 1)?;
+        }
+        if let Some(v) = get("SANDBOX_FILES_MAX_COUNT") {
+            files.max_count = parse_count("SANDBOX_FILES_MAX_COUNT", &v, 0, 10_000)?;
+        }
+        if let Some(v) = get("SANDBOX_RETURN_MAX_FILE") {
+            files.return_max_file_bytes = parse_bytes("SANDBOX_RETURN_MAX_FILE", &v, 1)?;
+        }
+        if let Some(v) = get("SANDBOX_RETURN_MAX_TOTAL") {
+            files.return_max_total_bytes = parse_bytes("SANDBOX_RETURN_MAX_TOTAL", &v, 1)?;
+        }
+        if let Some(v) = get("SANDBOX_RETURN_MAX_COUNT") {
+            files.return_max_count = parse_count("SANDBOX_RETURN_MAX_COUNT", &v, 0, 1000)?;
+        }
+        if let Some(v) = get("SANDBOX_MOUNTS") {
+            config.mounts = parse_mounts(&v)?;
+        }
         if let Some(v) = get("SANDBOX_ALLOWED_IMAGES") {
             let patterns: Vec<String> = v
                 .split(',')
@@ -374,6 +467,72 @@ pub fn parse_duration(var: &'static str, value: &str) -> Result<Duration, Config
         return Err(error());
     }
     Ok(duration)
+}
+
+/// Container paths an operator mount may not cover: the sandbox's own machinery.
+const RESERVED_MOUNT_PATHS: &[&str] = &[
+    "/",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/workspace",
+    "/tmp",
+    "/opt/deps",
+    "/home/sandbox",
+];
+
+/// Parses `SANDBOX_MOUNTS`: comma-separated `HOST:CONTAINER[:ro|rw]`, read-only by default.
+fn parse_mounts(value: &str) -> Result<Vec<OperatorMount>, ConfigError> {
+    let error = |expected| ConfigError {
+        var: "SANDBOX_MOUNTS",
+        value: value.to_string(),
+        expected,
+    };
+    let mut mounts = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let parts: Vec<&str> = item.split(':').collect();
+        let (host, container, read_only) = match parts.as_slice() {
+            [host, container] => (*host, *container, true),
+            [host, container, "ro"] => (*host, *container, true),
+            [host, container, "rw"] => (*host, *container, false),
+            _ => {
+                return Err(error(
+                    "comma-separated HOST:CONTAINER[:ro|rw], such as /srv/data:/data:ro",
+                ))
+            }
+        };
+        let host = PathBuf::from(host);
+        if !host.is_absolute() || !host.exists() {
+            return Err(error(
+                "existing absolute host paths (HOST:CONTAINER[:ro|rw])",
+            ));
+        }
+        let normal = container.starts_with('/')
+            && container.len() > 1
+            && container[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..");
+        let reserved = RESERVED_MOUNT_PATHS
+            .iter()
+            .any(|r| container == *r || (*r != "/" && container.starts_with(&format!("{r}/"))));
+        if !normal || reserved {
+            return Err(error(
+                "absolute container paths outside the sandbox's own directories (/, /proc, /sys, /dev, /etc, /usr, /workspace, /tmp, ...), such as /data",
+            ));
+        }
+        mounts.push(OperatorMount {
+            host,
+            container: container.to_string(),
+            read_only,
+        });
+    }
+    Ok(mounts)
 }
 
 fn parse_count(
@@ -517,6 +676,48 @@ mod tests {
                 text.contains(var) && text.contains(value) && text.contains("expected"),
                 "{text}"
             );
+        }
+    }
+
+    #[test]
+    fn files_dir_empty_disables_saving() {
+        assert!(config(&[]).unwrap().files.persist_dir.is_some());
+        assert_eq!(
+            config(&[("SANDBOX_FILES_DIR", "")])
+                .unwrap()
+                .files
+                .persist_dir,
+            None
+        );
+        assert_eq!(
+            config(&[("SANDBOX_FILES_DIR", "/srv/files")])
+                .unwrap()
+                .files
+                .persist_dir,
+            Some(PathBuf::from("/srv/files"))
+        );
+        assert!(config(&[("SANDBOX_FILES_DIR", "relative")]).is_err());
+    }
+
+    #[test]
+    fn operator_mounts_parse_and_refuse_reserved_paths() {
+        let tmp = std::env::temp_dir();
+        let ok = format!("{}:/data,{}:/scratch:rw", tmp.display(), tmp.display());
+        let mounts = config(&[("SANDBOX_MOUNTS", &ok)]).unwrap().mounts;
+        assert_eq!(mounts.len(), 2);
+        assert!(mounts[0].read_only && !mounts[1].read_only);
+        assert_eq!(mounts[1].container, "/scratch");
+        for bad in [
+            "relative:/data",
+            "/no/such/dir:/data",
+            "/tmp:/",
+            "/tmp:/etc/x",
+            "/tmp:/workspace",
+            "/tmp:data",
+            "/tmp:/data:xx",
+            "/tmp:/a/../b",
+        ] {
+            assert!(config(&[("SANDBOX_MOUNTS", bad)]).is_err(), "{bad}");
         }
     }
 

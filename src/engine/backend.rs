@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::io::AsyncWrite;
 
-use crate::config::{Limits, NetworkPolicy};
+use crate::config::{Limits, NetworkPolicy, OperatorMount};
 
 /// The id of a sandbox as the backend knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +35,8 @@ pub struct SandboxSpec {
     pub network: NetworkPolicy,
     /// Host CA bundle, mounted read-only when the sandbox has a network.
     pub ca_bundle: Option<PathBuf>,
+    /// Host directories the operator chose to mount (never the agent).
+    pub mounts: Vec<OperatorMount>,
     /// The runner's argv.
     pub command: Vec<String>,
     /// Labels that identify the owning server instance (see `engine::owner`).

@@ -7,7 +7,9 @@
 //! - [`owner`]: labels naming the server instance, to clean up what a dead server left.
 //! - this module: the [`Engine`], which applies the configuration and tracks sessions.
 
+pub mod artifacts;
 pub mod backend;
+pub mod deps;
 pub mod docker;
 pub mod owner;
 pub mod protocol;
@@ -49,6 +51,10 @@ pub enum EngineError {
     TooManySessions(usize),
     #[error("the code is {size} bytes, more than the {limit}-byte limit")]
     CodeTooLarge { size: usize, limit: usize },
+    #[error("{0:?} is not a path inside /workspace: give a relative path without `..`")]
+    InvalidPath(String),
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
 }
 
 impl EngineError {
@@ -62,8 +68,86 @@ impl EngineError {
                 | EngineError::ImageNotAllowed { .. }
                 | EngineError::TooManySessions(_)
                 | EngineError::CodeTooLarge { .. }
+                | EngineError::InvalidPath(_)
+                | EngineError::File { .. }
         )
     }
+}
+
+/// A path the agent gave, as a safe path relative to the workspace. `/workspace/x` and `x` are the
+/// same file; anything that would leave the workspace is refused.
+pub fn workspace_relative(path: &str) -> Result<String, EngineError> {
+    let trimmed = path.trim();
+    let relative = trimmed
+        .strip_prefix(backend::paths::WORKSPACE)
+        .map(|rest| rest.trim_start_matches('/'))
+        .unwrap_or(trimmed);
+    let relative = relative.trim_start_matches("./");
+    if relative.starts_with('/') || !protocol::is_safe_relative_path(relative) {
+        return Err(EngineError::InvalidPath(protocol::truncate_chars(
+            path, 200,
+        )));
+    }
+    Ok(relative.to_string())
+}
+
+/// A tar archive holding `path` (and its parent directories) owned by the sandbox user.
+fn upload_archive(path: &str, content: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut archive = tar::Builder::new(Vec::new());
+    let parts: Vec<&str> = path.split('/').collect();
+    for depth in 1..parts.len() {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_uid(1000);
+        header.set_gid(1000);
+        header.set_size(0);
+        header.set_mtime(now_secs());
+        archive.append_data(
+            &mut header,
+            format!("{}/", parts[..depth].join("/")),
+            std::io::empty(),
+        )?;
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_uid(1000);
+    header.set_gid(1000);
+    header.set_size(content.len() as u64);
+    header.set_mtime(now_secs());
+    archive.append_data(&mut header, path, content)?;
+    archive.into_inner()
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The host directory name of an ephemeral run: sortable by time, unique.
+fn ephemeral_run_dir() -> String {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let stamp: String = stamp
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    format!(
+        "run-{stamp}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// The host directory name of a session: the same for all its executions.
+fn session_run_dir(id: &SandboxId) -> String {
+    let short: String =
+        id.0.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(12)
+            .collect();
+    format!("session-{short}")
 }
 
 /// The largest code (or shell command) accepted for one execution.
@@ -195,6 +279,7 @@ impl Engine {
             limits: self.config.limits.clone(),
             network: self.config.network,
             ca_bundle: self.config.ca_bundle.clone(),
+            mounts: self.config.mounts.clone(),
             command: protocol::bootstrap_command(),
             labels: self.owner.labels(kind),
         }
@@ -240,9 +325,33 @@ impl Engine {
         let _permit = self.permit().await;
         let mut sandbox = self.launch("ephemeral", options).await?;
         options.report("running");
-        let result = self.execute_in(&mut sandbox, task, options).await;
+        let mut result = self.execute_in(&mut sandbox, task, options).await;
+        if let Ok(execution) = &mut result {
+            let id = sandbox.id().clone();
+            self.collect_files(&id, execution, &ephemeral_run_dir())
+                .await;
+        }
         sandbox.destroy().await;
         result
+    }
+
+    /// Copies out, saves and selects the files an execution made.
+    /// Takes the sandbox's id, not the sandbox: a `&Sandbox` held across an await is not `Send`.
+    async fn collect_files(&self, sandbox: &SandboxId, execution: &mut Execution, run_dir: &str) {
+        let changes = std::mem::take(&mut execution.changes);
+        if changes.entries.is_empty() && changes.figures.is_empty() && !changes.truncated {
+            return;
+        }
+        execution.files = artifacts::collect(
+            self.backend.as_ref(),
+            sandbox,
+            &changes.entries,
+            changes.truncated,
+            changes.figures,
+            &self.config.files,
+            run_dir,
+        )
+        .await;
     }
 
     /// One execution with the configured limits and the call's overrides.
@@ -353,9 +462,89 @@ impl Engine {
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
-        let result = self.execute_in(&mut sandbox, task, options).await;
+        let mut result = self.execute_in(&mut sandbox, task, options).await;
+        if let Ok(execution) = &mut result {
+            let id = sandbox.id().clone();
+            self.collect_files(&id, execution, &session_run_dir(&id))
+                .await;
+        }
         session.touch();
         result
+    }
+
+    /// Writes a file into a session's workspace (parents created), as the sandbox user.
+    pub async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        content: &[u8],
+    ) -> Result<String, EngineError> {
+        let (full_id, session) = self.session(id)?;
+        let path = workspace_relative(path)?;
+        let limit = self.config.files.max_file_bytes;
+        if content.len() as u64 > limit {
+            return Err(EngineError::File {
+                path,
+                reason: format!(
+                    "{} bytes is more than the {limit}-byte limit",
+                    content.len()
+                ),
+            });
+        }
+        let archive = upload_archive(&path, content).map_err(|e| EngineError::File {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        session.touch();
+        self.backend
+            .copy_in(
+                &SandboxId(full_id),
+                backend::paths::WORKSPACE,
+                archive.into(),
+            )
+            .await?;
+        Ok(format!("{}/{path}", backend::paths::WORKSPACE))
+    }
+
+    /// Reads one file of a session's workspace, within the return limit.
+    pub async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<artifacts::Artifact, EngineError> {
+        let (full_id, session) = self.session(id)?;
+        let path = workspace_relative(path)?;
+        session.touch();
+        let limit = self.config.files.return_max_file_bytes;
+        let content =
+            artifacts::fetch_file(self.backend.as_ref(), &SandboxId(full_id), &path, limit)
+                .await
+                .map_err(|reason| EngineError::File {
+                    path: path.clone(),
+                    reason,
+                })?;
+        Ok(artifacts::Artifact {
+            size: content.len() as u64,
+            mime_type: artifacts::sniff_mime(&content, &path).to_string(),
+            path,
+            content: Some(content),
+            saved_to: None,
+            note: None,
+            figure: false,
+        })
+    }
+
+    /// Lists a directory of a session's workspace (`""` for the workspace itself).
+    pub async fn list_files(&self, id: &str, path: &str) -> Result<sandbox::Listing, EngineError> {
+        let (_, session) = self.session(id)?;
+        let path = if path.trim().trim_matches('/').is_empty() || path.trim() == "." {
+            String::new()
+        } else {
+            workspace_relative(path)?
+        };
+        let mut sandbox = session.sandbox.lock().await;
+        session.touch();
+        sandbox.list(&path).await
     }
 
     /// Stops a session and removes its sandbox.

@@ -55,12 +55,14 @@ pub enum Request<'a> {
         command: &'a str,
         max_output: u64,
     },
+    /// List one directory of the workspace.
+    List { id: u64, path: &'a str },
 }
 
 impl Request<'_> {
     pub fn id(&self) -> u64 {
         match self {
-            Request::Exec { id, .. } | Request::Shell { id, .. } => *id,
+            Request::Exec { id, .. } | Request::Shell { id, .. } | Request::List { id, .. } => *id,
         }
     }
 
@@ -76,7 +78,45 @@ impl Request<'_> {
 pub enum Reply {
     Ready { python: String },
     Result(RawResult),
+    Listing(RawListing),
 }
+
+/// A directory listing, as the runner sent it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawListing {
+    pub id: u64,
+    #[serde(default)]
+    pub entries: Vec<DirEntry>,
+    #[serde(default)]
+    pub truncated: bool,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// One entry of a workspace directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `special` (FIFO, socket, device).
+    pub kind: String,
+    pub size: u64,
+}
+
+/// A workspace entry an execution created or changed, as the runner reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ChangedEntry {
+    /// Relative to `/workspace`, `/`-separated.
+    pub path: String,
+    /// `file`, `symlink` or `special`.
+    pub kind: String,
+    pub size: u64,
+}
+
+/// Most entries a result may name: the runner walks at most this many.
+pub const MAX_CHANGED_ENTRIES: usize = 10_000;
+/// Figures an execution may return, and their total size.
+pub const MAX_FIGURES: usize = 8;
+pub const MAX_FIGURES_BYTES: usize = 16 << 20;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawResult {
@@ -89,6 +129,12 @@ pub struct RawResult {
     pub duration_ms: f64,
     pub interrupted: bool,
     pub error: Option<RaisedException>,
+    #[serde(default)]
+    pub files: Vec<ChangedEntry>,
+    #[serde(default)]
+    pub files_truncated: bool,
+    #[serde(default)]
+    pub figures: Vec<String>,
 }
 
 /// The exception that ended the code, when one did.
@@ -110,6 +156,12 @@ pub struct RunnerResult {
     pub duration_ms: f64,
     pub interrupted: bool,
     pub error: Option<RaisedException>,
+    /// Workspace entries the execution created or changed (paths checked, not yet copied).
+    pub changed: Vec<ChangedEntry>,
+    /// More entries changed than the runner tracks.
+    pub changed_truncated: bool,
+    /// PNG images of the matplotlib figures the code showed or left open.
+    pub figures: Vec<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -164,11 +216,44 @@ impl RawResult {
         } else {
             i32::MAX
         });
-        let error = self.error.map(|mut e| {
-            e.kind.truncate(200);
-            e.message.truncate(1000);
-            e
+        let error = self.error.map(|e| RaisedException {
+            kind: truncate_chars(&e.kind, 200),
+            message: truncate_chars(&e.message, 1000),
         });
+        if self.files.len() > MAX_CHANGED_ENTRIES {
+            return Err(ProtocolError::Malformed(format!(
+                "{} changed files reported",
+                self.files.len()
+            )));
+        }
+        let mut changed = Vec::with_capacity(self.files.len());
+        for entry in self.files {
+            if !is_safe_relative_path(&entry.path) {
+                return Err(ProtocolError::Malformed(format!(
+                    "unsafe path {:?}",
+                    truncate_chars(&entry.path, 100)
+                )));
+            }
+            changed.push(entry);
+        }
+        if self.figures.len() > MAX_FIGURES {
+            return Err(ProtocolError::Malformed(format!(
+                "{} figures",
+                self.figures.len()
+            )));
+        }
+        let mut figures = Vec::with_capacity(self.figures.len());
+        let mut figures_size = 0;
+        for figure in &self.figures {
+            let png = decode(figure)?;
+            figures_size += png.len();
+            if figures_size > MAX_FIGURES_BYTES || !png.starts_with(b"\x89PNG\r\n\x1a\n") {
+                return Err(ProtocolError::Malformed(
+                    "a figure is not a PNG image within the limits".into(),
+                ));
+            }
+            figures.push(png);
+        }
         Ok(RunnerResult {
             stdout,
             stderr,
@@ -177,8 +262,27 @@ impl RawResult {
             duration_ms,
             interrupted: self.interrupted,
             error,
+            changed,
+            changed_truncated: self.files_truncated,
+            figures,
         })
     }
+}
+
+/// Truncates to at most `max` characters, on a character boundary.
+pub fn truncate_chars(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// A path relative to the workspace that cannot leave it: `/`-separated normal components only.
+pub fn is_safe_relative_path(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 4096
+        && !path.starts_with('/')
+        && !path.contains('\0')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 /// Splits the runner's stdout byte stream into frames, never buffering more than one frame of at
@@ -201,7 +305,9 @@ impl FrameDecoder {
     /// JSON around it.
     pub fn limit_for_output(max_output: u64) -> usize {
         let output = usize::try_from(max_output).unwrap_or(usize::MAX / 2);
-        output.saturating_mul(4) / 3 + 64 * 1024
+        // Output and figures travel base64-encoded; the list of changed files is bounded too.
+        let changed_list = MAX_CHANGED_ENTRIES * 4200;
+        output.saturating_add(MAX_FIGURES_BYTES).saturating_mul(4) / 3 + changed_list + 64 * 1024
     }
 
     /// Appends bytes received from the runner.
@@ -351,6 +457,41 @@ mod tests {
         let result = raw.validate(1, 10).unwrap();
         assert_eq!(result.stdout.len(), 10);
         assert_eq!(result.dropped_bytes, 90);
+    }
+
+    #[test]
+    fn unsafe_paths_are_refused() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\0b",
+        ] {
+            assert!(!is_safe_relative_path(bad), "{bad:?}");
+        }
+        for good in [
+            "a",
+            "a/b.txt",
+            "dir/sub/file with spaces.csv",
+            "ünïcode.txt",
+            "..hidden",
+        ] {
+            assert!(is_safe_relative_path(good), "{good:?}");
+        }
+        let mut decoder = FrameDecoder::new(1 << 16);
+        let bad = br#"{"type":"result","id":1,"exit_code":0,"stdout":"","stderr":"","stdout_dropped":0,"stderr_dropped":0,"duration_ms":0,"interrupted":false,"error":null,"files":[{"path":"../../etc/passwd","kind":"file","size":1}]}"#;
+        decoder.push(&encode_frame(bad)).unwrap();
+        let Some(Reply::Result(raw)) = decoder.next_reply().unwrap() else {
+            panic!()
+        };
+        assert!(matches!(
+            raw.validate(1, 10),
+            Err(ProtocolError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -8,7 +8,13 @@
 #
 # Requests:  {"op": "exec", "id": N, "code": str, "max_output": bytes}
 #            {"op": "shell", "id": N, "command": str, "max_output": bytes}
-# Replies:   {"type": "ready", ...} once, then one {"type": "result", "id": N, ...} per request.
+#            {"op": "list", "id": N, "path": str}          (a directory of the workspace)
+# Replies:   {"type": "ready", ...} once, then per request one {"type": "result", "id": N, ...}
+#            (exec, shell) or {"type": "listing", "id": N, ...} (list).
+#
+# After each execution the result names the workspace files the execution created or changed
+# (found by comparing two walks that never follow links), and carries the matplotlib figures it
+# showed or left open, as PNG. The host copies the files out itself and checks everything again.
 #
 # The code runs in this process, in one globals namespace that lives as long as the runner, so a
 # session keeps its variables between executions. The host interrupts an execution with SIGINT
@@ -16,18 +22,22 @@
 # treats every byte this process sends as untrusted: the code can reach this process's memory.
 
 import base64
+import importlib.abc
+import io
 import json
 import linecache
 import os
 import queue
 import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import warnings
 
 RUNNER_FILENAME = "<sandbox-runner>"
 RUNNER_PID = os.getpid()
@@ -81,6 +91,148 @@ def send_frame(obj):
     while view:
         written = os.write(PROTO_OUT, view)
         view = view[written:]
+
+
+WORKSPACE = "/workspace"
+# Entries walked per snapshot; past it, changes are reported as incomplete.
+TRACK_LIMIT = 10000
+MAX_FIGURES = 8
+MAX_FIGURES_BYTES = 16 << 20
+
+
+def snapshot(root=WORKSPACE):
+    """The workspace's entries, without following links: path -> (kind, size, mtime, inode)."""
+    entries = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            with os.scandir(os.path.join(root, rel) if rel else root) as it:
+                for entry in it:
+                    if len(entries) >= TRACK_LIMIT:
+                        return entries, True
+                    path = rel + "/" + entry.name if rel else entry.name
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(path)
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        kind = "file"
+                    elif stat.S_ISLNK(st.st_mode):
+                        kind = "symlink"
+                    else:
+                        kind = "special"
+                    entries[path] = (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            pass
+    return entries, False
+
+
+def changes(before, after):
+    changed = []
+    for path in sorted(after):
+        if before.get(path) != after[path]:
+            kind, size = after[path][0], after[path][1]
+            changed.append({"path": path, "kind": kind, "size": size})
+    return changed
+
+
+def list_directory(rel):
+    """One directory of the workspace, for sandbox_list_files; never follows links."""
+    path = os.path.normpath(os.path.join(WORKSPACE, rel))
+    if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
+        return {"error": "the path is outside /workspace"}
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return {"error": "%s: %s" % (rel or ".", e.strerror)}
+    if not stat.S_ISDIR(st.st_mode):
+        return {"error": "%s is not a directory" % (rel or ".")}
+    entries = []
+    truncated = False
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                if len(entries) >= 1000:
+                    truncated = True
+                    break
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    kind = "directory"
+                elif stat.S_ISREG(st.st_mode):
+                    kind = "file"
+                elif stat.S_ISLNK(st.st_mode):
+                    kind = "symlink"
+                else:
+                    kind = "special"
+                entries.append({"name": entry.name, "kind": kind, "size": st.st_size})
+    except OSError as e:
+        return {"error": "%s: %s" % (rel or ".", e.strerror)}
+    entries.sort(key=lambda e: e["name"])
+    return {"entries": entries, "truncated": truncated}
+
+
+class Figures:
+    """Matplotlib figures an execution showed (plt.show) or left open, as PNG bytes."""
+
+    def __init__(self):
+        self.captured = []
+        self.size = 0
+
+    def capture(self, pyplot):
+        try:
+            for number in pyplot.get_fignums():
+                if len(self.captured) >= MAX_FIGURES:
+                    break
+                buffer = io.BytesIO()
+                pyplot.figure(number).savefig(buffer, format="png")
+                data = buffer.getvalue()
+                if self.size + len(data) <= MAX_FIGURES_BYTES:
+                    self.captured.append(data)
+                    self.size += len(data)
+            pyplot.close("all")
+        except Exception:
+            pass
+
+    def take(self):
+        captured, self.captured, self.size = self.captured, [], 0
+        return captured
+
+
+FIGURES = Figures()
+
+
+class PyplotHook(importlib.abc.MetaPathFinder):
+    """When the code imports matplotlib.pyplot, make plt.show() hand the figures to the host
+    (the Agg backend cannot show anything). Nothing happens when matplotlib is not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                original = spec.loader.exec_module
+
+                def exec_module(module, original=original):
+                    original(module)
+                    module.show = lambda *args, **kwargs: FIGURES.capture(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+sys.meta_path.insert(0, PyplotHook())
+warnings.filterwarnings("ignore", message=".*non-interactive.*cannot be shown")
 
 
 class CaptureJob:
@@ -228,6 +380,7 @@ def exit_status_of(exc):
 def execute(request):
     op = request.get("op")
     cap = int(request.get("max_output", 1 << 20))
+    before, _ = snapshot()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     job = CAPTURE.start(out_r, err_r, cap)
@@ -263,6 +416,9 @@ def execute(request):
     if os.getpid() != RUNNER_PID:
         # A child the code forked has finished the code: it must not go on as a runner.
         os._exit(exit_code & 0xFF)
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None and not interrupted:
+        FIGURES.capture(pyplot)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -281,6 +437,7 @@ def execute(request):
         kill_strays()
     job.finish_requested.set()
     job.done.wait()
+    after, truncated = snapshot()
     return {
         "type": "result",
         "id": request.get("id"),
@@ -292,6 +449,9 @@ def execute(request):
         "duration_ms": duration * 1000.0,
         "interrupted": interrupted,
         "error": error,
+        "files": changes(before, after),
+        "files_truncated": truncated,
+        "figures": [base64.b64encode(f).decode("ascii") for f in FIGURES.take()],
     }
 
 
@@ -310,7 +470,12 @@ def main():
         request = read_frame()
         if request is None:
             return
-        send_frame(execute(request))
+        if request.get("op") == "list":
+            listing = list_directory(str(request.get("path", "")))
+            listing.update({"type": "listing", "id": request.get("id")})
+            send_frame(listing)
+        else:
+            send_frame(execute(request))
 
 
 main()

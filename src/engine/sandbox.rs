@@ -19,16 +19,20 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
+use super::artifacts::Artifact;
 use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
 use super::protocol::{
-    encode_frame, FrameDecoder, ProtocolError, RaisedException, Reply, Request, RUNNER_SOURCE,
+    encode_frame, truncate_chars, ChangedEntry, DirEntry, FrameDecoder, ProtocolError,
+    RaisedException, Reply, Request, RUNNER_SOURCE,
 };
 use super::EngineError;
 
 /// How long the runner gets to answer after SIGINT before the sandbox is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+/// How long the runner gets to list a directory.
+const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a sandbox gets from start to a ready runner.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes kept of what the sandbox's processes print outside the protocol (start-up failures).
@@ -43,8 +47,26 @@ pub enum Task<'a> {
     Shell(&'a str),
 }
 
-/// The outcome of one execution.
+/// A directory of the workspace.
 #[derive(Debug, Clone, PartialEq)]
+pub struct Listing {
+    pub entries: Vec<DirEntry>,
+    pub truncated: bool,
+    /// Why the directory could not be listed (not found, not a directory, ...).
+    pub error: Option<String>,
+}
+
+/// What an execution changed, as the runner reported it (checked, not yet copied out).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Changes {
+    pub entries: Vec<ChangedEntry>,
+    pub truncated: bool,
+    /// PNG images of matplotlib figures.
+    pub figures: Vec<Vec<u8>>,
+}
+
+/// The outcome of one execution.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Execution {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
@@ -65,6 +87,10 @@ pub struct Execution {
     pub out_of_memory: bool,
     /// The exception that ended the code, if one did.
     pub error: Option<RaisedException>,
+    /// What the execution changed in the workspace (consumed when files are collected).
+    pub changes: Changes,
+    /// The files collected from the workspace, and figures.
+    pub files: Vec<Artifact>,
 }
 
 impl Execution {
@@ -109,7 +135,7 @@ impl Runner {
         }
         match tokio::time::timeout(START_TIMEOUT, runner.next_reply()).await {
             Ok(Ok(Reply::Ready { python })) => Ok((runner, python)),
-            Ok(Ok(Reply::Result(_))) => Err((
+            Ok(Ok(Reply::Result(_) | Reply::Listing(_))) => Err((
                 RunnerFailure::Protocol(ProtocolError::Malformed("a result before ready".into())),
                 runner.diagnostics,
             )),
@@ -359,13 +385,20 @@ impl Sandbox {
                         state_lost: false,
                         out_of_memory: false,
                         error: r.error,
+                        changes: Changes {
+                            entries: r.changed,
+                            truncated: r.changed_truncated,
+                            figures: r.figures,
+                        },
+                        files: Vec::new(),
                     }
                 }
                 Err(e) => return Err(self.broken(e).await),
             },
-            Waited::Replied(Ok(Reply::Ready { .. }))
-            | Waited::Interrupted(Ok(Reply::Ready { .. })) => {
-                let e = ProtocolError::Malformed("an unexpected ready message".into());
+            Waited::Replied(Ok(Reply::Ready { .. } | Reply::Listing(_)))
+            | Waited::Interrupted(Ok(Reply::Ready { .. } | Reply::Listing(_))) => {
+                let e =
+                    ProtocolError::Malformed("an unexpected message instead of a result".into());
                 return Err(self.broken(e).await);
             }
             Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
@@ -398,13 +431,83 @@ impl Sandbox {
                     timed_out,
                     cancelled,
                     state_lost: true,
-                    out_of_memory: false,
-                    error: None,
+                    ..Default::default()
                 }
             }
         };
         execution.state_lost |= restarted;
         Ok(execution)
+    }
+
+    /// Lists a directory of the workspace through the runner (never following links).
+    pub async fn list(&mut self, path: &str) -> Result<Listing, EngineError> {
+        if let State::Down(_) = &self.state {
+            self.restart().await?;
+        }
+        let mut runner = match std::mem::replace(
+            &mut self.state,
+            State::Down("a listing was abandoned".into()),
+        ) {
+            State::Ready(runner) => runner,
+            other => {
+                self.state = other;
+                return Err(EngineError::SandboxGone);
+            }
+        };
+        self.next_request += 1;
+        let id = self.next_request;
+        runner.decoder.set_limit(4 << 20);
+        let reply = match runner.send(&Request::List { id, path }.to_frame()).await {
+            Err(failure) => Err(failure),
+            Ok(()) => match tokio::time::timeout(LIST_TIMEOUT, runner.next_reply()).await {
+                Ok(reply) => reply,
+                Err(_) => Err(RunnerFailure::Backend(BackendError::Other(
+                    "the sandbox did not answer a listing in time".into(),
+                ))),
+            },
+        };
+        match reply {
+            Ok(Reply::Listing(listing)) if listing.id == id && listing.entries.len() <= 1000 => {
+                self.state = State::Ready(runner);
+                let entries = listing
+                    .entries
+                    .into_iter()
+                    .filter(|e| {
+                        !e.name.is_empty()
+                            && !e.name.contains('/')
+                            && e.name != "."
+                            && e.name != ".."
+                    })
+                    .map(|e| DirEntry {
+                        name: truncate_chars(&e.name, 255),
+                        kind: truncate_chars(&e.kind, 16),
+                        size: e.size,
+                    })
+                    .collect();
+                Ok(Listing {
+                    entries,
+                    truncated: listing.truncated,
+                    error: listing.error.map(|e| truncate_chars(&e, 500)),
+                })
+            }
+            Ok(_) => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a listing".into(),
+                ))
+                .await),
+            Err(RunnerFailure::Protocol(e)) => Err(self.broken(e).await),
+            Err(RunnerFailure::Ended) => {
+                self.state = State::Down("the runner exited".into());
+                Err(EngineError::SandboxStart(
+                    "the sandbox's runner exited; try again".into(),
+                ))
+            }
+            Err(RunnerFailure::Backend(e)) => {
+                self.state = State::Down(e.to_string());
+                let _ = self.backend.kill(&self.id).await;
+                Err(e.into())
+            }
+        }
     }
 
     /// The runner's stream ended mid-execution: the code killed it (os._exit, a signal) or the
@@ -456,6 +559,7 @@ impl Sandbox {
                     state_lost: true,
                     out_of_memory: info.oom_killed,
                     error,
+                    ..Default::default()
                 })
             }
         }

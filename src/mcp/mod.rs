@@ -78,6 +78,52 @@ pub struct SearchParams {
     pub query: String,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFileParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// Where to write, relative to /workspace (e.g. "data/input.csv"); parent folders are created.
+    pub path: String,
+    /// The file's text (UTF-8). Give exactly one of content and content_base64.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The file's bytes, base64-encoded, for binary files.
+    #[serde(default)]
+    pub content_base64: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFileParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// The file to read, relative to /workspace.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListFilesParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// A folder relative to /workspace; the workspace itself when omitted.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WriteFileOutput {
+    /// The absolute path inside the sandbox.
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListFilesOutput {
+    pub path: String,
+    pub entries: Vec<crate::engine::protocol::DirEntry>,
+    /// More than 1000 entries: the rest are not listed.
+    pub truncated: bool,
+}
+
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct SessionOutput {
     /// The session's id: pass it to run_python, sandbox_exec and sandbox_stop.
@@ -243,6 +289,112 @@ impl SandboxServer {
             ),
             Err(e) => render::error(&e),
         })
+    }
+
+    #[tool(name = "sandbox_write_file")]
+    async fn sandbox_write_file(
+        &self,
+        Parameters(params): Parameters<WriteFileParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        use base64::Engine as _;
+        let content = match (params.content, params.content_base64) {
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(encoded)) => {
+                match base64::engine::general_purpose::STANDARD.decode(encoded.trim()) {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        return Ok(render::refusal(format!(
+                            "Error: content_base64 is not valid base64: {e}"
+                        )))
+                    }
+                }
+            }
+            _ => {
+                return Ok(render::refusal(
+                    "Error: give exactly one of content and content_base64.",
+                ))
+            }
+        };
+        let size = content.len() as u64;
+        Ok(
+            match self
+                .engine
+                .write_file(&params.container_id, &params.path, &content)
+                .await
+            {
+                Ok(path) => structured(
+                    format!("Wrote {path} ({}).", bytes(size)),
+                    &WriteFileOutput { path, size },
+                ),
+                Err(e) => render::error(&e),
+            },
+        )
+    }
+
+    #[tool(name = "sandbox_read_file", annotations(read_only_hint = true))]
+    async fn sandbox_read_file(
+        &self,
+        Parameters(params): Parameters<ReadFileParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(
+            match self
+                .engine
+                .read_file(&params.container_id, &params.path)
+                .await
+            {
+                Ok(file) => {
+                    let text = format!("{} ({}, {})", file.path, bytes(file.size), file.mime_type);
+                    let mut blocks = vec![ContentBlock::text(text)];
+                    blocks.extend(render::file_block(&file));
+                    let mut result = CallToolResult::success(blocks);
+                    result.structured_content =
+                        serde_json::to_value(render::FileOutput::of(&file)).ok();
+                    result
+                }
+                Err(e) => render::error(&e),
+            },
+        )
+    }
+
+    #[tool(name = "sandbox_list_files", annotations(read_only_hint = true))]
+    async fn sandbox_list_files(
+        &self,
+        Parameters(params): Parameters<ListFilesParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = params.path.unwrap_or_default();
+        let listing = match self.engine.list_files(&params.container_id, &path).await {
+            Ok(listing) => listing,
+            Err(e) => return Ok(render::error(&e)),
+        };
+        if let Some(error) = listing.error {
+            return Ok(render::refusal(format!("Error: {error}")));
+        }
+        let shown = if path.trim().is_empty() {
+            "/workspace".to_string()
+        } else {
+            path.clone()
+        };
+        let mut text = format!("{shown}: {} entries\n", listing.entries.len());
+        for e in &listing.entries {
+            let suffix = if e.kind == "directory" { "/" } else { "" };
+            text.push_str(&format!(
+                "- {}{suffix} ({}, {})\n",
+                e.name,
+                e.kind,
+                bytes(e.size)
+            ));
+        }
+        if listing.truncated {
+            text.push_str("[more entries not listed]\n");
+        }
+        Ok(structured(
+            text,
+            &ListFilesOutput {
+                path: shown,
+                entries: listing.entries,
+                truncated: listing.truncated,
+            },
+        ))
     }
 
     #[tool(name = "sandbox_list", annotations(read_only_hint = true))]
@@ -420,7 +572,21 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
         )
     };
     let execution_schema = schema_for_output::<render::ExecutionOutput>();
-    let tools: [(&str, String, Option<_>); 7] = [
+    let files = match &config.files.persist_dir {
+        Some(dir) => format!(
+            "Files the code creates or changes in /workspace come back: images (and matplotlib figures, \
+             plt.show() or left open) as images, other files as resources, up to {} each; every file is \
+             also saved on the server's host under {}.",
+            bytes(config.files.return_max_file_bytes),
+            dir.display()
+        ),
+        None => format!(
+            "Files the code creates or changes in /workspace come back: images (and matplotlib figures, \
+             plt.show() or left open) as images, other files as resources, up to {} each.",
+            bytes(config.files.return_max_file_bytes)
+        ),
+    };
+    let tools: [(&str, String, Option<_>); 10] = [
         (
             "run_python_ephemeral",
             format!(
@@ -429,7 +595,7 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
                  and run_python to keep variables). The code runs as `python` would run a script, as an \
                  unprivileged user in /workspace, with Python 3.11 and its standard library. Returns \
                  stdout, stderr (with the traceback of an uncaught exception) and the exit status; a \
-                 failure, non-zero exit or timeout is reported as an error result. {limits} {images}"
+                 failure, non-zero exit or timeout is reported as an error result. {files} {limits} {images}"
             ),
             Some(execution_schema.clone()),
         ),
@@ -450,7 +616,7 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
                  files in /workspace are still there on the next call. On timeout the code is \
                  interrupted (KeyboardInterrupt) and the session keeps its state; if the code cannot be \
                  interrupted or runs out of memory the interpreter restarts and the result says state \
-                 was lost. {limits}"
+                 was lost. {files} {limits}"
             ),
             Some(execution_schema.clone()),
         ),
@@ -462,6 +628,31 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
                  and stderr. {limits}"
             ),
             Some(execution_schema),
+        ),
+        (
+            "sandbox_write_file",
+            format!(
+                "Write a file into a session's /workspace (path relative to it; parent folders are \
+                 created), from text (`content`) or bytes (`content_base64`), up to {}. Use it to give \
+                 the code input data.",
+                bytes(config.files.max_file_bytes)
+            ),
+            Some(schema_for_output::<WriteFileOutput>()),
+        ),
+        (
+            "sandbox_read_file",
+            format!(
+                "Read a file from a session's /workspace: images come back as images, text as a text \
+                 resource, other files as a blob resource, up to {}.",
+                bytes(config.files.return_max_file_bytes)
+            ),
+            Some(schema_for_output::<render::FileOutput>()),
+        ),
+        (
+            "sandbox_list_files",
+            "List a folder of a session's /workspace: names, kinds (file, directory, symlink) and sizes."
+                .to_string(),
+            Some(schema_for_output::<ListFilesOutput>()),
         ),
         (
             "sandbox_stop",

@@ -1,11 +1,13 @@
 //! Engine results as MCP tool results: a text block written for an LLM reader, and the same facts
 //! as `structuredContent` matching the tool's declared `outputSchema`.
 
-use rmcp::model::{CallToolResult, ContentBlock};
+use base64::Engine as _;
+use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::config::Limits;
+use crate::engine::artifacts::{is_displayable_image, Artifact};
 use crate::engine::backend::BackendError;
 use crate::engine::{EngineError, Execution};
 
@@ -35,6 +37,95 @@ pub struct ExecutionOutput {
     pub error: Option<ErrorOutput>,
     /// The session the code ran in (absent for run_python_ephemeral).
     pub container_id: Option<String>,
+    /// Files the execution created or changed in /workspace, and matplotlib figures.
+    pub files: Vec<FileOutput>,
+}
+
+/// A file an execution produced.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct FileOutput {
+    /// Relative to /workspace (figures: figures/figure-N.png).
+    pub path: String,
+    pub size: u64,
+    pub mime_type: String,
+    /// Included in this result as image or resource content.
+    pub returned: bool,
+    /// Where it was saved on the server's host, if saving is on.
+    pub saved_to: Option<String>,
+    /// Why it was not returned or not copied.
+    pub note: Option<String>,
+    /// A matplotlib figure (shown or left open), not a workspace file.
+    pub figure: bool,
+}
+
+impl FileOutput {
+    pub fn of(a: &Artifact) -> Self {
+        FileOutput {
+            path: a.path.clone(),
+            size: a.size,
+            mime_type: a.mime_type.clone(),
+            returned: a.content.is_some(),
+            saved_to: a.saved_to.as_ref().map(|p| p.display().to_string()),
+            note: a.note.clone(),
+            figure: a.figure,
+        }
+    }
+}
+
+/// A file as MCP content: images as `image`, UTF-8 text as a text resource, the rest as a blob.
+pub fn file_block(a: &Artifact) -> Option<ContentBlock> {
+    let content = a.content.as_ref()?;
+    let base64 = || base64::engine::general_purpose::STANDARD.encode(content);
+    if is_displayable_image(&a.mime_type) {
+        return Some(ContentBlock::image(base64(), a.mime_type.clone()));
+    }
+    let uri = file_uri(&a.path);
+    let resource = match std::str::from_utf8(content) {
+        Ok(text) => {
+            let mime = if a.mime_type == "application/octet-stream" {
+                "text/plain"
+            } else {
+                a.mime_type.as_str()
+            };
+            ResourceContents::text(text, uri).with_mime_type(mime)
+        }
+        Err(_) => ResourceContents::blob(base64(), uri).with_mime_type(a.mime_type.clone()),
+    };
+    Some(ContentBlock::resource(resource))
+}
+
+/// `file:///workspace/PATH`, percent-encoded.
+pub fn file_uri(path: &str) -> String {
+    let mut uri = String::from("file:///workspace/");
+    for byte in path.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            uri.push(byte as char);
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri
+}
+
+fn files_summary(files: &[Artifact]) -> String {
+    let mut text = String::new();
+    for a in files {
+        let what = if a.figure { "figure" } else { "file" };
+        let size = bytes(a.size);
+        let mut line = format!("- {what} {} ({size}, {})", a.path, a.mime_type);
+        if a.content.is_some() {
+            line.push_str(", attached");
+        }
+        if let Some(saved) = &a.saved_to {
+            line.push_str(&format!(", saved to {}", saved.display()));
+        }
+        if let Some(note) = &a.note {
+            line.push_str(&format!(" [{note}]"));
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -68,8 +159,10 @@ pub fn execution(
             message: e.message.clone(),
         }),
         container_id: container_id.map(str::to_string),
+        files: execution.files.iter().map(FileOutput::of).collect(),
     };
-    let content = vec![ContentBlock::text(text)];
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(execution.files.iter().filter_map(file_block));
     let mut result = if execution.succeeded() {
         CallToolResult::success(content)
     } else {
@@ -124,6 +217,10 @@ fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -
         } else {
             "[the code was interrupted; processes it started were stopped]\n"
         });
+    }
+    if !execution.files.is_empty() {
+        text.push_str("--- files ---\n");
+        text.push_str(&files_summary(&execution.files));
     }
     if execution.state_lost {
         text.push_str("[the interpreter was restarted: variables from earlier calls are gone; files in /workspace remain]\n");
@@ -187,6 +284,7 @@ mod tests {
             state_lost: false,
             out_of_memory: false,
             error: None,
+            ..Default::default()
         }
     }
 

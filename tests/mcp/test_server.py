@@ -26,6 +26,9 @@ TOOLS = {
     "sandbox_stop": {"container_id"},
     "sandbox_list": set(),
     "search_pypi_packages": {"query"},
+    "sandbox_write_file": {"container_id", "path"},
+    "sandbox_read_file": {"container_id", "path"},
+    "sandbox_list_files": {"container_id"},
 }
 
 

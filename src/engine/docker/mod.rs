@@ -88,6 +88,15 @@ impl DockerBackend {
             }),
             ..Default::default()
         }];
+        for mount in &spec.mounts {
+            mounts.push(Mount {
+                target: Some(mount.container.clone()),
+                source: Some(mount.host.display().to_string()),
+                typ: Some(MountType::BIND),
+                read_only: Some(mount.read_only),
+                ..Default::default()
+            });
+        }
         let mut env = vec![
             format!("HOME={}", paths::HOME),
             "LANG=C.UTF-8".to_string(),

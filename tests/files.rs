@@ -1,0 +1,270 @@
+//! Files an execution makes: copied out safely, saved below the run's directory, never more than
+//! the limits, nothing from the host or the container's system.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use python_code_sandbox::engine::{RunOptions, Task};
+
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pcs-files-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Every file below `root`, relative, with its content.
+fn saved_files(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let entry = entry.expect("entry");
+            let kind = entry.file_type().expect("type");
+            assert!(
+                !kind.is_symlink(),
+                "a link was written: {}",
+                entry.path().display()
+            );
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else {
+                let rel = entry
+                    .path()
+                    .strip_prefix(root)
+                    .expect("below root")
+                    .display()
+                    .to_string();
+                found.push((rel, std::fs::read(entry.path()).expect("read")));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn assert_no_system_content(files: &[(String, Vec<u8>)]) {
+    for (name, content) in files {
+        let text = String::from_utf8_lossy(content);
+        assert!(!text.contains("root:x:0:0"), "{name} holds /etc/passwd");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn created_files_come_back_and_are_saved_below_the_run_directory() {
+    let root = temp_dir();
+    let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
+    no_hang(async {
+        let code = "import os\nos.makedirs('out/sub')\nopen('out/sub/data.csv', 'w').write('a,b\\n1,2\\n')\nopen('notes.txt', 'w').write('hi')";
+        let result = run(&engine, code).await;
+        let paths: Vec<&str> = result.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["notes.txt", "out/sub/data.csv"]);
+        let csv = &result.files[1];
+        assert_eq!(csv.mime_type, "text/csv");
+        assert_eq!(csv.content.as_deref(), Some(&b"a,b\n1,2\n"[..]));
+        let saved = csv.saved_to.as_ref().expect("saved");
+        assert!(saved.starts_with(&root) && saved.ends_with("out/sub/data.csv"));
+        let files = saved_files(&root);
+        assert_eq!(files.len(), 2);
+        assert!(files.iter().all(|(name, _)| name.starts_with("run-")));
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_fifos_and_system_files_never_leave_the_sandbox() {
+    let root = temp_dir();
+    let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
+    no_hang(async {
+        let code = r#"
+import os
+os.symlink('/etc/passwd', 'leak.txt')
+os.symlink('/', 'root')
+os.mkfifo('pipe')
+try:
+    os.link('/etc/passwd', 'hard.txt')
+    print('hard link made')
+except OSError as e:
+    print('hard link refused:', e.strerror)
+open('...', 'w').write('dots')
+open('..hidden', 'w').write('dots too')
+"#;
+        let result = run(&engine, code).await;
+        assert!(
+            text(&result.stdout).contains("hard link refused"),
+            "{}",
+            text(&result.stdout)
+        );
+        let by_path = |p: &str| {
+            result
+                .files
+                .iter()
+                .find(|f| f.path == p)
+                .unwrap_or_else(|| panic!("{p} not listed"))
+        };
+        for (path, why) in [
+            ("leak.txt", "symbolic link"),
+            ("root", "symbolic link"),
+            ("pipe", "special file"),
+        ] {
+            let file = by_path(path);
+            assert!(file.content.is_none() && file.saved_to.is_none(), "{path}");
+            assert!(
+                file.note.as_deref().unwrap_or("").contains(why),
+                "{path}: {:?}",
+                file.note
+            );
+        }
+        assert_eq!(by_path("...").content.as_deref(), Some(&b"dots"[..]));
+        let files = saved_files(&root);
+        assert_no_system_content(&files);
+        let names: Vec<String> = files
+            .iter()
+            .map(|(n, _)| n.rsplit('/').next().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(names, ["...", "..hidden"]);
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_lies_about_paths_is_stopped_and_nothing_is_written() {
+    let root = temp_dir();
+    let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
+    no_hang(async {
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        // The code reaches the runner's own function and makes it report an escaping path.
+        let code = r#"
+import gc
+for f in gc.get_objects():
+    if getattr(f, '__name__', None) == 'changes' and getattr(f, '__code__', None) and 'after' in f.__code__.co_varnames:
+        f.__globals__['changes'] = lambda before, after: [{'path': '../../etc/passwd', 'kind': 'file', 'size': 10}]
+open('x.txt', 'w').write('x')
+"#;
+        let lied = engine.execute_in_session(&session, Task::Python(code), &RunOptions::default()).await;
+        assert!(lied.is_err(), "a lying runner is a protocol error: {lied:?}");
+        let after = in_session(&engine, &session, "print('fresh runner')").await;
+        assert_eq!(text(&after.stdout), "fresh runner\n");
+        assert!(after.state_lost);
+        engine.stop_session(&session).await.expect("stop");
+        assert!(saved_files(&root).iter().all(|(name, _)| !name.contains("passwd")));
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_over_the_cap_is_listed_not_copied() {
+    let root = temp_dir();
+    let engine = engine_with(|c| {
+        c.files.persist_dir = Some(root.clone());
+        c.files.max_file_bytes = 1 << 20;
+        c.files.return_max_file_bytes = 64 << 10;
+    });
+    no_hang(async {
+        let code = "open('big.bin', 'wb').write(b'0' * (5 << 20))\nopen('medium.bin', 'wb').write(b'1' * (200 << 10))";
+        let result = run(&engine, code).await;
+        let big = result.files.iter().find(|f| f.path == "big.bin").expect("listed");
+        assert_eq!(big.size, 5 << 20);
+        assert!(big.content.is_none() && big.saved_to.is_none());
+        assert!(big.note.as_deref().unwrap_or("").contains("larger than the 1 MiB limit"), "{:?}", big.note);
+        // Saved on the host, but too big to return.
+        let medium = result.files.iter().find(|f| f.path == "medium.bin").expect("listed");
+        assert!(medium.content.is_none() && medium.saved_to.is_some());
+        assert!(medium.note.as_deref().unwrap_or("").contains("not returned"));
+        let files = saved_files(&root);
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].1.len(), 200 << 10);
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_thousand_tiny_files_are_bounded() {
+    let root = temp_dir();
+    let engine = engine_with(|c| {
+        c.files.persist_dir = Some(root.clone());
+        c.files.max_count = 50;
+    });
+    no_hang(async {
+        let code = "import os\nos.mkdir('many')\nfor i in range(100000):\n    with open(f'many/{i:06d}', 'w') as f:\n        f.write('x')\nprint('made')";
+        let result = run(&engine, code).await;
+        assert_eq!(text(&result.stdout), "made\n", "{}", text(&result.stderr));
+        let copied = result.files.iter().filter(|f| f.saved_to.is_some()).count();
+        assert_eq!(copied, 50);
+        assert!(result.files.len() <= 10_001, "the list is bounded: {}", result.files.len());
+        assert!(result.files.iter().any(|f| f.note.as_deref().unwrap_or("").contains("not tracked")));
+        assert_eq!(saved_files(&root).len(), 50);
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_persistence_nothing_is_written_on_the_host() {
+    let engine = engine_with(|c| c.files.persist_dir = None);
+    no_hang(async {
+        let result = run(&engine, "open('a.txt', 'w').write('only returned')").await;
+        assert_eq!(result.files.len(), 1);
+        assert_eq!(
+            result.files[0].content.as_deref(),
+            Some(&b"only returned"[..])
+        );
+        assert!(result.files[0].saved_to.is_none());
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_report_only_what_each_execution_changed() {
+    let engine = engine_with(|c| c.files.persist_dir = None);
+    no_hang(async {
+        let session = engine
+            .create_session(&RunOptions::default())
+            .await
+            .expect("session");
+        let first = in_session(&engine, &session, "open('a.txt', 'w').write('1')").await;
+        assert_eq!(first.files.len(), 1);
+        let second = in_session(&engine, &session, "open('b.txt', 'w').write('2')").await;
+        let paths: Vec<&str> = second.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["b.txt"], "an unchanged file is not returned again");
+        let third = in_session(&engine, &session, "open('a.txt', 'a').write('more')").await;
+        assert_eq!(third.files[0].content.as_deref(), Some(&b"1more"[..]));
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_mounts_are_visible_and_read_only() {
+    let data = temp_dir();
+    std::fs::write(data.join("input.txt"), "operator data").expect("write");
+    let mounts = format!("{}:/data", data.display());
+    let engine = engine_with(|c| {
+        c.mounts = python_code_sandbox::config::Config::from_lookup(|name| {
+            (name == "SANDBOX_MOUNTS").then(|| mounts.clone())
+        })
+        .expect("mounts parse")
+        .mounts
+    });
+    no_hang(async {
+        let code = "print(open('/data/input.txt').read())\ntry:\n    open('/data/new.txt', 'w')\nexcept OSError as e:\n    print(e.strerror)";
+        let result = run(&engine, code).await;
+        assert_eq!(text(&result.stdout), "operator data\nRead-only file system\n");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    assert_eq!(std::fs::read_dir(&data).expect("dir").count(), 1);
+    std::fs::remove_dir_all(&data).ok();
+}
