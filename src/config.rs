@@ -68,6 +68,33 @@ impl FilePolicy {
     }
 }
 
+/// Where pip/uv keep downloads between installs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownloadCache {
+    /// A Docker volume of that name.
+    Volume(String),
+    /// A host directory (`PIP_CACHE_PATH`), which uid 1000 must be able to write.
+    HostPath(PathBuf),
+    /// No download cache (`ENABLE_PIP_CACHE=false`).
+    Off,
+}
+
+/// How dependencies are installed and cached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DependencyPolicy {
+    /// The Docker volume holding installed dependency sets.
+    pub volume: String,
+    /// Size of the installed sets beyond which the least recently used are removed.
+    pub cache_max_bytes: u64,
+    /// Wall-clock limit of one install.
+    pub install_timeout: Duration,
+    /// Accept `name @ https://...` direct references.
+    pub allow_urls: bool,
+    pub index_url: Option<String>,
+    pub extra_index_urls: Vec<String>,
+    pub download_cache: DownloadCache,
+}
+
 /// A host directory the operator mounts into every sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorMount {
@@ -112,6 +139,7 @@ pub struct Config {
     /// Host CA bundle made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
     pub files: FilePolicy,
+    pub deps: DependencyPolicy,
     /// Host directories mounted into every sandbox (`SANDBOX_MOUNTS`).
     pub mounts: Vec<OperatorMount>,
     /// Images an agent may ask for besides `image` (glob patterns: `*` and `?`).
@@ -156,6 +184,15 @@ impl Default for Config {
                 return_max_file_bytes: 5 << 20,
                 return_max_total_bytes: 10 << 20,
                 return_max_count: 20,
+            },
+            deps: DependencyPolicy {
+                volume: "python-code-sandbox-deps".to_string(),
+                cache_max_bytes: 10 << 30,
+                install_timeout: Duration::from_secs(600),
+                allow_urls: false,
+                index_url: None,
+                extra_index_urls: Vec::new(),
+                download_cache: DownloadCache::Volume("python-code-sandbox-pip-cache".to_string()),
             },
             mounts: Vec::new(),
             allowed_images: Vec::new(),
@@ -354,6 +391,51 @@ impl Config {
         if let Some(v) = get("SANDBOX_RETURN_MAX_COUNT") {
             files.return_max_count = parse_count("SANDBOX_RETURN_MAX_COUNT", &v, 0, 1000)?;
         }
+        let deps = &mut config.deps;
+        if let Some(v) = get("SANDBOX_DEPS_VOLUME") {
+            if !is_volume_name(&v) {
+                return Err(ConfigError {
+                    var: "SANDBOX_DEPS_VOLUME",
+                    value: v,
+                    expected: "a Docker volume name: letters, digits, '_', '.', '-'",
+                });
+            }
+            deps.volume = v;
+        }
+        if let Some(v) = get("SANDBOX_DEPS_CACHE_MAX") {
+            deps.cache_max_bytes = parse_bytes("SANDBOX_DEPS_CACHE_MAX", &v, 1 << 20)?;
+        }
+        if let Some(v) = get("SANDBOX_DEPS_TIMEOUT") {
+            deps.install_timeout = parse_duration("SANDBOX_DEPS_TIMEOUT", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_ALLOW_URL_DEPS") {
+            deps.allow_urls = parse_bool("SANDBOX_ALLOW_URL_DEPS", &v)?;
+        }
+        if let Some(v) = get("PIP_INDEX_URL") {
+            deps.index_url = Some(parse_url("PIP_INDEX_URL", &v)?);
+        }
+        if let Some(v) = get("PIP_EXTRA_INDEX_URL") {
+            deps.extra_index_urls = v
+                .split_whitespace()
+                .map(|u| parse_url("PIP_EXTRA_INDEX_URL", u))
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(v) = get("PIP_CACHE_PATH") {
+            let path = PathBuf::from(&v);
+            if !path.is_absolute() {
+                return Err(ConfigError {
+                    var: "PIP_CACHE_PATH",
+                    value: v,
+                    expected: "an absolute host directory path (writable by uid 1000)",
+                });
+            }
+            deps.download_cache = DownloadCache::HostPath(path);
+        }
+        if let Some(v) = get("ENABLE_PIP_CACHE") {
+            if !parse_bool("ENABLE_PIP_CACHE", &v)? {
+                deps.download_cache = DownloadCache::Off;
+            }
+        }
         if let Some(v) = get("SANDBOX_MOUNTS") {
             config.mounts = parse_mounts(&v)?;
         }
@@ -533,6 +615,41 @@ fn parse_mounts(value: &str) -> Result<Vec<OperatorMount>, ConfigError> {
         });
     }
     Ok(mounts)
+}
+
+fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError {
+            var,
+            value: value.to_string(),
+            expected: "true or false",
+        }),
+    }
+}
+
+fn parse_url(var: &'static str, value: &str) -> Result<String, ConfigError> {
+    let ok = (value.starts_with("https://") || value.starts_with("http://"))
+        && !value
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\'');
+    if ok {
+        Ok(value.to_string())
+    } else {
+        Err(ConfigError {
+            var,
+            value: value.to_string(),
+            expected: "an http(s) URL such as https://pypi.org/simple",
+        })
+    }
+}
+
+fn is_volume_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.len() <= 128
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 fn parse_count(
@@ -718,6 +835,40 @@ mod tests {
             "/tmp:/a/../b",
         ] {
             assert!(config(&[("SANDBOX_MOUNTS", bad)]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dependency_settings_parse() {
+        let c = config(&[
+            ("PIP_INDEX_URL", "https://mirror.example/simple"),
+            (
+                "PIP_EXTRA_INDEX_URL",
+                "https://a.example/simple https://b.example/simple",
+            ),
+            ("ENABLE_PIP_CACHE", "false"),
+            ("SANDBOX_DEPS_CACHE_MAX", "2g"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.deps.index_url.as_deref(),
+            Some("https://mirror.example/simple")
+        );
+        assert_eq!(c.deps.extra_index_urls.len(), 2);
+        assert_eq!(c.deps.download_cache, DownloadCache::Off);
+        assert_eq!(c.deps.cache_max_bytes, 2 << 30);
+        let c = config(&[("PIP_CACHE_PATH", "/var/cache/pip")]).unwrap();
+        assert_eq!(
+            c.deps.download_cache,
+            DownloadCache::HostPath("/var/cache/pip".into())
+        );
+        for (var, bad) in [
+            ("PIP_INDEX_URL", "file:///x"),
+            ("ENABLE_PIP_CACHE", "maybe"),
+            ("SANDBOX_DEPS_VOLUME", "a/b"),
+            ("PIP_CACHE_PATH", "rel"),
+        ] {
+            assert!(config(&[(var, bad)]).is_err(), "{var}={bad}");
         }
     }
 

@@ -30,7 +30,7 @@ impl Series {
 pub async fn bench(config: Config, runs: usize, json: bool) -> ExitCode {
     let runs = runs.max(1);
     let image = config.image.clone();
-    let engine = Engine::new(Arc::new(DockerBackend::new()), config);
+    let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
     let options = RunOptions::default();
     let hello = Task::Python("print('hello')");
 

@@ -55,7 +55,7 @@ impl Report {
 
 pub async fn doctor(config: Config) -> ExitCode {
     let mut report = Report { failures: 0 };
-    let backend = Arc::new(DockerBackend::new());
+    let backend = Arc::new(DockerBackend::for_config(&config));
     match backend.info().await {
         Ok(info) => report.line(
             true,

@@ -66,6 +66,22 @@ enum Command {
     },
     /// Remove sandboxes left behind by servers that are no longer running.
     Cleanup,
+    /// Manage the cache of installed dependencies.
+    Cache {
+        #[command(subcommand)]
+        command: CacheCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CacheCommand {
+    /// List the installed dependency sets.
+    List,
+    /// Remove the least recently used sets beyond SANDBOX_DEPS_CACHE_MAX (all of them with --all).
+    Prune {
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -132,8 +148,9 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
             command: ImageCommand::Build { offline, tag },
         }) => build_image(config, offline, tag).await,
         Some(Command::Bench { runs, json }) => bench::bench(config, runs, json).await,
+        Some(Command::Cache { command }) => cache(config, command).await,
         Some(Command::Cleanup) => {
-            let engine = Engine::new(Arc::new(DockerBackend::new()), config);
+            let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
             match engine.remove_leftovers().await {
                 Ok(n) => {
                     println!("removed {n} leftover sandbox(es) and volume(s)");
@@ -142,6 +159,33 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
                 Err(e) => infra_error(&e),
             }
         }
+    }
+}
+
+async fn cache(config: Config, command: CacheCommand) -> ExitCode {
+    let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
+    let (sets, verb) = match command {
+        CacheCommand::List => (engine.cached_dependency_sets().await, "cached"),
+        CacheCommand::Prune { all } => (engine.prune_dependency_sets(all).await, "removed"),
+    };
+    match sets {
+        Ok(sets) => {
+            let total: u64 = sets.iter().map(|s| s.size).sum();
+            for set in &sets {
+                let when = humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + Duration::from_secs(set.last_used),
+                );
+                println!(
+                    "{}  {:>10}  last used {when}  {}",
+                    set.key,
+                    set.size,
+                    set.requirements.join(" ")
+                );
+            }
+            println!("{verb}: {} set(s), {total} bytes", sets.len());
+            ExitCode::SUCCESS
+        }
+        Err(e) => infra_error(&e),
     }
 }
 
@@ -156,13 +200,13 @@ async fn build_image(config: Config, offline: bool, tag: Option<String>) -> Exit
         Ok(docker) => docker,
         Err(e) => return infra_error(&e),
     };
-    let tag = tag.unwrap_or(config.image);
+    let tag = tag.unwrap_or(config.image.clone());
     let mode = if offline {
         image::BuildMode::Offline
     } else {
         image::BuildMode::Auto
     };
-    match image::build(&docker, &tag, mode).await {
+    match image::build(&docker, &tag, mode, config.ca_bundle.as_deref()).await {
         Ok(()) => {
             println!("built {tag}");
             ExitCode::SUCCESS
@@ -188,10 +232,6 @@ async fn run(
     deps: Vec<String>,
     timeout: Option<String>,
 ) -> ExitCode {
-    if !deps.is_empty() {
-        eprintln!("python-code-sandbox: --dep is not yet supported (dependencies arrive in a later release)");
-        return ExitCode::from(EXIT_CONFIG);
-    }
     let timeout = match timeout
         .map(|t| config::parse_duration("--timeout", &t))
         .transpose()
@@ -209,9 +249,10 @@ async fn run(
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let engine = Engine::new(Arc::new(DockerBackend::new()), config);
+    let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
     let options = RunOptions {
         timeout,
+        dependencies: deps,
         ..Default::default()
     };
     let outcome = tokio::select! {

@@ -37,10 +37,20 @@ pub struct SandboxSpec {
     pub ca_bundle: Option<PathBuf>,
     /// Host directories the operator chose to mount (never the agent).
     pub mounts: Vec<OperatorMount>,
+    /// Named volumes shared between sandboxes (the dependency cache).
+    pub volumes: Vec<VolumeMount>,
     /// The runner's argv.
     pub command: Vec<String>,
     /// Labels that identify the owning server instance (see `engine::owner`).
     pub labels: BTreeMap<String, String>,
+}
+
+/// A named volume mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeMount {
+    pub name: String,
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// Where sandboxed processes see things; the same in every backend.
@@ -48,6 +58,10 @@ pub mod paths {
     pub const WORKSPACE: &str = "/workspace";
     pub const TMP: &str = "/tmp";
     pub const CA_BUNDLE: &str = "/etc/ssl/certs/sandbox-ca-bundle.crt";
+    /// Installed dependency sets, one directory per cache key (read-only in sandboxes).
+    pub const DEPS: &str = "/opt/deps";
+    /// The installers' download cache.
+    pub const DOWNLOAD_CACHE: &str = "/opt/pip-cache";
     pub const HOME: &str = "/home/sandbox";
     /// uid:gid of the unprivileged user every sandbox runs as.
     pub const USER: &str = "1000:1000";
@@ -115,6 +129,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Makes sure `image` can be used, fetching or building it when that is possible.
     async fn ensure_image(&self, image: &str) -> Result<(), BackendError>;
+
+    /// The content id of `image` (changes whenever the image is rebuilt).
+    async fn image_id(&self, image: &str) -> Result<String, BackendError>;
 
     /// Creates (but does not start) a sandbox.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError>;

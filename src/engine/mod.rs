@@ -11,6 +11,7 @@ pub mod artifacts;
 pub mod backend;
 pub mod deps;
 pub mod docker;
+pub mod installer;
 pub mod owner;
 pub mod protocol;
 pub mod sandbox;
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{glob_matches, Config};
 use backend::{Backend, BackendError, SandboxId, SandboxSpec};
+pub use installer::DependencyReport;
 use owner::{Owner, LABEL_INSTANCE, LABEL_MANAGED};
 use protocol::ProtocolError;
 use sandbox::{human, Sandbox};
@@ -55,6 +57,10 @@ pub enum EngineError {
     InvalidPath(String),
     #[error("{path}: {reason}")]
     File { path: String, reason: String },
+    #[error(transparent)]
+    InvalidDependency(#[from] deps::DependencyError),
+    #[error("installing the dependencies failed:\n{0}")]
+    Dependencies(String),
 }
 
 impl EngineError {
@@ -70,6 +76,8 @@ impl EngineError {
                 | EngineError::CodeTooLarge { .. }
                 | EngineError::InvalidPath(_)
                 | EngineError::File { .. }
+                | EngineError::InvalidDependency(_)
+                | EngineError::Dependencies(_)
         )
     }
 }
@@ -165,6 +173,8 @@ pub struct RunOptions {
     /// Fires to interrupt the execution (an MCP `notifications/cancelled`).
     pub cancel: Option<CancellationToken>,
     pub progress: Option<ProgressSink>,
+    /// PyPI requirements to make importable first (PEP 508 strings, validated here).
+    pub dependencies: Vec<String>,
 }
 
 impl RunOptions {
@@ -181,9 +191,24 @@ struct Session {
     image: String,
     created: Instant,
     last_used: std::sync::Mutex<Instant>,
+    dependencies: std::sync::Mutex<SessionDependencies>,
+}
+
+/// The dependency set a session has on its `sys.path`.
+#[derive(Debug, Clone, Default)]
+struct SessionDependencies {
+    requirements: Vec<deps::Requirement>,
+    key: Option<String>,
 }
 
 impl Session {
+    fn dependencies(&self) -> SessionDependencies {
+        self.dependencies
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_default()
+    }
+
     fn idle(&self) -> Duration {
         self.last_used
             .lock()
@@ -216,6 +241,7 @@ pub struct Engine {
     owner: Owner,
     sessions: std::sync::Mutex<Sessions>,
     executions: Semaphore,
+    deps: installer::Dependencies,
 }
 
 #[derive(Default)]
@@ -229,7 +255,9 @@ struct Sessions {
 impl Engine {
     pub fn new(backend: Arc<dyn Backend>, config: Config) -> Engine {
         let executions = Semaphore::new(config.max_concurrent.max(1));
+        let deps = installer::Dependencies::new(&config);
         Engine {
+            deps,
             backend,
             config,
             owner: Owner::current(),
@@ -273,24 +301,66 @@ impl Engine {
         })
     }
 
-    fn spec(&self, image: String, kind: &str) -> SandboxSpec {
+    pub(crate) fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
         SandboxSpec {
             image,
             limits: self.config.limits.clone(),
             network: self.config.network,
             ca_bundle: self.config.ca_bundle.clone(),
             mounts: self.config.mounts.clone(),
+            volumes: installer::sandbox_volumes(&self.config),
             command: protocol::bootstrap_command(),
             labels: self.owner.labels(kind),
         }
     }
 
-    async fn launch(&self, kind: &str, options: &RunOptions) -> Result<Sandbox, EngineError> {
-        let spec = self.spec(self.check_image(options.image.as_deref())?, kind);
+    /// Starts a sandbox for a request, with its dependencies on `sys.path`.
+    async fn launch(
+        &self,
+        kind: &str,
+        options: &RunOptions,
+        requirements: &[deps::Requirement],
+    ) -> Result<(Sandbox, Option<installer::DependencyReport>), EngineError> {
+        let spec = self.base_spec(self.check_image(options.image.as_deref())?, kind);
         options.report(&format!("preparing image {}", spec.image));
         self.backend.ensure_image(&spec.image).await?;
         options.report("starting the sandbox");
-        Sandbox::launch(self.backend.clone(), &spec).await
+        let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
+        if requirements.is_empty() {
+            return Ok((sandbox, None));
+        }
+        match self
+            .prepare_dependencies(&mut sandbox, &spec, requirements, None, options)
+            .await
+        {
+            Ok(report) => Ok((sandbox, Some(report))),
+            Err(e) => {
+                sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Validates a request's dependencies (before anything starts).
+    fn requirements(&self, entries: &[String]) -> Result<Vec<deps::Requirement>, EngineError> {
+        Ok(deps::parse_requirements(
+            entries,
+            self.config.deps.allow_urls,
+        )?)
+    }
+
+    /// Dependency sets live sessions use (never evicted).
+    pub(crate) fn sessions_dependency_keys(&self) -> Vec<String> {
+        self.lock_sessions()
+            .live
+            .values()
+            .filter_map(|s| s.dependencies().key)
+            .collect()
+    }
+
+    /// How many installers this engine started.
+    pub fn installs_started(&self) -> u64 {
+        self.deps.installs_started()
     }
 
     fn check_task(task: Task<'_>) -> Result<(), EngineError> {
@@ -322,11 +392,13 @@ impl Engine {
         options: &RunOptions,
     ) -> Result<Execution, EngineError> {
         Self::check_task(task)?;
+        let requirements = self.requirements(&options.dependencies)?;
         let _permit = self.permit().await;
-        let mut sandbox = self.launch("ephemeral", options).await?;
+        let (mut sandbox, report) = self.launch("ephemeral", options, &requirements).await?;
         options.report("running");
         let mut result = self.execute_in(&mut sandbox, task, options).await;
         if let Ok(execution) = &mut result {
+            execution.dependencies = report;
             let id = sandbox.id().clone();
             self.collect_files(&id, execution, &ephemeral_run_dir())
                 .await;
@@ -385,14 +457,13 @@ impl Engine {
         }
         let launched = {
             let _permit = self.permit().await;
-            self.launch(
-                "session",
-                &RunOptions {
-                    image: Some(image.clone()),
-                    ..options.clone()
-                },
-            )
-            .await
+            let options = RunOptions {
+                image: Some(image.clone()),
+                ..options.clone()
+            };
+            self.launch("session", &options, &[])
+                .await
+                .map(|(sandbox, _)| sandbox)
         };
         let mut sessions = self.lock_sessions();
         sessions.starting -= 1;
@@ -404,6 +475,7 @@ impl Engine {
             image,
             created: now,
             last_used: std::sync::Mutex::new(now),
+            dependencies: std::sync::Mutex::default(),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)
@@ -458,18 +530,62 @@ impl Engine {
         options: &RunOptions,
     ) -> Result<Execution, EngineError> {
         Self::check_task(task)?;
+        let requested = self.requirements(&options.dependencies)?;
         let (_, session) = self.session(id)?;
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
+        let report = if requested.is_empty() {
+            None
+        } else {
+            Some(
+                self.add_session_dependencies(&session, &mut sandbox, &requested, options)
+                    .await?,
+            )
+        };
         let mut result = self.execute_in(&mut sandbox, task, options).await;
         if let Ok(execution) = &mut result {
+            execution.dependencies = report;
             let id = sandbox.id().clone();
             self.collect_files(&id, execution, &session_run_dir(&id))
                 .await;
         }
         session.touch();
         result
+    }
+
+    /// Adds requirements to a session's set: the union is installed (or found) as one set, which
+    /// replaces the previous one on `sys.path`. The session's own sandbox never gets a network.
+    async fn add_session_dependencies(
+        &self,
+        session: &Session,
+        sandbox: &mut Sandbox,
+        requested: &[deps::Requirement],
+        options: &RunOptions,
+    ) -> Result<installer::DependencyReport, EngineError> {
+        let current = session.dependencies();
+        let mut entries: Vec<String> = current
+            .requirements
+            .iter()
+            .map(deps::Requirement::canonical)
+            .collect();
+        entries.extend(requested.iter().map(deps::Requirement::canonical));
+        let union = self.requirements(&entries)?;
+        let base = self.base_spec(session.image.clone(), "session");
+        let previous = current
+            .key
+            .as_ref()
+            .map(|k| format!("{}/{k}", backend::paths::DEPS));
+        let report = self
+            .prepare_dependencies(sandbox, &base, &union, previous.as_deref(), options)
+            .await?;
+        if let Ok(mut deps) = session.dependencies.lock() {
+            *deps = SessionDependencies {
+                requirements: union,
+                key: Some(report.key.clone()),
+            };
+        }
+        Ok(report)
     }
 
     /// Writes a file into a session's workspace (parents created), as the sandbox user.

@@ -57,12 +57,21 @@ pub enum Request<'a> {
     },
     /// List one directory of the workspace.
     List { id: u64, path: &'a str },
+    /// Put directories of installed dependencies on `sys.path` (and take others off).
+    Paths {
+        id: u64,
+        add: &'a [String],
+        remove: &'a [String],
+    },
 }
 
 impl Request<'_> {
     pub fn id(&self) -> u64 {
         match self {
-            Request::Exec { id, .. } | Request::Shell { id, .. } | Request::List { id, .. } => *id,
+            Request::Exec { id, .. }
+            | Request::Shell { id, .. }
+            | Request::List { id, .. }
+            | Request::Paths { id, .. } => *id,
         }
     }
 
@@ -79,6 +88,19 @@ pub enum Reply {
     Ready { python: String },
     Result(RawResult),
     Listing(RawListing),
+    Paths { id: u64, missing: Vec<String> },
+}
+
+impl Reply {
+    /// The request a reply answers (`None` for the start-up message).
+    pub fn id(&self) -> Option<u64> {
+        match self {
+            Reply::Ready { .. } => None,
+            Reply::Result(r) => Some(r.id),
+            Reply::Listing(l) => Some(l.id),
+            Reply::Paths { id, .. } => Some(*id),
+        }
+    }
 }
 
 /// A directory listing, as the runner sent it.

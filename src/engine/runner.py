@@ -9,8 +9,10 @@
 # Requests:  {"op": "exec", "id": N, "code": str, "max_output": bytes}
 #            {"op": "shell", "id": N, "command": str, "max_output": bytes}
 #            {"op": "list", "id": N, "path": str}          (a directory of the workspace)
+#            {"op": "paths", "id": N, "add": [dir], "remove": [dir]}   (installed dependencies)
 # Replies:   {"type": "ready", ...} once, then per request one {"type": "result", "id": N, ...}
-#            (exec, shell) or {"type": "listing", "id": N, ...} (list).
+#            (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths", "id": N,
+#            "missing": [dir]} (paths: directories that do not exist are not added).
 #
 # After each execution the result names the workspace files the execution created or changed
 # (found by comparing two walks that never follow links), and carries the matplotlib figures it
@@ -22,6 +24,7 @@
 # treats every byte this process sends as untrusted: the code can reach this process's memory.
 
 import base64
+import importlib
 import importlib.abc
 import io
 import json
@@ -176,6 +179,21 @@ def list_directory(rel):
         return {"error": "%s: %s" % (rel or ".", e.strerror)}
     entries.sort(key=lambda e: e["name"])
     return {"entries": entries, "truncated": truncated}
+
+
+def update_paths(request):
+    """Puts installed dependency sets first on sys.path (and takes replaced ones off)."""
+    for path in request.get("remove") or []:
+        while path in sys.path:
+            sys.path.remove(path)
+    missing = []
+    for path in reversed(request.get("add") or []):
+        if not os.path.isdir(path):
+            missing.append(path)
+        elif path not in sys.path:
+            sys.path.insert(0, path)
+    importlib.invalidate_caches()
+    return {"type": "paths", "id": request.get("id"), "missing": missing}
 
 
 class Figures:
@@ -470,7 +488,9 @@ def main():
         request = read_frame()
         if request is None:
             return
-        if request.get("op") == "list":
+        if request.get("op") == "paths":
+            send_frame(update_paths(request))
+        elif request.get("op") == "list":
             listing = list_directory(str(request.get("path", "")))
             listing.update({"type": "listing", "id": request.get("id")})
             send_frame(listing)

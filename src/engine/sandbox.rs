@@ -31,8 +31,8 @@ use super::EngineError;
 
 /// How long the runner gets to answer after SIGINT before the sandbox is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
-/// How long the runner gets to list a directory.
-const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the runner gets to answer a request that is not an execution.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a sandbox gets from start to a ready runner.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes kept of what the sandbox's processes print outside the protocol (start-up failures).
@@ -91,6 +91,8 @@ pub struct Execution {
     pub changes: Changes,
     /// The files collected from the workspace, and figures.
     pub files: Vec<Artifact>,
+    /// The dependencies made importable for this execution, if any were requested.
+    pub dependencies: Option<super::installer::DependencyReport>,
 }
 
 impl Execution {
@@ -135,7 +137,7 @@ impl Runner {
         }
         match tokio::time::timeout(START_TIMEOUT, runner.next_reply()).await {
             Ok(Ok(Reply::Ready { python })) => Ok((runner, python)),
-            Ok(Ok(Reply::Result(_) | Reply::Listing(_))) => Err((
+            Ok(Ok(_)) => Err((
                 RunnerFailure::Protocol(ProtocolError::Malformed("a result before ready".into())),
                 runner.diagnostics,
             )),
@@ -184,6 +186,8 @@ impl Runner {
 
 pub struct Sandbox {
     id: SandboxId,
+    /// Directories put on the runner's `sys.path` (dependencies): put back after a restart.
+    paths: Vec<String>,
     backend: Arc<dyn Backend>,
     state: State,
     next_request: u64,
@@ -206,6 +210,7 @@ impl Sandbox {
         let id = backend.create(spec).await?;
         let mut sandbox = Sandbox {
             id,
+            paths: Vec::new(),
             backend,
             state: State::Down("not started".into()),
             next_request: 0,
@@ -231,8 +236,31 @@ impl Sandbox {
     async fn start_runner(&mut self) -> Result<(), EngineError> {
         let streams = self.backend.start(&self.id).await?;
         match Runner::connect(streams).await {
-            Ok((runner, python)) => {
+            Ok((mut runner, python)) => {
                 self.python_version = python;
+                if !self.paths.is_empty() {
+                    // A restarted runner gets its dependencies back.
+                    self.next_request += 1;
+                    let request = Request::Paths {
+                        id: self.next_request,
+                        add: &self.paths,
+                        remove: &[],
+                    };
+                    let restored = match runner.send(&request.to_frame()).await {
+                        Ok(()) => tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply())
+                            .await
+                            .ok(),
+                        Err(_) => None,
+                    };
+                    if !matches!(restored, Some(Ok(Reply::Paths { .. }))) {
+                        self.state = State::Down(
+                            "the restarted runner did not take its dependencies".into(),
+                        );
+                        return Err(EngineError::SandboxStart(
+                            "the restarted runner did not take its dependencies".into(),
+                        ));
+                    }
+                }
                 self.state = State::Ready(runner);
                 Ok(())
             }
@@ -391,12 +419,12 @@ impl Sandbox {
                             figures: r.figures,
                         },
                         files: Vec::new(),
+                        dependencies: None,
                     }
                 }
                 Err(e) => return Err(self.broken(e).await),
             },
-            Waited::Replied(Ok(Reply::Ready { .. } | Reply::Listing(_)))
-            | Waited::Interrupted(Ok(Reply::Ready { .. } | Reply::Listing(_))) => {
+            Waited::Replied(Ok(_)) | Waited::Interrupted(Ok(_)) => {
                 let e =
                     ProtocolError::Malformed("an unexpected message instead of a result".into());
                 return Err(self.broken(e).await);
@@ -441,34 +469,8 @@ impl Sandbox {
 
     /// Lists a directory of the workspace through the runner (never following links).
     pub async fn list(&mut self, path: &str) -> Result<Listing, EngineError> {
-        if let State::Down(_) = &self.state {
-            self.restart().await?;
-        }
-        let mut runner = match std::mem::replace(
-            &mut self.state,
-            State::Down("a listing was abandoned".into()),
-        ) {
-            State::Ready(runner) => runner,
-            other => {
-                self.state = other;
-                return Err(EngineError::SandboxGone);
-            }
-        };
-        self.next_request += 1;
-        let id = self.next_request;
-        runner.decoder.set_limit(4 << 20);
-        let reply = match runner.send(&Request::List { id, path }.to_frame()).await {
-            Err(failure) => Err(failure),
-            Ok(()) => match tokio::time::timeout(LIST_TIMEOUT, runner.next_reply()).await {
-                Ok(reply) => reply,
-                Err(_) => Err(RunnerFailure::Backend(BackendError::Other(
-                    "the sandbox did not answer a listing in time".into(),
-                ))),
-            },
-        };
-        match reply {
-            Ok(Reply::Listing(listing)) if listing.id == id && listing.entries.len() <= 1000 => {
-                self.state = State::Ready(runner);
+        match self.control(|id| Request::List { id, path }).await? {
+            Reply::Listing(listing) if listing.entries.len() <= 1000 => {
                 let entries = listing
                     .entries
                     .into_iter()
@@ -490,9 +492,80 @@ impl Sandbox {
                     error: listing.error.map(|e| truncate_chars(&e, 500)),
                 })
             }
-            Ok(_) => Err(self
+            _ => Err(self
                 .broken(ProtocolError::Malformed(
                     "an unexpected answer to a listing".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Puts installed dependency directories first on the runner's `sys.path` (taking `remove`
+    /// off); returns the directories that do not exist (and were not added).
+    pub async fn add_paths(
+        &mut self,
+        add: &[String],
+        remove: &[String],
+    ) -> Result<Vec<String>, EngineError> {
+        match self
+            .control(|id| Request::Paths { id, add, remove })
+            .await?
+        {
+            Reply::Paths { missing, .. } if missing.iter().all(|m| add.contains(m)) => {
+                self.paths.retain(|p| !remove.contains(p));
+                for path in add.iter().filter(|p| !missing.contains(p)) {
+                    if !self.paths.contains(path) {
+                        self.paths.push(path.clone());
+                    }
+                }
+                Ok(missing)
+            }
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a path update".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// A short request that is not an execution: no capture, a fixed time limit.
+    async fn control<'a>(
+        &mut self,
+        request: impl FnOnce(u64) -> Request<'a>,
+    ) -> Result<Reply, EngineError> {
+        if let State::Down(_) = &self.state {
+            self.restart().await?;
+        }
+        let mut runner = match std::mem::replace(
+            &mut self.state,
+            State::Down("a request was abandoned".into()),
+        ) {
+            State::Ready(runner) => runner,
+            other => {
+                self.state = other;
+                return Err(EngineError::SandboxGone);
+            }
+        };
+        self.next_request += 1;
+        let id = self.next_request;
+        runner.decoder.set_limit(4 << 20);
+        let reply = match runner.send(&request(id).to_frame()).await {
+            Err(failure) => Err(failure),
+            Ok(()) => match tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply()).await {
+                Ok(reply) => reply,
+                Err(_) => Err(RunnerFailure::Backend(BackendError::Other(
+                    "the sandbox did not answer in time".into(),
+                ))),
+            },
+        };
+        match reply {
+            Ok(reply) if reply.id() == Some(id) => {
+                self.state = State::Ready(runner);
+                Ok(reply)
+            }
+            Ok(_) => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an answer to another request".into(),
                 ))
                 .await),
             Err(RunnerFailure::Protocol(e)) => Err(self.broken(e).await),

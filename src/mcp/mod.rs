@@ -32,7 +32,8 @@ use render::bytes;
 pub struct RunEphemeralParams {
     /// The Python source code to run.
     pub code: String,
-    /// PyPI packages to install first, e.g. ["pandas", "matplotlib"] (not supported yet).
+    /// PyPI packages to install first, e.g. ["pandas", "matplotlib>=3.8"] (PEP 508 requirements;
+    /// installed outside the sandbox and cached, so repeats cost nothing).
     #[serde(default)]
     pub dependencies: Option<Vec<String>>,
     /// Sandbox image; only the configured image or one the operator allowed.
@@ -53,7 +54,8 @@ pub struct RunPythonParams {
     pub container_id: String,
     /// The Python source code to run in the session's interpreter.
     pub code: String,
-    /// PyPI packages to install first (not supported yet).
+    /// PyPI packages to add to the session first (PEP 508 requirements); they stay importable in
+    /// later calls. The session itself never gets network access.
     #[serde(default)]
     pub dependencies: Option<Vec<String>>,
 }
@@ -177,10 +179,6 @@ pub struct SandboxServer {
     tool_router: ToolRouter<Self>,
 }
 
-const DEPENDENCIES_UNSUPPORTED: &str =
-    "Error: `dependencies` is not supported yet by this server. \
-Run without it: the image has only Python's standard library (plus pip's own packages).";
-
 #[tool_router(router = tool_router)]
 impl SandboxServer {
     pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
@@ -202,10 +200,7 @@ impl SandboxServer {
         Parameters(params): Parameters<RunEphemeralParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        if params.dependencies.as_ref().is_some_and(|d| !d.is_empty()) {
-            return Ok(render::refusal(DEPENDENCIES_UNSUPPORTED));
-        }
-        let options = options_for(&context, params.image);
+        let options = options_for(&context, params.image, params.dependencies);
         Ok(
             match self
                 .engine
@@ -224,7 +219,7 @@ impl SandboxServer {
         Parameters(params): Parameters<InitializeParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let options = options_for(&context, params.image);
+        let options = options_for(&context, params.image, None);
         let id = match self.engine.create_session(&options).await {
             Ok(id) => id,
             Err(e) => return Ok(render::error(&e)),
@@ -255,11 +250,9 @@ impl SandboxServer {
         Parameters(params): Parameters<RunPythonParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        if params.dependencies.as_ref().is_some_and(|d| !d.is_empty()) {
-            return Ok(render::refusal(DEPENDENCIES_UNSUPPORTED));
-        }
+        let options = options_for(&context, None, params.dependencies);
         Ok(self
-            .in_session(&params.container_id, Task::Python(&params.code), &context)
+            .in_session(&params.container_id, Task::Python(&params.code), &options)
             .await)
     }
 
@@ -269,8 +262,9 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let options = options_for(&context, None, None);
         Ok(self
-            .in_session(&params.container_id, Task::Shell(&params.command), &context)
+            .in_session(&params.container_id, Task::Shell(&params.command), &options)
             .await)
     }
 
@@ -473,12 +467,11 @@ impl SandboxServer {
         &self,
         container_id: &str,
         task: Task<'_>,
-        context: &RequestContext<RoleServer>,
+        options: &RunOptions,
     ) -> CallToolResult {
-        let options = options_for(context, None);
         match self
             .engine
-            .execute_in_session(container_id, task, &options)
+            .execute_in_session(container_id, task, options)
             .await
         {
             Ok(execution) => {
@@ -513,7 +506,11 @@ fn structured<T: Serialize>(text: String, value: &T) -> CallToolResult {
 
 /// Run options for one request: cancellation follows the client's `notifications/cancelled`, and
 /// progress goes to the client when it sent a progress token.
-fn options_for(context: &RequestContext<RoleServer>, image: Option<String>) -> RunOptions {
+fn options_for(
+    context: &RequestContext<RoleServer>,
+    image: Option<String>,
+    dependencies: Option<Vec<String>>,
+) -> RunOptions {
     let progress: Option<ProgressSink> = context.meta.get_progress_token().map(|token| {
         let peer = context.peer.clone();
         let step = Arc::new(AtomicU32::new(0));
@@ -533,6 +530,7 @@ fn options_for(context: &RequestContext<RoleServer>, image: Option<String>) -> R
         image,
         cancel: Some(context.ct.clone()),
         progress,
+        dependencies: dependencies.unwrap_or_default(),
     }
 }
 
@@ -696,7 +694,10 @@ pub async fn serve_stdio(config: Config) -> ExitCode {
             return ExitCode::from(crate::cli::EXIT_CONFIG);
         }
     };
-    let engine = Arc::new(Engine::new(Arc::new(DockerBackend::new()), config));
+    let engine = Arc::new(Engine::new(
+        Arc::new(DockerBackend::for_config(&config)),
+        config,
+    ));
     // Nothing here waits for Docker: `initialize` is answered at once, and the clean-up of what a
     // dead server left runs in the background.
     let cleanup = {

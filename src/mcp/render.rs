@@ -39,6 +39,16 @@ pub struct ExecutionOutput {
     pub container_id: Option<String>,
     /// Files the execution created or changed in /workspace, and matplotlib figures.
     pub files: Vec<FileOutput>,
+    /// The dependencies in force, when some were requested.
+    pub dependencies: Option<DependenciesOutput>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DependenciesOutput {
+    /// Normalized requirements importable during the execution.
+    pub requirements: Vec<String>,
+    /// An install ran for this call (false: they came from the cache).
+    pub installed: bool,
 }
 
 /// A file an execution produced.
@@ -160,6 +170,10 @@ pub fn execution(
         }),
         container_id: container_id.map(str::to_string),
         files: execution.files.iter().map(FileOutput::of).collect(),
+        dependencies: execution.dependencies.as_ref().map(|d| DependenciesOutput {
+            requirements: d.requirements.clone(),
+            installed: d.installed,
+        }),
     };
     let mut content = vec![ContentBlock::text(text)];
     content.extend(execution.files.iter().filter_map(file_block));

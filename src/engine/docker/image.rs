@@ -60,18 +60,22 @@ pub fn missing_hint(image: &str) -> String {
 }
 
 /// Makes `image` available: present already, else built (the default image) or pulled.
-pub async fn ensure(docker: &Docker, image: &str) -> Result<(), BackendError> {
+pub async fn ensure(
+    docker: &Docker,
+    image: &str,
+    ca_bundle: Option<&Path>,
+) -> Result<(), BackendError> {
     if docker.inspect_image(image).await.is_ok() {
         return Ok(());
     }
     if image == DEFAULT_IMAGE {
         tracing::info!(image, "sandbox image missing: building it (one time)");
-        return build(docker, image, BuildMode::Auto).await.map_err(|e| {
-            BackendError::ImageMissing {
+        return build(docker, image, BuildMode::Auto, ca_bundle)
+            .await
+            .map_err(|e| BackendError::ImageMissing {
                 image: image.to_string(),
                 hint: format!("building it failed ({e}); {}", missing_hint(image)),
-            }
-        });
+            });
     }
     tracing::info!(image, "sandbox image missing: pulling it");
     pull(docker, image)
@@ -98,7 +102,12 @@ async fn pull(docker: &Docker, image: &str) -> Result<(), String> {
 }
 
 /// Builds the sandbox image and tags it `tag`.
-pub async fn build(docker: &Docker, tag: &str, mode: BuildMode) -> Result<(), String> {
+pub async fn build(
+    docker: &Docker,
+    tag: &str,
+    mode: BuildMode,
+    ca_bundle: Option<&Path>,
+) -> Result<(), String> {
     let base = match mode {
         BuildMode::Auto => {
             if docker.inspect_image(ONLINE_BASE).await.is_ok() {
@@ -116,7 +125,7 @@ pub async fn build(docker: &Docker, tag: &str, mode: BuildMode) -> Result<(), St
         }
         BuildMode::Offline => offline_base(docker).await?,
     };
-    build_recipe(docker, &base, tag).await
+    build_recipe(docker, &base, tag, ca_bundle).await
 }
 
 /// The imported debootstrap rootfs, made when it does not exist yet.
@@ -218,17 +227,34 @@ async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), String> {
     Ok(())
 }
 
-async fn build_recipe(docker: &Docker, base: &str, tag: &str) -> Result<(), String> {
+async fn build_recipe(
+    docker: &Docker,
+    base: &str,
+    tag: &str,
+    ca_bundle: Option<&Path>,
+) -> Result<(), String> {
     tracing::info!("building {tag} from {base}");
+    // The CA bundle lets the build reach PyPI for uv where TLS is intercepted; empty otherwise.
+    let ca = match ca_bundle {
+        Some(path) => {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        }
+        None => Vec::new(),
+    };
     let context = {
         let mut archive = tar::Builder::new(Vec::new());
-        let mut header = tar::Header::new_gnu();
-        header.set_size(RECIPE.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        archive
-            .append_data(&mut header, "Dockerfile", RECIPE.as_bytes())
-            .map_err(|e| e.to_string())?;
+        for (name, content) in [
+            ("Dockerfile", RECIPE.as_bytes()),
+            ("ca-bundle.crt", ca.as_slice()),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(content.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            archive
+                .append_data(&mut header, name, content)
+                .map_err(|e| e.to_string())?;
+        }
         archive.into_inner().map_err(|e| e.to_string())?
     };
     let options = BuildImageOptions {

@@ -32,6 +32,8 @@ use crate::config::NetworkPolicy;
 
 pub struct DockerBackend {
     client: Mutex<Option<Docker>>,
+    /// CA bundle given to an image build that has to reach PyPI (see `image`).
+    build_ca_bundle: Option<std::path::PathBuf>,
     /// Images already checked, so `ensure_image` costs one lookup per image per process.
     ready_images: Mutex<Vec<String>>,
 }
@@ -46,7 +48,16 @@ impl DockerBackend {
     pub fn new() -> Self {
         DockerBackend {
             client: Mutex::new(None),
+            build_ca_bundle: None,
             ready_images: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A backend set up from the configuration (the CA bundle for image builds).
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        DockerBackend {
+            build_ca_bundle: config.ca_bundle.clone(),
+            ..Self::new()
         }
     }
 
@@ -88,6 +99,15 @@ impl DockerBackend {
             }),
             ..Default::default()
         }];
+        for volume in &spec.volumes {
+            mounts.push(Mount {
+                target: Some(volume.target.clone()),
+                source: Some(volume.name.clone()),
+                typ: Some(MountType::VOLUME),
+                read_only: Some(volume.read_only),
+                ..Default::default()
+            });
+        }
         for mount in &spec.mounts {
             mounts.push(Mount {
                 target: Some(mount.container.clone()),
@@ -215,9 +235,23 @@ impl Backend for DockerBackend {
             return Ok(());
         }
         let docker = self.client().await?;
-        image::ensure(&docker, image).await?;
+        image::ensure(&docker, image, self.build_ca_bundle.as_deref()).await?;
         self.ready_images.lock().await.push(image.to_string());
         Ok(())
+    }
+
+    async fn image_id(&self, image: &str) -> Result<String, BackendError> {
+        let docker = self.client().await?;
+        match docker.inspect_image(image).await {
+            Ok(inspected) => inspected
+                .id
+                .ok_or_else(|| BackendError::Other(format!("image {image} has no id"))),
+            Err(e) if status_of(&e) == Some(404) => Err(BackendError::ImageMissing {
+                image: image.to_string(),
+                hint: image::missing_hint(image),
+            }),
+            Err(e) => Err(classify(e)),
+        }
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
