@@ -11,6 +11,18 @@ cd "$(dirname "$0")/.."
 
 bash scripts/dev-env.sh
 
+# PyPI is reachable from containers here only through the host's CA bundle (an intercepting
+# proxy); the tests configure it, the code never assumes it. The dependency cache of the tests is
+# a volume of their own, removed at the end.
+if [ -z "${SANDBOX_CA_BUNDLE:-}" ] && [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+  export SANDBOX_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+fi
+export SANDBOX_DEPS_VOLUME=pcs-test-deps
+cleanup_volumes() {
+  docker volume ls -q | grep -E '^pcs-test-deps' | xargs -r docker volume rm >/dev/null 2>&1 || true
+}
+trap cleanup_volumes EXIT
+
 echo "== build" >&2
 cargo build --locked --all-targets
 

@@ -607,6 +607,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
             network: engine.config().network,
             ca_bundle: None,
             mounts: Vec::new(),
+            volumes: Vec::new(),
             command: bootstrap_command(),
             labels,
         };

@@ -43,7 +43,7 @@ try:
     argv = UV_ARGV if shutil.which("uv") else PIP_ARGV
     argv = [target if a == "{TARGET}" else a for a in argv]
     print("installer:", os.path.basename(argv[0]), flush=True)
-    env = dict(os.environ, TMPDIR=build, PIP_NO_INPUT="1")
+    env = dict(os.environ, TMPDIR=build, PIP_NO_INPUT="1", UV_LINK_MODE="copy")
     code = subprocess.run(argv, env=env, cwd=build, stdin=subprocess.DEVNULL).returncode
     if code != 0:
         raise SystemExit(code)
@@ -122,7 +122,10 @@ pub struct Dependencies {
 
 impl Dependencies {
     pub fn new(config: &Config) -> Self {
-        let usage_file = config.cache_dir.join("deps-usage.json");
+        // One index per cache volume: keys of one volume say nothing about another.
+        let usage_file = config
+            .cache_dir
+            .join(format!("deps-usage-{}.json", config.deps.volume));
         let usage = std::fs::read(&usage_file)
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
@@ -405,6 +408,7 @@ impl super::Engine {
             return Ok(size);
         }
         let output = format!("{stdout}\n{}", String::from_utf8_lossy(&execution.stderr));
+        tracing::debug!(key, "installer failed:\n{output}");
         let why = if execution.timed_out {
             format!(
                 "the install did not finish within {}",

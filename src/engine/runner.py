@@ -203,13 +203,16 @@ class Figures:
         self.captured = []
         self.size = 0
 
-    def capture(self, pyplot):
+    def capture(self, pyplot, skip_saved=False):
         try:
             for number in pyplot.get_fignums():
                 if len(self.captured) >= MAX_FIGURES:
                     break
+                figure = pyplot.figure(number)
+                if skip_saved and getattr(figure, "_sandbox_saved", False):
+                    continue  # already written to a file, which comes back as such
                 buffer = io.BytesIO()
-                pyplot.figure(number).savefig(buffer, format="png")
+                figure.savefig(buffer, format="png")
                 data = buffer.getvalue()
                 if self.size + len(data) <= MAX_FIGURES_BYTES:
                     self.captured.append(data)
@@ -243,6 +246,15 @@ class PyplotHook(importlib.abc.MetaPathFinder):
                 def exec_module(module, original=original):
                     original(module)
                     module.show = lambda *args, **kwargs: FIGURES.capture(module)
+                    # Remember which figures the code saved itself (they are not sent twice).
+                    figure_class = sys.modules["matplotlib.figure"].Figure
+                    savefig = figure_class.savefig
+
+                    def marking_savefig(self, *args, **kwargs):
+                        self._sandbox_saved = True
+                        return savefig(self, *args, **kwargs)
+
+                    figure_class.savefig = marking_savefig
 
                 spec.loader.exec_module = exec_module
                 return spec
@@ -436,7 +448,7 @@ def execute(request):
         os._exit(exit_code & 0xFF)
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is not None and not interrupted:
-        FIGURES.capture(pyplot)
+        FIGURES.capture(pyplot, skip_saved=True)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

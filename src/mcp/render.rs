@@ -201,6 +201,17 @@ fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -
         "{status} · {} ms\n",
         execution.duration.as_millis()
     ));
+    if let Some(deps) = &execution.dependencies {
+        let how = if deps.installed {
+            "installed for this call"
+        } else {
+            "from the cache"
+        };
+        text.push_str(&format!(
+            "dependencies: {} ({how})\n",
+            deps.requirements.join(", ")
+        ));
+    }
     if !stdout.is_empty() {
         text.push_str("--- stdout ---\n");
         text.push_str(stdout);

@@ -12,11 +12,40 @@ use python_code_sandbox::engine::docker::DockerBackend;
 use python_code_sandbox::engine::owner::LABEL_INSTANCE;
 use python_code_sandbox::engine::{Engine, Execution, RunOptions, Task};
 
-/// The configuration tests run with: the defaults, with a short timeout so a hang fails fast.
+/// The configuration tests run with: the defaults, with a short timeout so a hang fails fast, and
+/// what the test script configures for reaching PyPI from containers (`SANDBOX_CA_BUNDLE`) and
+/// for the dependency cache (`SANDBOX_DEPS_VOLUME`, the download cache).
 pub fn test_config() -> Config {
-    let mut config = Config::default();
+    let from_env = Config::from_lookup(|name| match name {
+        "SANDBOX_CA_BUNDLE" | "SANDBOX_DEPS_VOLUME" | "PIP_CACHE_PATH" | "ENABLE_PIP_CACHE" => {
+            std::env::var(name).ok()
+        }
+        _ => None,
+    })
+    .expect("the test environment's settings are valid");
+    let mut config = Config {
+        files: Config::default().files,
+        ..from_env
+    };
     config.limits.timeout = Duration::from_secs(30);
+    // Tests that look at saved files set their own directory.
+    config.files.persist_dir = None;
     config
+}
+
+/// A dependency cache volume of the test's own, so installs are not found from earlier tests.
+pub fn fresh_deps_volume() -> String {
+    format!(
+        "pcs-test-deps-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+pub async fn remove_volume(name: &str) {
+    let docker = docker().await;
+    let _ = docker
+        .remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+        .await;
 }
 
 pub fn engine() -> Engine {

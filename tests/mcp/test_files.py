@@ -1,0 +1,155 @@
+"""Files and dependencies through the official MCP client: images and resources come back,
+files persist where configured, and dependencies install once."""
+
+import base64
+import os
+import pathlib
+
+import pytest
+
+from conftest import connect, text_of
+
+pytestmark = pytest.mark.anyio
+
+SINE_SAVEFIG = """
+import numpy as np
+import matplotlib.pyplot as plt
+x = np.linspace(0, 2 * np.pi, 200)
+plt.plot(x, np.sin(x))
+plt.title('sine')
+plt.savefig('sine.png')
+print('saved')
+"""
+
+SINE_SHOW = """
+import numpy as np
+import matplotlib.pyplot as plt
+x = np.linspace(0, 2 * np.pi, 200)
+plt.plot(x, np.sin(x))
+plt.show()
+"""
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def images(result):
+    return [block for block in result.content if block.type == "image"]
+
+
+def resources(result):
+    return [block.resource for block in result.content if block.type == "resource"]
+
+
+async def test_a_sine_plot_saved_with_savefig_comes_back_as_a_png(tmp_path):
+    async with connect(SANDBOX_FILES_DIR=str(tmp_path)) as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": SINE_SAVEFIG, "dependencies": ["matplotlib", "numpy"]})
+        assert result.is_error is False, text_of(result)
+        [image] = images(result)
+        assert image.mime_type == "image/png"
+        assert base64.b64decode(image.data).startswith(PNG_MAGIC)
+        [saved] = [f for f in result.structured_content["files"] if f["path"] == "sine.png"]
+        assert saved["returned"] is True
+        assert pathlib.Path(saved["saved_to"]).read_bytes().startswith(PNG_MAGIC)
+        assert saved["saved_to"].startswith(str(tmp_path))
+        assert "sine.png" in text_of(result)
+
+
+async def test_plt_show_alone_returns_the_figure():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": SINE_SHOW, "dependencies": ["matplotlib"]})
+        assert result.is_error is False, text_of(result)
+        [image] = images(result)
+        assert base64.b64decode(image.data).startswith(PNG_MAGIC)
+        [figure] = result.structured_content["files"]
+        assert figure["figure"] is True and figure["saved_to"] is None
+        assert "non-interactive" not in result.structured_content["stderr"]
+
+
+async def test_figures_work_without_matplotlib_installed():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": "try:\n    import matplotlib\nexcept ImportError:\n    print('no matplotlib')"})
+        assert result.structured_content["stdout"] == "no matplotlib\n"
+        assert result.structured_content["files"] == []
+
+
+async def test_a_csv_is_a_text_resource_and_a_zip_a_blob():
+    code = (
+        "import zipfile\n"
+        "open('table.csv', 'w').write('a,b\\n1,2\\n')\n"
+        "with zipfile.ZipFile('bundle.zip', 'w') as z:\n"
+        "    z.writestr('inner.txt', 'inside')\n"
+    )
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": code})
+        by_uri = {str(r.uri): r for r in resources(result)}
+        csv = by_uri["file:///workspace/table.csv"]
+        assert csv.mime_type == "text/csv" and csv.text == "a,b\n1,2\n"
+        zipped = by_uri["file:///workspace/bundle.zip"]
+        assert zipped.mime_type == "application/zip"
+        assert base64.b64decode(zipped.blob).startswith(b"PK\x03\x04")
+
+
+async def test_two_ephemeral_runs_never_see_each_others_files():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        first = await client.call_tool("run_python_ephemeral", {"code": "open('secret.txt', 'w').write('run one')\nopen('/tmp/t', 'w').write('x')"})
+        assert first.is_error is False
+        second = await client.call_tool("run_python_ephemeral", {"code": "import os\nprint(os.listdir('.'), os.path.exists('/tmp/t'))"})
+        assert second.structured_content["stdout"] == "[] False\n"
+
+
+async def test_persistence_default_custom_and_off(tmp_path):
+    code = "open('kept.txt', 'w').write('persisted')"
+    # Default: under the OS temp dir, python-sandbox-mcp/files/<run>/.
+    async with connect() as client:
+        env_files = os.environ.get("SANDBOX_FILES_DIR")
+        assert env_files is None, "the suite runs with the default persistence setting"
+        result = await client.call_tool("run_python_ephemeral", {"code": code})
+        [kept] = result.structured_content["files"]
+        assert "/python-sandbox-mcp/files/run-" in kept["saved_to"]
+        assert pathlib.Path(kept["saved_to"]).read_text() == "persisted"
+        assert kept["saved_to"] in text_of(result)
+    # Custom directory.
+    async with connect(SANDBOX_FILES_DIR=str(tmp_path)) as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": code})
+        [kept] = result.structured_content["files"]
+        assert kept["saved_to"].startswith(str(tmp_path) + "/run-")
+    # Off.
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": code})
+        [kept] = result.structured_content["files"]
+        assert kept["saved_to"] is None and kept["returned"] is True
+
+
+async def test_write_then_run_then_read_back():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+        written = await client.call_tool("sandbox_write_file", {"container_id": cid, "path": "input/numbers.txt", "content": "1 2 3"})
+        assert written.is_error is False, text_of(written)
+        ran = await client.call_tool("run_python", {"container_id": cid, "code": "n = sum(map(int, open('input/numbers.txt').read().split()))\nopen('output.txt', 'w').write(str(n))"})
+        assert ran.is_error is False
+        read = await client.call_tool("sandbox_read_file", {"container_id": cid, "path": "output.txt"})
+        [resource] = resources(read)
+        assert resource.text == "6"
+        binary = base64.b64encode(PNG_MAGIC + b"not really").decode()
+        await client.call_tool("sandbox_write_file", {"container_id": cid, "path": "blob.bin", "content_base64": binary})
+        listed = await client.call_tool("sandbox_list_files", {"container_id": cid})
+        names = {e["name"]: e for e in listed.structured_content["entries"]}
+        assert set(names) == {"input", "output.txt", "blob.bin"}
+        assert names["input"]["kind"] == "directory" and names["blob.bin"]["size"] == 18
+        for bad in ("../etc/passwd", "/etc/passwd", "input/../../x"):
+            refused = await client.call_tool("sandbox_write_file", {"container_id": cid, "path": bad, "content": "x"})
+            assert refused.is_error is True and "not a path inside /workspace" in text_of(refused)
+        missing = await client.call_tool("sandbox_read_file", {"container_id": cid, "path": "nope.txt"})
+        assert missing.is_error is True
+
+
+async def test_dependencies_install_once_and_report_it():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        args = {"code": "import six\nprint(six.__version__)", "dependencies": ["six==1.16.0"]}
+        first = await client.call_tool("run_python_ephemeral", args)
+        assert first.structured_content["stdout"] == "1.16.0\n", text_of(first)
+        second = await client.call_tool("run_python_ephemeral", args)
+        assert second.structured_content["dependencies"] == {"requirements": ["six==1.16.0"], "installed": False}
+        assert "from the cache" in text_of(second)
+        refused = await client.call_tool("run_python_ephemeral", {"code": "print(1)", "dependencies": ["numpy; rm -rf /"]})
+        assert refused.is_error is True and "numpy; rm -rf /" in text_of(refused)
