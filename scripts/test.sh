@@ -18,6 +18,10 @@ if [ -z "${SANDBOX_CA_BUNDLE:-}" ] && [ -s /etc/ssl/certs/ca-certificates.crt ];
   export SANDBOX_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 fi
 export SANDBOX_DEPS_VOLUME=pcs-test-deps
+# Downloads are cached in a host directory (uid 1000 writes it), so the engine keeps no volume.
+export PIP_CACHE_PATH="$PWD/.cache/download-cache"
+mkdir -p "$PIP_CACHE_PATH"
+chown 1000:1000 "$PIP_CACHE_PATH" 2>/dev/null || chmod 0777 "$PIP_CACHE_PATH"
 cleanup_volumes() {
   docker volume ls -q | grep -E '^pcs-test-deps' | xargs -r docker volume rm >/dev/null 2>&1 || true
 }
