@@ -26,8 +26,14 @@ async def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--bin", default="target/release/python-code-sandbox")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--deps", action="store_true", help="also measure run_python_ephemeral with numpy, first install and repeats")
     args = parser.parse_args()
-    params = StdioServerParameters(command=os.path.abspath(args.bin), args=[], env={**os.environ, "LOG_LEVEL": "warn"})
+    env = {**os.environ, "LOG_LEVEL": "warn"}
+    if args.deps:
+        # A cache of its own, and no download cache: the first run really installs.
+        suffix = os.urandom(4).hex()
+        env.update(SANDBOX_DEPS_VOLUME="pcs-bench-deps-" + suffix, ENABLE_PIP_CACHE="false")
+    params = StdioServerParameters(command=os.path.abspath(args.bin), args=[], env=env)
     async with Client(params, read_timeout_seconds=120) as client:
         hello = {"code": "print('hello')"}
         await client.call_tool("run_python_ephemeral", hello)  # warm-up: image check, page cache
@@ -46,7 +52,23 @@ async def main():
             session.append((time.perf_counter() - started) * 1000)
             assert result.structured_content["stdout"] == "hello\n", result
         await client.call_tool("sandbox_stop", {"container_id": cid})
-    rows = [("run_python_ephemeral hello", ephemeral), ("session run_python hello", session)]
+        rows = [("run_python_ephemeral hello", ephemeral), ("session run_python hello", session)]
+        if args.deps:
+            numpy = {"code": "import numpy\nprint(numpy.arange(3).sum())", "dependencies": ["numpy"]}
+            started = time.perf_counter()
+            result = await client.call_tool("run_python_ephemeral", numpy)
+            first = [(time.perf_counter() - started) * 1000]
+            assert result.structured_content["dependencies"]["installed"] is True, result
+            repeats = []
+            for _ in range(args.runs):
+                started = time.perf_counter()
+                result = await client.call_tool("run_python_ephemeral", numpy)
+                repeats.append((time.perf_counter() - started) * 1000)
+                assert result.structured_content["dependencies"]["installed"] is False, result
+            rows += [("ephemeral numpy, first (installs)", first), ("ephemeral numpy, repeat (cached)", repeats)]
+    if args.deps:
+        import subprocess
+        subprocess.run(["docker", "volume", "rm", env["SANDBOX_DEPS_VOLUME"]], capture_output=True)
     if args.json:
         print(json.dumps({name: {"runs": len(s), "p50_ms": round(percentile(s, 50), 2), "p95_ms": round(percentile(s, 95), 2)} for name, s in rows}))
     else:
