@@ -147,6 +147,8 @@ pub struct Config {
     pub sessions: SessionPolicy,
     /// Executions (and sandbox start-ups) running at once; further calls wait.
     pub max_concurrent: usize,
+    /// Sandboxes of the default configuration kept started ahead of time (the server only).
+    pub pool_size: usize,
     /// Base URL of the package index searched by `search_pypi_packages`.
     pub pypi_url: String,
     /// How long the downloaded PyPI name index is reused.
@@ -202,6 +204,7 @@ impl Default for Config {
                 max_lifetime: Duration::from_secs(8 * 60 * 60),
             },
             max_concurrent: 8,
+            pool_size: 2,
             pypi_url: "https://pypi.org".to_string(),
             pypi_index_ttl: Duration::from_secs(24 * 60 * 60),
             cache_dir: default_cache_dir(),
@@ -465,6 +468,9 @@ impl Config {
         }
         if let Some(v) = get("SANDBOX_SESSION_MAX_LIFETIME") {
             config.sessions.max_lifetime = parse_duration("SANDBOX_SESSION_MAX_LIFETIME", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_POOL_SIZE") {
+            config.pool_size = parse_count("SANDBOX_POOL_SIZE", &v, 0, 64)?;
         }
         if let Some(v) = get("SANDBOX_MAX_CONCURRENT") {
             config.max_concurrent = parse_count("SANDBOX_MAX_CONCURRENT", &v, 1, 10_000)?;

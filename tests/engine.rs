@@ -659,3 +659,37 @@ async fn shutdown_removes_every_sandbox_of_the_instance() {
     .await;
     assert_nothing_left(&engine).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_sandbox_killed_from_outside_is_not_handed_out() {
+    let engine = std::sync::Arc::new(engine_with(|c| c.pool_size = 1));
+    engine.start_pool();
+    no_hang(async {
+        while engine.pool_ready() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let (pooled, _) =
+            labelled("io.python-code-sandbox.instance", &engine.owner().instance).await;
+        assert_eq!(pooled.len(), 1);
+        docker()
+            .await
+            .kill_container(
+                &pooled[0],
+                None::<bollard::query_parameters::KillContainerOptions>,
+            )
+            .await
+            .expect("kill");
+        let result = run(&engine, "print('served by a live sandbox')").await;
+        assert_eq!(text(&result.stdout), "served by a live sandbox\n");
+        // The dead one was removed rather than used.
+        engine.settle().await;
+        let (left, _) = labelled("io.python-code-sandbox.instance", &engine.owner().instance).await;
+        assert!(!left.contains(&pooled[0]), "the killed sandbox is removed");
+        // And the pool hands out fresh sandboxes: nothing of the previous run is visible.
+        let fresh = run(&engine, "import os\nprint(os.listdir('.'))").await;
+        assert_eq!(text(&fresh.stdout), "[]\n");
+    })
+    .await;
+    engine.shutdown().await;
+    assert_nothing_left(&engine).await;
+}

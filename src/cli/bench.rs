@@ -1,107 +1,118 @@
-//! `bench`: cold ephemeral latency (create → result → removed) beside the floor measured on the
-//! same machine in the same run, `docker run --rm IMAGE python3 -c pass`.
+//! `bench`: the server as an agent's client sees it, beside the floors measured on the same
+//! machine in the same run.
+//!
+//! The server is this binary, started as a child and spoken to over stdio with rmcp's client. The
+//! floors use the same engine: a full `docker run --rm IMAGE python3 -c pass` lifecycle (one at a
+//! time, and as a rate with 4 in parallel), and a round trip to an already running, attached
+//! Python interpreter. Nothing here is a test: it prints figures.
 
 use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{infra_error, millis};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+use super::infra_error;
 use crate::config::Config;
 use crate::engine::docker::DockerBackend;
 use crate::engine::{Engine, RunOptions, Task};
 
+/// What to measure, and how much.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub ephemeral_runs: usize,
+    pub session_runs: usize,
+    pub floor_runs: usize,
+    pub throughput: Duration,
+    pub rss_runs: usize,
+    /// Pause between sequential ephemeral calls (an agent thinks between calls); the back-to-back
+    /// series is always measured too.
+    pub think: Duration,
+    pub pool_size: usize,
+    pub json: bool,
+}
+
 struct Series {
-    name: &'static str,
+    name: String,
     samples: Vec<Duration>,
+    floor: Option<Duration>,
 }
 
 impl Series {
-    fn percentile(&self, p: f64) -> Duration {
-        let mut sorted = self.samples.clone();
-        sorted.sort();
-        if sorted.is_empty() {
-            return Duration::ZERO;
+    fn new(name: impl Into<String>, samples: Vec<Duration>, floor: Option<Duration>) -> Self {
+        Series {
+            name: name.into(),
+            samples,
+            floor,
         }
-        let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-        sorted[rank.min(sorted.len() - 1)]
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        percentile(&self.samples, p)
     }
 }
 
-pub async fn bench(config: Config, runs: usize, json: bool) -> ExitCode {
-    let runs = runs.max(1);
-    let image = config.image.clone();
-    let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
-    let options = RunOptions::default();
-    let hello = Task::Python("print('hello')");
-
-    // One untimed run each, so image checks and page cache do not count.
-    if let Err(e) = engine.run_ephemeral(hello, &options).await {
-        return infra_error(&e);
+fn percentile(samples: &[Duration], p: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return Duration::ZERO;
     }
-    if let Err(e) = docker_run(&image).await {
-        return infra_error(&e);
-    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
 
-    let mut ours = Series {
-        name: "ephemeral hello (create → result → removed)",
-        samples: Vec::new(),
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 100_000.0).round() / 100.0
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+async fn call(
+    client: &Client,
+    tool: &'static str,
+    arguments: Value,
+) -> Result<CallToolResult, String> {
+    let arguments = match arguments {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
     };
-    for _ in 0..runs {
-        let started = Instant::now();
-        match engine.run_ephemeral(hello, &options).await {
-            Ok(execution) if execution.stdout == b"hello\n" => ours.samples.push(started.elapsed()),
-            Ok(execution) => {
-                return infra_error(&format!("unexpected output {:?}", execution.stdout))
-            }
-            Err(e) => return infra_error(&e),
-        }
+    let result = client
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(arguments))
+        .await
+        .map_err(|e| format!("{tool}: {e}"))?;
+    if result.is_error == Some(true) {
+        return Err(format!(
+            "{tool} failed: {:?}",
+            result
+                .content
+                .first()
+                .and_then(|c| c.as_text())
+                .map(|t| &t.text)
+        ));
     }
-    let mut floor = Series {
-        name: "floor: docker run --rm IMAGE python3 -c pass",
-        samples: Vec::new(),
-    };
-    for _ in 0..runs {
-        let started = Instant::now();
-        if let Err(e) = docker_run(&image).await {
-            return infra_error(&e);
-        }
-        floor.samples.push(started.elapsed());
-    }
+    Ok(result)
+}
 
-    let ratio = millis(ours.percentile(50.0)) / millis(floor.percentile(50.0)).max(0.001);
-    if json {
-        let series: Vec<serde_json::Value> = [&ours, &floor]
-            .iter()
-            .map(|s| {
-                serde_json::json!({
-                    "name": s.name,
-                    "runs": s.samples.len(),
-                    "p50_ms": millis(s.percentile(50.0)),
-                    "p95_ms": millis(s.percentile(95.0)),
-                })
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({ "image": image, "series": series, "p50_ratio_to_floor": ratio })
-        );
-    } else {
-        println!(
-            "{:<48} {:>6} {:>10} {:>10}",
-            "measurement", "runs", "p50 ms", "p95 ms"
-        );
-        for s in [&ours, &floor] {
-            println!(
-                "{:<48} {:>6} {:>10.1} {:>10.1}",
-                s.name,
-                s.samples.len(),
-                millis(s.percentile(50.0)),
-                millis(s.percentile(95.0))
-            );
-        }
-        println!("p50 ratio to floor: {ratio:.2}");
-    }
-    ExitCode::SUCCESS
+fn stdout_of(result: &CallToolResult) -> String {
+    result
+        .structured_content
+        .as_ref()
+        .and_then(|s| s["stdout"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Resident memory of a process, from /proc.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 async fn docker_run(image: &str) -> Result<(), String> {
@@ -118,4 +129,345 @@ async fn docker_run(image: &str) -> Result<(), String> {
     } else {
         Err(format!("docker run --rm {image} failed ({status})"))
     }
+}
+
+/// Runs `work` from `workers` tasks until `period` is over; returns completed and failed counts.
+async fn sustained<F, Fut>(workers: usize, period: Duration, work: F) -> (u64, u64)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + period;
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (done, failed, work) = (done.clone(), failed.clone(), work.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    if work().await {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        let _ = task.await;
+    }
+    (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
+}
+
+pub async fn bench(config: Config, options: BenchOptions) -> ExitCode {
+    match run(config, options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => infra_error(&e),
+    }
+}
+
+async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
+    let image = config.image.clone();
+    eprintln!(
+        "bench: floors ({} docker run --rm lifecycles, attached round trips)",
+        options.floor_runs
+    );
+    docker_run(&image).await?;
+    let mut lifecycle = Vec::new();
+    for _ in 0..options.floor_runs {
+        let started = Instant::now();
+        docker_run(&image).await?;
+        lifecycle.push(started.elapsed());
+    }
+    let floor_lifecycle = percentile(&lifecycle, 50.0);
+
+    // Round trips to a running, attached interpreter, and cold ephemeral runs without a pool.
+    let engine = Engine::new(
+        Arc::new(DockerBackend::for_config(&config)),
+        Config {
+            pool_size: 0,
+            ..config.clone()
+        },
+    );
+    let round_trips = engine
+        .runner_round_trips(200)
+        .await
+        .map_err(|e| e.to_string())?;
+    let floor_round_trip = percentile(&round_trips, 50.0);
+    let mut cold = Vec::new();
+    for _ in 0..options.floor_runs {
+        let started = Instant::now();
+        let run = engine
+            .run_ephemeral(Task::Python("print('hello')"), &RunOptions::default())
+            .await;
+        run.map_err(|e| e.to_string())?;
+        engine.settle().await;
+        cold.push(started.elapsed());
+    }
+    engine.shutdown().await;
+
+    eprintln!(
+        "bench: lifecycle rate, 4 in parallel for {}s",
+        options.throughput.as_secs()
+    );
+    let image_for_rate = image.clone();
+    let (lifecycles, lifecycle_errors) = sustained(4, options.throughput, move || {
+        let image = image_for_rate.clone();
+        async move { docker_run(&image).await.is_ok() }
+    })
+    .await;
+    let lifecycle_rate = lifecycles as f64 / options.throughput.as_secs_f64();
+
+    eprintln!(
+        "bench: the MCP server over stdio (pool of {})",
+        options.pool_size
+    );
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let pool_size = options.pool_size.to_string();
+    let spawned = Instant::now();
+    let (transport, _stderr) =
+        TokioChildProcess::builder(tokio::process::Command::new(&exe).configure(|cmd| {
+            cmd.env("SANDBOX_POOL_SIZE", &pool_size)
+                .env("LOG_LEVEL", "warn");
+        }))
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    let server_pid = transport.id().ok_or("the server has no pid")?;
+    let client: Client = ().serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?;
+    let initialize = spawned.elapsed();
+    // Idle: give the pool time to fill, then read the server's memory.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_idle = rss_kib(server_pid).unwrap_or(0);
+
+    let hello = json!({"code": "print('hello')"});
+    let mut calls = 0usize;
+    for _ in 0..3 {
+        call(&client, "run_python_ephemeral", hello.clone()).await?;
+        calls += 1;
+    }
+    eprintln!(
+        "bench: ephemeral hello, {} calls, {} ms apart",
+        options.ephemeral_runs,
+        options.think.as_millis()
+    );
+    let mut paced = Vec::new();
+    for _ in 0..options.ephemeral_runs {
+        tokio::time::sleep(options.think).await;
+        let started = Instant::now();
+        let result = call(&client, "run_python_ephemeral", hello.clone()).await?;
+        paced.push(started.elapsed());
+        calls += 1;
+        if stdout_of(&result) != "hello\n" {
+            return Err(format!("unexpected output {:?}", stdout_of(&result)));
+        }
+    }
+    eprintln!(
+        "bench: ephemeral hello, {} calls back to back",
+        options.ephemeral_runs
+    );
+    let mut back_to_back = Vec::new();
+    for _ in 0..options.ephemeral_runs {
+        let started = Instant::now();
+        call(&client, "run_python_ephemeral", hello.clone()).await?;
+        back_to_back.push(started.elapsed());
+        calls += 1;
+    }
+
+    eprintln!(
+        "bench: session run_python hello, {} calls",
+        options.session_runs
+    );
+    let session = call(&client, "sandbox_initialize", json!({})).await?;
+    let container_id = session
+        .structured_content
+        .as_ref()
+        .and_then(|s| s["container_id"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let session_call = json!({"container_id": container_id, "code": "print('hello')"});
+    call(&client, "run_python", session_call.clone()).await?;
+    let mut in_session = Vec::new();
+    for _ in 0..options.session_runs {
+        let started = Instant::now();
+        call(&client, "run_python", session_call.clone()).await?;
+        in_session.push(started.elapsed());
+    }
+    call(
+        &client,
+        "sandbox_stop",
+        json!({"container_id": container_id}),
+    )
+    .await?;
+
+    eprintln!("bench: ephemeral with one cached dependency");
+    let with_dep = json!({"code": "import six\nprint('hello')", "dependencies": ["six"]});
+    call(&client, "run_python_ephemeral", with_dep.clone()).await?;
+    let mut cached_dep = Vec::new();
+    for _ in 0..options.ephemeral_runs.min(30) {
+        tokio::time::sleep(options.think).await;
+        let started = Instant::now();
+        let result = call(&client, "run_python_ephemeral", with_dep.clone()).await?;
+        cached_dep.push(started.elapsed());
+        calls += 1;
+        let installed = result
+            .structured_content
+            .as_ref()
+            .and_then(|s| s["dependencies"]["installed"].as_bool());
+        if installed != Some(false) {
+            return Err("the cached dependency was installed again".into());
+        }
+    }
+
+    eprintln!(
+        "bench: sustained ephemeral throughput, 4 concurrent calls for {}s",
+        options.throughput.as_secs()
+    );
+    let client = Arc::new(client);
+    let shared = client.clone();
+    let (completed, errors) = sustained(4, options.throughput, move || {
+        let client = shared.clone();
+        async move {
+            call(
+                &client,
+                "run_python_ephemeral",
+                json!({"code": "print('hello')"}),
+            )
+            .await
+            .is_ok()
+        }
+    })
+    .await;
+    calls += (completed + errors) as usize;
+    let throughput = completed as f64 / options.throughput.as_secs_f64();
+
+    if calls < options.rss_runs {
+        eprintln!(
+            "bench: {} more runs for the memory figure",
+            options.rss_runs - calls
+        );
+        let shared = client.clone();
+        let remaining = Arc::new(AtomicU64::new((options.rss_runs - calls) as u64));
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (client, remaining) = (shared.clone(), remaining.clone());
+                tokio::spawn(async move {
+                    while remaining
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                    {
+                        let _ = call(
+                            &client,
+                            "run_python_ephemeral",
+                            json!({"code": "print('hello')"}),
+                        )
+                        .await;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            let _ = task.await;
+        }
+        calls = options.rss_runs.max(calls);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_after = rss_kib(server_pid).unwrap_or(0);
+    if let Ok(client) = Arc::try_unwrap(client) {
+        let _ = client.cancel().await;
+    }
+
+    let series = [
+        Series::new(
+            "cold ephemeral, no pool (create → result → removed)",
+            cold,
+            Some(floor_lifecycle),
+        ),
+        Series::new(
+            format!(
+                "MCP ephemeral hello, pool {}, {} ms apart",
+                options.pool_size,
+                options.think.as_millis()
+            ),
+            paced,
+            Some(floor_lifecycle),
+        ),
+        Series::new(
+            format!(
+                "MCP ephemeral hello, pool {}, back to back",
+                options.pool_size
+            ),
+            back_to_back,
+            Some(floor_lifecycle),
+        ),
+        Series::new(
+            "MCP session run_python hello",
+            in_session,
+            Some(floor_round_trip),
+        ),
+        Series::new(
+            "MCP ephemeral with a cached dependency",
+            cached_dep,
+            Some(floor_lifecycle),
+        ),
+        Series::new(
+            "floor: docker run --rm IMAGE python3 -c pass",
+            lifecycle,
+            None,
+        ),
+        Series::new("floor: attached interpreter round trip", round_trips, None),
+    ];
+    if options.json {
+        let rows: Vec<Value> = series
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name, "runs": s.samples.len(),
+                    "p50_ms": ms(s.percentile(50.0)), "p95_ms": ms(s.percentile(95.0)),
+                    "ratio_to_floor": s.floor.map(|f| ms(s.percentile(50.0)) / ms(f).max(0.001)),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "image": image, "series": rows,
+                "throughput": {"calls_per_s": throughput, "errors": errors, "lifecycle_floor_per_s": lifecycle_rate,
+                               "lifecycle_errors": lifecycle_errors, "ratio": throughput / lifecycle_rate.max(0.001)},
+                "server": {"spawn_to_initialize_ms": ms(initialize), "rss_idle_kib": rss_idle,
+                           "rss_after_runs_kib": rss_after, "runs": calls},
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<56} {:>6} {:>10} {:>10} {:>9}",
+        "measurement", "runs", "p50 ms", "p95 ms", "/ floor"
+    );
+    for s in &series {
+        let ratio = s
+            .floor
+            .map(|f| format!("{:.2}", ms(s.percentile(50.0)) / ms(f).max(0.001)))
+            .unwrap_or_default();
+        println!(
+            "{:<56} {:>6} {:>10.2} {:>10.2} {:>9}",
+            s.name,
+            s.samples.len(),
+            ms(s.percentile(50.0)),
+            ms(s.percentile(95.0)),
+            ratio
+        );
+    }
+    println!(
+        "sustained ephemeral, 4 concurrent: {throughput:.2} calls/s, {errors} errors; floor (docker run --rm, 4 parallel): {lifecycle_rate:.2}/s ({lifecycle_errors} errors); ratio {:.2}",
+        throughput / lifecycle_rate.max(0.001)
+    );
+    println!(
+        "server: spawn → initialize answered {:.1} ms; RSS idle {:.1} MiB, after {calls} runs {:.1} MiB",
+        ms(initialize),
+        rss_idle as f64 / 1024.0,
+        rss_after as f64 / 1024.0
+    );
+    Ok(())
 }

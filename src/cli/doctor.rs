@@ -87,10 +87,11 @@ pub async fn doctor(config: Config) -> ExitCode {
     report.line(true, "image", &config.image);
 
     let engine = Engine::new(backend, config.clone());
-    let execution = match engine
+    let execution = engine
         .run_ephemeral(Task::Python(PROBE), &RunOptions::default())
-        .await
-    {
+        .await;
+    engine.settle().await;
+    let execution = match execution {
         Ok(execution) if execution.succeeded() => execution,
         Ok(execution) => {
             report.line(

@@ -55,11 +55,29 @@ enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
-    /// Measure cold sandbox latency against `docker run --rm` on this machine.
+    /// Measure the server through an MCP client beside the floors on this machine.
     Bench {
-        /// Runs of each measurement.
+        /// Sequential ephemeral calls (each series).
+        #[arg(long, default_value_t = 50)]
+        ephemeral_runs: usize,
+        /// Session run_python calls.
+        #[arg(long, default_value_t = 200)]
+        session_runs: usize,
+        /// docker run --rm lifecycles and cold runs for the floors.
         #[arg(long, default_value_t = 20)]
-        runs: usize,
+        floor_runs: usize,
+        /// Length of each sustained-throughput measurement, e.g. 30s.
+        #[arg(long, default_value = "30s")]
+        throughput: String,
+        /// Runs after which the server's memory is read again.
+        #[arg(long, default_value_t = 1000)]
+        rss_runs: usize,
+        /// Pause between the paced ephemeral calls, e.g. 250ms (an agent thinks between calls).
+        #[arg(long, default_value = "250ms")]
+        think: String,
+        /// SANDBOX_POOL_SIZE of the measured server.
+        #[arg(long, default_value_t = 4)]
+        pool: usize,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -107,7 +125,7 @@ pub fn main() -> ExitCode {
         }
     };
     let default_level = match cli.command {
-        Some(Command::Run { .. }) => "warn",
+        Some(Command::Run { .. } | Command::Bench { .. }) => "warn",
         _ => "info",
     };
     init_logging(&config, default_level);
@@ -147,7 +165,43 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
         Some(Command::Image {
             command: ImageCommand::Build { offline, tag },
         }) => build_image(config, offline, tag).await,
-        Some(Command::Bench { runs, json }) => bench::bench(config, runs, json).await,
+        Some(Command::Bench {
+            ephemeral_runs,
+            session_runs,
+            floor_runs,
+            throughput,
+            rss_runs,
+            think,
+            pool,
+            json,
+        }) => {
+            let durations = (
+                config::parse_duration("--throughput", &throughput),
+                humantime::parse_duration(&think).map_err(|_| config::ConfigError {
+                    var: "--think",
+                    value: think.clone(),
+                    expected: "a duration such as 250ms",
+                }),
+            );
+            let (throughput, think) = match durations {
+                (Ok(t), Ok(k)) => (t, k),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("python-code-sandbox: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let options = bench::BenchOptions {
+                ephemeral_runs: ephemeral_runs.max(1),
+                session_runs: session_runs.max(1),
+                floor_runs: floor_runs.max(1),
+                throughput,
+                rss_runs,
+                think,
+                pool_size: pool,
+                json,
+            };
+            bench::bench(config, options).await
+        }
         Some(Command::Cache { command }) => cache(config, command).await,
         Some(Command::Cleanup) => {
             let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
@@ -262,6 +316,8 @@ async fn run(
             None
         }
     };
+    // The sandbox is removed in the background once the result is in: wait for it.
+    engine.settle().await;
     match outcome {
         Some(Ok(execution)) => report(&execution),
         Some(Err(e)) => infra_error(&e),
@@ -310,9 +366,4 @@ pub async fn termination() -> &'static str {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         _ = term.recv() => "SIGTERM",
     }
-}
-
-/// Formats a duration in milliseconds with two decimals.
-pub(crate) fn millis(d: Duration) -> f64 {
-    (d.as_secs_f64() * 100_000.0).round() / 100.0
 }

@@ -13,6 +13,7 @@ pub mod deps;
 pub mod docker;
 pub mod installer;
 pub mod owner;
+pub mod pool;
 pub mod protocol;
 pub mod sandbox;
 
@@ -135,6 +136,10 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
 /// The host directory name of an ephemeral run: sortable by time, unique.
 fn ephemeral_run_dir() -> String {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -242,6 +247,11 @@ pub struct Engine {
     sessions: std::sync::Mutex<Sessions>,
     executions: Semaphore,
     deps: installer::Dependencies,
+    pub(crate) pool: pool::Pool,
+    /// Sandbox removals running after their result was returned.
+    background: tokio_util::task::TaskTracker,
+    /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
+    pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 #[derive(Default)]
@@ -258,6 +268,9 @@ impl Engine {
         let deps = installer::Dependencies::new(&config);
         Engine {
             deps,
+            pool: pool::Pool::new(config.pool_size),
+            background: tokio_util::task::TaskTracker::new(),
+            pool_task: std::sync::Mutex::new(None),
             backend,
             config,
             owner: Owner::current(),
@@ -314,7 +327,8 @@ impl Engine {
         }
     }
 
-    /// Starts a sandbox for a request, with its dependencies on `sys.path`.
+    /// A sandbox for a request, with its dependencies on `sys.path`: from the warm pool when the
+    /// request uses the default image, else started now.
     async fn launch(
         &self,
         kind: &str,
@@ -322,10 +336,15 @@ impl Engine {
         requirements: &[deps::Requirement],
     ) -> Result<(Sandbox, Option<installer::DependencyReport>), EngineError> {
         let spec = self.base_spec(self.check_image(options.image.as_deref())?, kind);
-        options.report(&format!("preparing image {}", spec.image));
-        self.backend.ensure_image(&spec.image).await?;
-        options.report("starting the sandbox");
-        let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
+        let mut sandbox = match self.take_pooled(&spec.image).await {
+            Some(sandbox) => sandbox,
+            None => {
+                options.report(&format!("preparing image {}", spec.image));
+                self.backend.ensure_image(&spec.image).await?;
+                options.report("starting the sandbox");
+                Sandbox::launch(self.backend.clone(), &spec).await?
+            }
+        };
         if requirements.is_empty() {
             return Ok((sandbox, None));
         }
@@ -335,10 +354,81 @@ impl Engine {
         {
             Ok(report) => Ok((sandbox, Some(report))),
             Err(e) => {
-                sandbox.destroy().await;
+                self.retire(sandbox);
                 Err(e)
             }
         }
+    }
+
+    /// A live pooled sandbox for `image`, if the pool serves it and has one.
+    async fn take_pooled(&self, image: &str) -> Option<Sandbox> {
+        if image != self.config.image {
+            return None;
+        }
+        while let Some(mut sandbox) = self.pool.take() {
+            // A round trip to the runner: a sandbox that died while waiting is not handed out.
+            match sandbox.add_paths(&[], &[]).await {
+                Ok(_) => return Some(sandbox),
+                Err(e) => {
+                    tracing::info!(sandbox = %sandbox.id(), "a pool sandbox is dead ({e}); removing it");
+                    self.retire(sandbox);
+                }
+            }
+        }
+        None
+    }
+
+    /// Starts a sandbox for the pool (the default image and configuration).
+    pub(crate) async fn launch_pooled(&self) -> Result<Sandbox, EngineError> {
+        let spec = self.base_spec(self.config.image.clone(), "pool");
+        self.backend.ensure_image(&spec.image).await?;
+        Sandbox::launch(self.backend.clone(), &spec).await
+    }
+
+    /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), in the background, until
+    /// `shutdown`.
+    pub fn start_pool(self: &Arc<Self>) {
+        if let Some(task) = pool::spawn_refill(self) {
+            *self.pool_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        }
+    }
+
+    pub(crate) fn pool_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.pool.wake()
+    }
+
+    /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
+    pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
+        let spec = self.base_spec(self.config.image.clone(), "ephemeral");
+        self.backend.ensure_image(&spec.image).await?;
+        let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
+        let mut samples = Vec::with_capacity(count);
+        let mut outcome = Ok(());
+        for _ in 0..count {
+            let started = Instant::now();
+            if let Err(e) = sandbox.add_paths(&[], &[]).await {
+                outcome = Err(e);
+                break;
+            }
+            samples.push(started.elapsed());
+        }
+        sandbox.destroy().await;
+        outcome.map(|()| samples)
+    }
+
+    /// Sandboxes waiting in the pool now.
+    pub fn pool_ready(&self) -> usize {
+        self.pool.ready()
+    }
+
+    /// Removes a sandbox in the background; `shutdown` waits for these removals.
+    pub(crate) fn retire(&self, sandbox: Sandbox) {
+        self.background.spawn(async move {
+            let started = Instant::now();
+            let id = sandbox.id().clone();
+            sandbox.destroy().await;
+            tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "sandbox removed");
+        });
     }
 
     /// Validates a request's dependencies (before anything starts).
@@ -394,17 +484,36 @@ impl Engine {
         Self::check_task(task)?;
         let requirements = self.requirements(&options.dependencies)?;
         let _permit = self.permit().await;
+        let started = Instant::now();
         let (mut sandbox, report) = self.launch("ephemeral", options, &requirements).await?;
+        let acquired = started.elapsed();
         options.report("running");
         let mut result = self.execute_in(&mut sandbox, task, options).await;
+        let executed = started.elapsed();
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
             let id = sandbox.id().clone();
             self.collect_files(&id, execution, &ephemeral_run_dir())
                 .await;
         }
-        sandbox.destroy().await;
+        let collected = started.elapsed();
+        // The result goes back now; the sandbox is removed in the background.
+        self.retire(sandbox);
+        tracing::debug!(
+            acquire_ms = ms(acquired),
+            execute_ms = ms(executed - acquired),
+            collect_ms = ms(collected - executed),
+            total_ms = ms(collected),
+            "ephemeral run"
+        );
         result
+    }
+
+    /// Waits until sandboxes removed in the background are gone (the CLI does before it exits).
+    pub async fn settle(&self) {
+        self.background.close();
+        self.background.wait().await;
+        self.background.reopen();
     }
 
     /// Copies out, saves and selects the files an execution made.
@@ -779,6 +888,24 @@ impl Engine {
     /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
     /// an MCP client gives a closing server only a moment before it kills it.
     pub async fn shutdown(&self) {
+        for sandbox in self.pool.close() {
+            self.retire(sandbox);
+        }
+        // A refill may be starting sandboxes: let it finish (it retires them once closed).
+        let refill = self
+            .pool_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(refill) = refill {
+            if tokio::time::timeout(Duration::from_secs(60), refill)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the pool refill did not stop in time");
+            }
+        }
+        self.settle().await;
         let sessions: Vec<Arc<Session>> =
             self.lock_sessions().live.drain().map(|(_, s)| s).collect();
         match self

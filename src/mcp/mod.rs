@@ -711,6 +711,7 @@ pub async fn serve_stdio(config: Config) -> ExitCode {
         })
     };
     let reaper = engine.spawn_reaper();
+    engine.start_pool();
     let server = SandboxServer::new(engine.clone(), pypi);
     let outcome = tokio::select! {
         running = server.serve(rmcp::transport::stdio()) => match running {

@@ -97,6 +97,8 @@ pub async fn labelled(label: &str, value: &str) -> (Vec<String>, Vec<String>) {
 
 /// Fails when the engine's instance still owns any container or volume.
 pub async fn assert_nothing_left(engine: &Engine) {
+    // Sandboxes are removed in the background after their result: wait for that first.
+    engine.settle().await;
     let (containers, volumes) = labelled(LABEL_INSTANCE, &engine.owner().instance).await;
     assert!(
         containers.is_empty(),

@@ -19,7 +19,7 @@ def anyio_backend():
 
 def server_params(**env):
     merged = dict(os.environ)
-    merged.setdefault("LOG_LEVEL", "warn")
+    merged.setdefault("LOG_LEVEL", os.environ.get("PCS_TEST_LOG", "warn"))
     merged.update({k: str(v) for k, v in env.items()})
     return StdioServerParameters(command=os.path.abspath(BIN), args=[], env=merged)
 

@@ -85,7 +85,7 @@ async def test_a_session_keeps_a_variable_across_three_calls_and_execs():
 
         stopped = await client.call_tool("sandbox_stop", {"container_id": cid})
         assert stopped.is_error is False and stopped.structured_content["stopped"] is True
-        assert sandboxes() == []
+        assert cid not in sandboxes()
         after = await client.call_tool("run_python", {"container_id": cid, "code": "print(1)"})
         assert after.is_error is True
         assert "no session" in text_of(after)
@@ -227,32 +227,35 @@ async def test_progress_is_reported_while_a_sandbox_starts():
 
 async def test_an_unreachable_engine_is_an_actionable_error_and_the_server_recovers(tmp_path):
     proxy_path = str(tmp_path / "docker.sock")
-    async with connect(DOCKER_HOST="unix://" + proxy_path) as client:
-        down = await client.call_tool("run_python_ephemeral", {"code": "print(1)"})
-        assert down.is_error is True
-        assert "not reachable" in text_of(down) and "Docker engine must be running" in text_of(down)
 
-        # The engine "comes back": a proxy to the real socket appears at that path.
-        async def pipe(reader, writer):
-            try:
-                while data := await reader.read(65536):
-                    writer.write(data)
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                writer.close()
-
-        async def handle(client_reader, client_writer):
-            up_reader, up_writer = await asyncio.open_unix_connection("/var/run/docker.sock")
-            await asyncio.gather(pipe(client_reader, up_writer), pipe(up_reader, client_writer))
-
-        proxy = await asyncio.start_unix_server(handle, path=proxy_path)
+    async def pipe(reader, writer):
         try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(client_reader, client_writer):
+        up_reader, up_writer = await asyncio.open_unix_connection("/var/run/docker.sock")
+        await asyncio.gather(pipe(client_reader, up_writer), pipe(up_reader, client_writer))
+
+    proxy = None
+    try:
+        async with connect(DOCKER_HOST="unix://" + proxy_path) as client:
+            down = await client.call_tool("run_python_ephemeral", {"code": "print(1)"})
+            assert down.is_error is True
+            assert "not reachable" in text_of(down) and "Docker engine must be running" in text_of(down)
+            # The engine "comes back": a proxy to the real socket appears at that path.
+            proxy = await asyncio.start_unix_server(handle, path=proxy_path)
             up = await client.call_tool("run_python_ephemeral", {"code": "print('back')"})
             assert up.is_error is False, text_of(up)
             assert up.structured_content["stdout"] == "back\n"
-        finally:
+        # The proxy stays up until the server has exited: it removes its sandboxes through it.
+    finally:
+        if proxy is not None:
             proxy.close()
 
 
@@ -315,7 +318,7 @@ async def test_search_pypi_packages_against_a_local_index(tmp_path):
 
 def test_sigterm_removes_every_sandbox():
     """The server started by hand, spoken to with raw JSON-RPC, then terminated."""
-    proc = subprocess.Popen([BIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=server_params().env)
+    proc = subprocess.Popen([BIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=server_params(SANDBOX_POOL_SIZE=0).env)
 
     def send(message):
         proc.stdin.write((json.dumps(message) + "\n").encode())
@@ -344,3 +347,34 @@ def test_sigterm_removes_every_sandbox():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_the_pool_hands_out_fresh_sandboxes_only():
+    async with connect(SANDBOX_POOL_SIZE="1", SANDBOX_FILES_DIR="") as client:
+        for _ in range(3):
+            result = await client.call_tool("run_python_ephemeral", {"code": "import os\nprint(os.listdir('.'))\nopen('mine.txt', 'w').write('x')"})
+            assert result.structured_content["stdout"] == "[]\n", text_of(result)
+
+
+async def test_the_server_removes_a_full_pool_when_it_exits():
+    async with connect(SANDBOX_POOL_SIZE="2") as client:
+        for _ in range(200):
+            if len(sandboxes()) == 2:
+                break
+            await anyio.sleep(0.05)
+        assert len(sandboxes()) == 2, "the pool fills in the background"
+        result = await client.call_tool("run_python_ephemeral", {"code": "print('pooled')"})
+        assert result.structured_content["stdout"] == "pooled\n"
+    # The autouse fixture checks that nothing is left once the client has closed the server.
+
+
+async def test_pool_size_zero_works():
+    async with connect(SANDBOX_POOL_SIZE="0") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": "print('no pool')"})
+        assert result.structured_content["stdout"] == "no pool\n"
+        # The run's sandbox is removed in the background, and no pool sandbox takes its place.
+        for _ in range(200):
+            if not sandboxes():
+                break
+            await anyio.sleep(0.05)
+        assert sandboxes() == []
