@@ -181,20 +181,7 @@ impl std::fmt::Debug for PypiSearch {
 
 /// PEP 503 normalization: lowercase, and every run of `-`, `_` and `.` becomes one `-`.
 pub fn normalize(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut in_separator = false;
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            if !in_separator {
-                out.push('-');
-                in_separator = true;
-            }
-        } else {
-            in_separator = false;
-            out.extend(c.to_lowercase());
-        }
-    }
-    out
+    crate::engine::deps::normalize_name(name)
 }
 
 /// What the JSON API said about one project.

@@ -275,6 +275,9 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         calls += 1;
     }
 
+    // After the first hundred calls: connection pools and buffers exist; growth past this is a leak.
+    let (warm_calls, rss_warm) = (calls, rss_kib(server_pid).unwrap_or(0));
+
     eprintln!(
         "bench: session run_python hello, {} calls",
         options.session_runs
@@ -436,6 +439,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
                 "throughput": {"calls_per_s": throughput, "errors": errors, "lifecycle_floor_per_s": lifecycle_rate,
                                "lifecycle_errors": lifecycle_errors, "ratio": throughput / lifecycle_rate.max(0.001)},
                 "server": {"spawn_to_initialize_ms": ms(initialize), "rss_idle_kib": rss_idle,
+                           "rss_warm_kib": rss_warm, "warm_runs": warm_calls,
                            "rss_after_runs_kib": rss_after, "runs": calls},
             })
         );
@@ -464,9 +468,10 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         throughput / lifecycle_rate.max(0.001)
     );
     println!(
-        "server: spawn → initialize answered {:.1} ms; RSS idle {:.1} MiB, after {calls} runs {:.1} MiB",
+        "server: spawn → initialize answered {:.1} ms; RSS idle {:.1} MiB, after {warm_calls} runs {:.1} MiB, after {calls} runs {:.1} MiB",
         ms(initialize),
         rss_idle as f64 / 1024.0,
+        rss_warm as f64 / 1024.0,
         rss_after as f64 / 1024.0
     );
     Ok(())

@@ -116,6 +116,7 @@ enum ImageCommand {
 }
 
 pub fn main() -> ExitCode {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     let config = match Config::from_env() {
         Ok(config) => config,
@@ -140,6 +141,17 @@ pub fn main() -> ExitCode {
     // The stdio transport leaves a blocking read of stdin behind; don't wait for it.
     runtime.shutdown_timeout(Duration::from_millis(100));
     code
+}
+
+/// glibc gives each thread that allocates its own malloc arena; in a long-running server whose
+/// requests hop between runtime threads that shows up as memory that grows and is never returned.
+/// Two arenas keep the server's footprint flat at no measurable cost.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning; it is called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }
 
 fn init_logging(config: &Config, default_level: &str) {

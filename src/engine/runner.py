@@ -103,6 +103,17 @@ MAX_FIGURES = 8
 MAX_FIGURES_BYTES = 16 << 20
 
 
+def kind_of(mode):
+    """What an lstat mode is, in the words the host uses."""
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "special"
+
+
 def snapshot(root=WORKSPACE):
     """The workspace's entries, without following links: path -> (kind, size, mtime, inode)."""
     entries = {}
@@ -122,13 +133,7 @@ def snapshot(root=WORKSPACE):
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(path)
                         continue
-                    if stat.S_ISREG(st.st_mode):
-                        kind = "file"
-                    elif stat.S_ISLNK(st.st_mode):
-                        kind = "symlink"
-                    else:
-                        kind = "special"
-                    entries[path] = (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+                    entries[path] = (kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino)
         except OSError:
             pass
     return entries, False
@@ -166,15 +171,7 @@ def list_directory(rel):
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if stat.S_ISDIR(st.st_mode):
-                    kind = "directory"
-                elif stat.S_ISREG(st.st_mode):
-                    kind = "file"
-                elif stat.S_ISLNK(st.st_mode):
-                    kind = "symlink"
-                else:
-                    kind = "special"
-                entries.append({"name": entry.name, "kind": kind, "size": st.st_size})
+                entries.append({"name": entry.name, "kind": kind_of(st.st_mode), "size": st.st_size})
     except OSError as e:
         return {"error": "%s: %s" % (rel or ".", e.strerror)}
     entries.sort(key=lambda e: e["name"])

@@ -331,22 +331,7 @@ impl Sandbox {
         max_output: u64,
         cancel: Option<&CancellationToken>,
     ) -> Result<Execution, EngineError> {
-        let mut restarted = false;
-        if let State::Down(reason) = &self.state {
-            tracing::info!(sandbox = %self.id, "restarting a runner that is down ({reason})");
-            self.restart().await?;
-            restarted = true;
-        }
-        let mut runner = match std::mem::replace(
-            &mut self.state,
-            State::Down("an execution was abandoned".into()),
-        ) {
-            State::Ready(runner) => runner,
-            other => {
-                self.state = other;
-                return Err(EngineError::SandboxGone);
-            }
-        };
+        let (mut runner, restarted) = self.take_runner("an execution was abandoned").await?;
         self.next_request += 1;
         let id = self.next_request;
         let request = match task {
@@ -467,6 +452,25 @@ impl Sandbox {
         Ok(execution)
     }
 
+    /// The runner, taken out of the state for a request (restarted first if it is down; the
+    /// second value says so). Until it is put back the sandbox counts as down, so a request
+    /// abandoned midway leaves it restarting on next use rather than with a reply in flight.
+    async fn take_runner(&mut self, abandoned: &str) -> Result<(Runner, bool), EngineError> {
+        let mut restarted = false;
+        if let State::Down(reason) = &self.state {
+            tracing::info!(sandbox = %self.id, "restarting a runner that is down ({reason})");
+            self.restart().await?;
+            restarted = true;
+        }
+        match std::mem::replace(&mut self.state, State::Down(abandoned.into())) {
+            State::Ready(runner) => Ok((runner, restarted)),
+            other => {
+                self.state = other;
+                Err(EngineError::SandboxGone)
+            }
+        }
+    }
+
     /// Lists a directory of the workspace through the runner (never following links).
     pub async fn list(&mut self, path: &str) -> Result<Listing, EngineError> {
         match self.control(|id| Request::List { id, path }).await? {
@@ -533,19 +537,7 @@ impl Sandbox {
         &mut self,
         request: impl FnOnce(u64) -> Request<'a>,
     ) -> Result<Reply, EngineError> {
-        if let State::Down(_) = &self.state {
-            self.restart().await?;
-        }
-        let mut runner = match std::mem::replace(
-            &mut self.state,
-            State::Down("a request was abandoned".into()),
-        ) {
-            State::Ready(runner) => runner,
-            other => {
-                self.state = other;
-                return Err(EngineError::SandboxGone);
-            }
-        };
+        let (mut runner, _) = self.take_runner("a request was abandoned").await?;
         self.next_request += 1;
         let id = self.next_request;
         runner.decoder.set_limit(4 << 20);
