@@ -353,9 +353,11 @@ impl Sandbox {
         let never = CancellationToken::new();
         let cancel = cancel.unwrap_or(&never);
         let mut cancelled = false;
+        let mut sent = Duration::ZERO;
         let waited = match runner.send(&request.to_frame()).await {
             Err(failure) => Waited::Replied(Err(failure)),
             Ok(()) => {
+                sent = started.elapsed();
                 let reply = runner.next_reply();
                 tokio::pin!(reply);
                 let stop = tokio::select! {
@@ -380,6 +382,12 @@ impl Sandbox {
             }
         };
         let elapsed = started.elapsed();
+        tracing::debug!(
+            sandbox = %self.id,
+            send_ms = sent.as_secs_f64() * 1000.0,
+            reply_ms = (elapsed - sent).as_secs_f64() * 1000.0,
+            "execution"
+        );
         let timed_out =
             !cancelled && matches!(waited, Waited::Interrupted(_) | Waited::Unresponsive);
         let mut execution = match waited {
