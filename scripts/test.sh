@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test on this machine, preparing what they need first:
-#   1. a Docker engine (scripts/dev-env.sh installs and starts one when none answers),
+#   1. a Docker engine (scripts/dev-env.sh installs and starts one when none answers), with gVisor
+#      registered as the runtime `runsc` (scripts/runsc.sh),
 #   2. the sandbox image (built by the project's own binary; offline when no registry answers),
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine),
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest),
@@ -26,6 +27,10 @@ cleanup_volumes() {
   docker volume ls -q | grep -E '^pcs-test-deps' | xargs -r docker volume rm >/dev/null 2>&1 || true
 }
 trap cleanup_volumes EXIT
+
+# gVisor, for the tests that run sandboxes under another runtime.
+bash scripts/runsc.sh
+export PCS_TEST_RUNTIME=runsc
 
 echo "== build" >&2
 cargo build --locked --all-targets
@@ -54,7 +59,8 @@ if [ ! -x "$inspector/node_modules/.bin/mcp-inspector" ]; then
   mkdir -p "$inspector"
   npm install --silent --no-audit --no-fund --prefix "$inspector" @modelcontextprotocol/inspector@2.12.0 >&2
 fi
-smoke=$("$inspector/node_modules/.bin/mcp-inspector" --cli -e LOG_LEVEL=warn "$PWD/target/debug/python-code-sandbox" \
+smoke=$("$inspector/node_modules/.bin/mcp-inspector" --cli -e LOG_LEVEL=warn -e SANDBOX_DEPS_VOLUME="$SANDBOX_DEPS_VOLUME" \
+  "$PWD/target/debug/python-code-sandbox" \
   --method tools/call --tool-name run_python_ephemeral --tool-arg 'code=print(6 * 7)' 2>/dev/null)
 if ! printf '%s' "$smoke" | grep -q '"stdout": "42\\n"'; then
   echo "FAIL: the MCP Inspector CLI did not get 42 back:" >&2

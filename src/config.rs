@@ -138,6 +138,9 @@ pub struct Config {
     pub network: NetworkPolicy,
     /// Host CA bundle made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
+    /// The OCI runtime of sandboxes that run the agent's code (e.g. `runsc` for gVisor); the
+    /// engine's default when unset.
+    pub runtime: Option<String>,
     pub files: FilePolicy,
     pub deps: DependencyPolicy,
     /// Host directories mounted into every sandbox (`SANDBOX_MOUNTS`).
@@ -174,6 +177,7 @@ impl Default for Config {
             },
             network: NetworkPolicy::None,
             ca_bundle: None,
+            runtime: None,
             files: FilePolicy {
                 persist_dir: Some(
                     std::env::temp_dir()
@@ -348,6 +352,19 @@ impl Config {
                     })
                 }
             };
+        }
+        if let Some(v) = get("SANDBOX_RUNTIME") {
+            if !v
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(ConfigError {
+                    var: "SANDBOX_RUNTIME",
+                    value: v,
+                    expected: "the name of a runtime registered with the engine, such as runsc",
+                });
+            }
+            config.runtime = Some(v);
         }
         if let Some(v) = get("SANDBOX_CA_BUNDLE") {
             let path = PathBuf::from(&v);

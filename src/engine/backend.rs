@@ -39,6 +39,8 @@ pub struct SandboxSpec {
     pub mounts: Vec<OperatorMount>,
     /// Named volumes shared between sandboxes (the dependency cache).
     pub volumes: Vec<VolumeMount>,
+    /// The OCI runtime (`None`: the engine's default).
+    pub runtime: Option<String>,
     /// The runner's argv.
     pub command: Vec<String>,
     /// Labels that identify the owning server instance (see `engine::owner`).

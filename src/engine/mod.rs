@@ -322,6 +322,7 @@ impl Engine {
             ca_bundle: self.config.ca_bundle.clone(),
             mounts: self.config.mounts.clone(),
             volumes: installer::sandbox_volumes(&self.config),
+            runtime: self.config.runtime.clone(),
             command: protocol::bootstrap_command(),
             labels: self.owner.labels(kind),
         }

@@ -160,6 +160,7 @@ impl DockerBackend {
             )])),
             mounts: Some(mounts),
             network_mode: Some(spec.network.as_str().to_string()),
+            runtime: spec.runtime.clone(),
             init: Some(true),
             ipc_mode: Some("private".to_string()),
             ulimits: Some(vec![ResourcesUlimits {
