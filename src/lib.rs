@@ -13,7 +13,12 @@
 //!   keeps its variables between executions; a disposable run is a fresh sandbox removed right after.
 //!   Timeouts interrupt the code first (SIGINT, so a session keeps its state) and kill the sandbox
 //!   only when that fails.
-//! - [`cli`] is the command line: `run`, `doctor`, `image build`, `bench`.
+//!   Files the code writes come back checked and bounded; dependencies are installed outside the
+//!   code's sandbox into a shared, read-only cache; a warm pool hides start-up.
+//! - [`mcp`] translates MCP tool calls to engine calls and back (stdio, rmcp); [`pypi`] backs the
+//!   package search.
+//! - [`cli`] is the command line: the server (no arguments), `run`, `doctor`, `image build`,
+//!   `bench`, `cleanup`, `cache`.
 //!
 //! Everything that comes out of a sandbox is treated as hostile: frames are size-checked before
 //! they are buffered, output is capped inside the sandbox and again on the host, and malformed

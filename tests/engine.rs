@@ -510,6 +510,13 @@ async fn a_live_sandbox_carries_every_hardening_field() {
             .is_some_and(|o| o.contains("size=")));
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.init, Some(true));
+        assert_eq!(host.ipc_mode.as_deref(), Some("private"));
+        let core = host
+            .ulimits
+            .unwrap_or_default()
+            .into_iter()
+            .find(|u| u.name.as_deref() == Some("core"));
+        assert_eq!(core.and_then(|u| u.hard), Some(0), "no core dumps");
         assert_eq!(host.privileged, Some(false));
         let mounts = inspected.mounts.unwrap_or_default();
         let workspace = mounts

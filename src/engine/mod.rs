@@ -5,6 +5,10 @@
 //! - [`protocol`] and `runner.py`: how the host talks to the runner process inside a sandbox.
 //! - [`sandbox`]: one sandbox's lifecycle as explicit states, with timeouts and recovery.
 //! - [`owner`]: labels naming the server instance, to clean up what a dead server left.
+//! - [`artifacts`]: files an execution made, copied out safely, saved and selected for return.
+//! - [`deps`] and [`installer`]: validated requirements, installed in a separate sandbox into a
+//!   shared read-only cache.
+//! - [`pool`]: sandboxes started ahead of time.
 //! - this module: the [`Engine`], which applies the configuration and tracks sessions.
 
 pub mod artifacts;

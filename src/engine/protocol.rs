@@ -81,7 +81,7 @@ impl Request<'_> {
     }
 }
 
-/// A message from the runner, as parsed; see [`Reply::validate`] for the checked form.
+/// A message from the runner, as parsed; see [`RawResult::validate`] for the checked form.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Reply {

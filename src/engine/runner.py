@@ -360,23 +360,37 @@ def user_traceback(exc):
     return "".join(te.format())
 
 
+def other_processes():
+    """Pids in this sandbox other than init (1) and the runner, zombies included."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (1, RUNNER_PID):
+            pids.append(int(name))
+    return pids
+
+
 def kill_strays():
     """After an interrupt: stop every other process the code started (kill(-1) spares pid 1, the
     container's init, and this process). Forks are blocked while the kernel walks the task list,
-    so a fork bomb is stopped by one round; a few more rounds cover stragglers."""
-    for _ in range(5):
+    so a fork bomb is stopped by one round; more rounds cover stragglers. Waits, briefly, until
+    they are gone (reaped by init or by us), so the next execution starts clean."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
         try:
             os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            break
         except OSError:
-            break
-        time.sleep(0.01)
-    try:
-        while os.waitpid(-1, os.WNOHANG) != (0, 0):
             pass
-    except ChildProcessError:
-        pass
+        try:
+            while os.waitpid(-1, os.WNOHANG) != (0, 0):
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            if not other_processes():
+                return
+        except OSError:
+            return
+        time.sleep(0.01)
 
 
 def run_code(code):
