@@ -193,6 +193,8 @@ async fn a_hundred_thousand_tiny_files_are_bounded() {
     let engine = engine_with(|c| {
         c.files.persist_dir = Some(root.clone());
         c.files.max_count = 50;
+        // Making 100 000 files at half a CPU takes a while on a loaded machine.
+        c.limits.timeout = std::time::Duration::from_secs(180);
     });
     no_hang(async {
         let code = "import os\nos.mkdir('many')\nfor i in range(100000):\n    with open(f'many/{i:06d}', 'w') as f:\n        f.write('x')\nprint('made')";
