@@ -153,3 +153,46 @@ async def test_dependencies_install_once_and_report_it():
         assert "from the cache" in text_of(second)
         refused = await client.call_tool("run_python_ephemeral", {"code": "print(1)", "dependencies": ["numpy; rm -rf /"]})
         assert refused.is_error is True and "numpy; rm -rf /" in text_of(refused)
+
+
+ATTACKS = """
+import os
+os.symlink('/etc/passwd', 'leak.txt')
+os.symlink('/', 'root')
+os.mkfifo('pipe')
+try:
+    os.link('/etc/passwd', 'hard.txt')
+except OSError as e:
+    print('hard link refused:', e.strerror)
+open('...', 'w').write('dots')
+open('big.bin', 'wb').write(b'0' * (3 << 20))
+os.mkdir('many')
+for i in range(100000):
+    with open(f'many/{i:06d}', 'w') as f:
+        f.write('x')
+print('done')
+"""
+
+
+async def test_copy_out_attacks_leak_nothing(tmp_path):
+    env = dict(SANDBOX_FILES_DIR=str(tmp_path), SANDBOX_FILES_MAX_FILE="1m", SANDBOX_FILES_MAX_COUNT="20", SANDBOX_TIMEOUT="180s")
+    async with connect(**env) as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": ATTACKS})
+        assert "done" in result.structured_content["stdout"], text_of(result)
+        files = {f["path"]: f for f in result.structured_content["files"]}
+        for path, why in (("leak.txt", "symbolic link"), ("root", "symbolic link"), ("pipe", "special file"), ("big.bin", "larger than")):
+            assert files[path]["returned"] is False and files[path]["saved_to"] is None, path
+            assert why in files[path]["note"], files[path]
+        assert sum(1 for f in files.values() if f["saved_to"]) <= 20
+        assert any("not tracked" in (f["note"] or "") for f in files.values())
+        # Nothing from the host or the container's system reached the client or the disk, and
+        # nothing was written outside the run's directory.
+        for block in result.content:
+            payload = getattr(block, "text", None) or getattr(getattr(block, "resource", None), "text", None) or ""
+            assert "root:x:0:0" not in payload
+        runs = list(tmp_path.iterdir())
+        assert len(runs) == 1 and runs[0].name.startswith("run-")
+        for path in tmp_path.rglob("*"):
+            assert not path.is_symlink(), path
+            if path.is_file():
+                assert b"root:x:0:0" not in path.read_bytes(), path
