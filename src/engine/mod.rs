@@ -890,6 +890,38 @@ impl Engine {
         Ok(removed)
     }
 
+    /// Removes everything carrying this instance's label. A request dropped mid-way (a signal,
+    /// a cancelled call) may have a create still completing in the engine, so this looks again
+    /// until a listing comes back empty, a few times at most.
+    async fn sweep(&self) {
+        for round in 0..5 {
+            let records = match self
+                .backend
+                .list(LABEL_INSTANCE, &self.owner.instance)
+                .await
+            {
+                Ok(records) => records,
+                Err(e) => {
+                    tracing::warn!("could not list this server's sandboxes at shutdown: {e}");
+                    return;
+                }
+            };
+            if records.is_empty() {
+                return;
+            }
+            let removals = records.iter().map(|r| self.backend.destroy(&r.id));
+            for (record, result) in records
+                .iter()
+                .zip(futures_util::future::join_all(removals).await)
+            {
+                if let Err(e) = result {
+                    tracing::warn!(sandbox = %record.id, round, "could not remove at shutdown: {e}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
     /// an MCP client gives a closing server only a moment before it kills it.
     pub async fn shutdown(&self) {
@@ -913,24 +945,7 @@ impl Engine {
         self.settle().await;
         let sessions: Vec<Arc<Session>> =
             self.lock_sessions().live.drain().map(|(_, s)| s).collect();
-        match self
-            .backend
-            .list(LABEL_INSTANCE, &self.owner.instance)
-            .await
-        {
-            Ok(records) => {
-                let removals = records.iter().map(|r| self.backend.destroy(&r.id));
-                for (record, result) in records
-                    .iter()
-                    .zip(futures_util::future::join_all(removals).await)
-                {
-                    if let Err(e) = result {
-                        tracing::warn!(sandbox = %record.id, "could not remove at shutdown: {e}");
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("could not list this server's sandboxes at shutdown: {e}"),
-        }
+        self.sweep().await;
         for session in sessions {
             // A session busy with an execution is dropped later; removing it again then is harmless.
             if let Ok(mut sandbox) = session.sandbox.try_lock() {

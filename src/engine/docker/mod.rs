@@ -381,13 +381,22 @@ impl Backend for DockerBackend {
         match docker.remove_container(&id.0, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) if status_of(&e) == Some(404) => Ok(()),
-            // 409: another caller is removing it already; done when it is gone.
+            // 409: another caller is removing it already, or the engine is busy with it (a start
+            // in progress). Done when it is gone; ask again meanwhile.
             Err(e) if status_of(&e) == Some(409) => {
-                for _ in 0..200 {
+                for attempt in 0..200 {
                     match docker.inspect_container(&id.0, None).await {
                         Err(e) if status_of(&e) == Some(404) => return Ok(()),
                         Err(e) => return Err(classify(e)),
                         Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                    }
+                    if attempt % 10 == 9 {
+                        let options = RemoveContainerOptions {
+                            force: true,
+                            v: true,
+                            ..Default::default()
+                        };
+                        let _ = docker.remove_container(&id.0, Some(options)).await;
                     }
                 }
                 Err(BackendError::Other(format!(
