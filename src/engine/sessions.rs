@@ -1,0 +1,473 @@
+//! Sessions: sandboxes whose runner keeps its state between executions, found by id, limited
+//! in number and lifetime, and the file tools that work on their workspace.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use super::backend::{self, SandboxId};
+use super::sandbox::{human, Sandbox};
+use super::{
+    artifacts, deps, installer, protocol, sandbox, Engine, EngineError, Execution, RunOptions, Task,
+};
+
+/// A live session: a sandbox whose runner keeps its state between executions.
+pub(crate) struct Session {
+    sandbox: Mutex<Sandbox>,
+    image: String,
+    created: Instant,
+    last_used: std::sync::Mutex<Instant>,
+    dependencies: std::sync::Mutex<SessionDependencies>,
+}
+
+/// The dependency set a session has on its `sys.path`.
+#[derive(Debug, Clone, Default)]
+struct SessionDependencies {
+    requirements: Vec<deps::Requirement>,
+    key: Option<String>,
+}
+
+impl Session {
+    fn dependencies(&self) -> SessionDependencies {
+        self.dependencies
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_default()
+    }
+
+    fn idle(&self) -> Duration {
+        self.last_used
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
+    }
+
+    fn touch(&self) {
+        if let Ok(mut t) = self.last_used.lock() {
+            *t = Instant::now();
+        }
+    }
+}
+
+/// What `sandbox_list` shows of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub image: String,
+    pub age: Duration,
+    pub idle: Duration,
+}
+
+/// Ids of sessions that ended on their own, so a later call can say why.
+const TOMBSTONES: usize = 1024;
+
+#[derive(Default)]
+pub(crate) struct Sessions {
+    live: HashMap<String, Arc<Session>>,
+    /// Sessions being created: they count against the limit already.
+    starting: usize,
+    ended: VecDeque<(String, String)>,
+}
+
+/// A path the agent gave, as a safe path relative to the workspace. `/workspace/x` and `x` are the
+/// same file; anything that would leave the workspace is refused.
+pub fn workspace_relative(path: &str) -> Result<String, EngineError> {
+    let trimmed = path.trim();
+    let relative = trimmed
+        .strip_prefix(backend::paths::WORKSPACE)
+        .map(|rest| rest.trim_start_matches('/'))
+        .unwrap_or(trimmed);
+    let relative = relative.trim_start_matches("./");
+    if relative.starts_with('/') || !protocol::is_safe_relative_path(relative) {
+        return Err(EngineError::InvalidPath(protocol::truncate_chars(
+            path, 200,
+        )));
+    }
+    Ok(relative.to_string())
+}
+
+/// A tar archive holding `path` (and its parent directories) owned by the sandbox user.
+fn upload_archive(path: &str, content: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut archive = tar::Builder::new(Vec::new());
+    let parts: Vec<&str> = path.split('/').collect();
+    for depth in 1..parts.len() {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_uid(1000);
+        header.set_gid(1000);
+        header.set_size(0);
+        header.set_mtime(now_secs());
+        archive.append_data(
+            &mut header,
+            format!("{}/", parts[..depth].join("/")),
+            std::io::empty(),
+        )?;
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_uid(1000);
+    header.set_gid(1000);
+    header.set_size(content.len() as u64);
+    header.set_mtime(now_secs());
+    archive.append_data(&mut header, path, content)?;
+    archive.into_inner()
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The host directory name of a session: the same for all its executions.
+fn session_run_dir(id: &SandboxId) -> String {
+    let short: String =
+        id.0.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(12)
+            .collect();
+    format!("session-{short}")
+}
+
+/// Marks the sandboxes of sessions already removed (by a sweep) as gone. A session busy with an
+/// execution is dropped later; removing it again then is harmless.
+pub(crate) fn forget(sessions: Vec<Arc<Session>>) {
+    for session in sessions {
+        if let Ok(mut sandbox) = session.sandbox.try_lock() {
+            sandbox.forget();
+        }
+    }
+}
+
+impl Engine {
+    /// Takes every live session out of the registry (shutdown).
+    pub(crate) fn take_all_sessions(&self) -> Vec<Arc<Session>> {
+        self.lock_sessions().live.drain().map(|(_, s)| s).collect()
+    }
+
+    /// Dependency sets live sessions use (never evicted).
+    pub(crate) fn sessions_dependency_keys(&self) -> Vec<String> {
+        self.lock_sessions()
+            .live
+            .values()
+            .filter_map(|s| s.dependencies().key)
+            .collect()
+    }
+
+    /// Starts a session sandbox and returns its id.
+    pub async fn create_session(&self, options: &RunOptions) -> Result<String, EngineError> {
+        let image = self.check_image(options.image.as_deref())?;
+        {
+            let mut sessions = self.lock_sessions();
+            let max = self.config.sessions.max_sessions;
+            if sessions.live.len() + sessions.starting >= max {
+                return Err(EngineError::TooManySessions(max));
+            }
+            sessions.starting += 1;
+        }
+        let launched = {
+            let _permit = self.permit().await;
+            let options = RunOptions {
+                image: Some(image.clone()),
+                ..options.clone()
+            };
+            self.launch("session", &options, &[])
+                .await
+                .map(|(sandbox, _)| sandbox)
+        };
+        let mut sessions = self.lock_sessions();
+        sessions.starting -= 1;
+        let sandbox = launched?;
+        let id = sandbox.id().0.clone();
+        let now = Instant::now();
+        let session = Session {
+            sandbox: Mutex::new(sandbox),
+            image,
+            created: now,
+            last_used: std::sync::Mutex::new(now),
+            dependencies: std::sync::Mutex::default(),
+        };
+        sessions.live.insert(id.clone(), Arc::new(session));
+        Ok(id)
+    }
+
+    pub(crate) fn lock_sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        // Every operation under this lock is a single map or counter update: a panic elsewhere
+        // cannot leave it half-done, so a poisoned lock is still consistent.
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Finds a session by its id, or by a unique prefix of at least 12 characters.
+    fn session(&self, id: &str) -> Result<(String, Arc<Session>), EngineError> {
+        let id = id.trim();
+        if id.len() < 12
+            || id.len() > 128
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(EngineError::MalformedSessionId(
+                id.chars().take(80).collect(),
+            ));
+        }
+        let sessions = self.lock_sessions();
+        if let Some(session) = sessions.live.get(id) {
+            return Ok((id.to_string(), session.clone()));
+        }
+        let mut matches = sessions
+            .live
+            .iter()
+            .filter(|(full, _)| full.starts_with(id));
+        if let (Some((full, session)), None) = (matches.next(), matches.next()) {
+            return Ok((full.clone(), session.clone()));
+        }
+        if let Some((full, reason)) = sessions.ended.iter().find(|(full, _)| full.starts_with(id)) {
+            return Err(EngineError::SessionExpired {
+                id: full.clone(),
+                reason: reason.clone(),
+            });
+        }
+        Err(EngineError::UnknownSession(id.to_string()))
+    }
+
+    /// Executes in a session; executions of one session run one at a time, in order.
+    pub async fn execute_in_session(
+        &self,
+        id: &str,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
+        Self::check_task(task)?;
+        let requested = self.requirements(&options.dependencies)?;
+        let (_, session) = self.session(id)?;
+        let mut sandbox = session.sandbox.lock().await;
+        session.touch();
+        let _permit = self.permit().await;
+        let report = if requested.is_empty() {
+            None
+        } else {
+            Some(
+                self.add_session_dependencies(&session, &mut sandbox, &requested, options)
+                    .await?,
+            )
+        };
+        let mut result = self.execute_in(&mut sandbox, task, options).await;
+        if let Ok(execution) = &mut result {
+            execution.dependencies = report;
+            let id = sandbox.id().clone();
+            self.collect_files(&id, execution, &session_run_dir(&id))
+                .await;
+        }
+        session.touch();
+        result
+    }
+
+    /// Adds requirements to a session's set: the union is installed (or found) as one set, which
+    /// replaces the previous one on `sys.path`. The session's own sandbox never gets a network.
+    async fn add_session_dependencies(
+        &self,
+        session: &Session,
+        sandbox: &mut Sandbox,
+        requested: &[deps::Requirement],
+        options: &RunOptions,
+    ) -> Result<installer::DependencyReport, EngineError> {
+        let current = session.dependencies();
+        let mut entries: Vec<String> = current
+            .requirements
+            .iter()
+            .map(deps::Requirement::canonical)
+            .collect();
+        entries.extend(requested.iter().map(deps::Requirement::canonical));
+        let union = self.requirements(&entries)?;
+        let base = self.base_spec(session.image.clone(), "session");
+        let previous = current
+            .key
+            .as_ref()
+            .map(|k| format!("{}/{k}", backend::paths::DEPS));
+        let report = self
+            .prepare_dependencies(sandbox, &base, &union, previous.as_deref(), options)
+            .await?;
+        if let Ok(mut deps) = session.dependencies.lock() {
+            *deps = SessionDependencies {
+                requirements: union,
+                key: Some(report.key.clone()),
+            };
+        }
+        Ok(report)
+    }
+
+    /// Writes a file into a session's workspace (parents created), as the sandbox user.
+    pub async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        content: &[u8],
+    ) -> Result<String, EngineError> {
+        let (full_id, session) = self.session(id)?;
+        let path = workspace_relative(path)?;
+        let limit = self.config.files.max_file_bytes;
+        if content.len() as u64 > limit {
+            return Err(EngineError::File {
+                path,
+                reason: format!(
+                    "{} bytes is more than the {limit}-byte limit",
+                    content.len()
+                ),
+            });
+        }
+        let archive = upload_archive(&path, content).map_err(|e| EngineError::File {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        session.touch();
+        self.backend
+            .copy_in(
+                &SandboxId(full_id),
+                backend::paths::WORKSPACE,
+                archive.into(),
+            )
+            .await?;
+        Ok(format!("{}/{path}", backend::paths::WORKSPACE))
+    }
+
+    /// Reads one file of a session's workspace, within the return limit.
+    pub async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<artifacts::Artifact, EngineError> {
+        let (full_id, session) = self.session(id)?;
+        let path = workspace_relative(path)?;
+        session.touch();
+        let limit = self.config.files.return_max_file_bytes;
+        let content =
+            artifacts::fetch_file(self.backend.as_ref(), &SandboxId(full_id), &path, limit)
+                .await
+                .map_err(|reason| EngineError::File {
+                    path: path.clone(),
+                    reason,
+                })?;
+        Ok(artifacts::Artifact {
+            size: content.len() as u64,
+            mime_type: artifacts::sniff_mime(&content, &path).to_string(),
+            path,
+            content: Some(content),
+            saved_to: None,
+            note: None,
+            figure: false,
+        })
+    }
+
+    /// Lists a directory of a session's workspace (`""` for the workspace itself).
+    pub async fn list_files(&self, id: &str, path: &str) -> Result<sandbox::Listing, EngineError> {
+        let (_, session) = self.session(id)?;
+        let path = if path.trim().trim_matches('/').is_empty() || path.trim() == "." {
+            String::new()
+        } else {
+            workspace_relative(path)?
+        };
+        let mut sandbox = session.sandbox.lock().await;
+        session.touch();
+        sandbox.list(&path).await
+    }
+
+    /// Stops a session and removes its sandbox.
+    pub async fn stop_session(&self, id: &str) -> Result<String, EngineError> {
+        let (full, _) = self.session(id)?;
+        let session = self
+            .lock_sessions()
+            .live
+            .remove(&full)
+            .ok_or_else(|| EngineError::UnknownSession(full.clone()))?;
+        // An execution in flight is interrupted by killing the sandbox; its caller gets an error.
+        if let Err(e) = self.backend.destroy(&SandboxId(full.clone())).await {
+            tracing::warn!(sandbox = %full, "could not remove a stopped session: {e}");
+        }
+        session.sandbox.lock().await.forget();
+        Ok(full)
+    }
+
+    /// This server's live sessions.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let mut list: Vec<SessionInfo> = self
+            .lock_sessions()
+            .live
+            .iter()
+            .map(|(id, s)| SessionInfo {
+                id: id.clone(),
+                image: s.image.clone(),
+                age: s.created.elapsed(),
+                idle: s.idle(),
+            })
+            .collect();
+        list.sort_by_key(|s| std::cmp::Reverse(s.age));
+        list
+    }
+
+    /// Stops sessions idle or alive for longer than the policy allows; returns how many.
+    pub async fn reap_expired_sessions(&self) -> usize {
+        let policy = &self.config.sessions;
+        let expired: Vec<(String, String)> = self
+            .lock_sessions()
+            .live
+            .iter()
+            .filter_map(|(id, s)| {
+                if s.created.elapsed() >= policy.max_lifetime {
+                    Some((
+                        id.clone(),
+                        format!(
+                            "it reached the maximum lifetime of {}",
+                            human(policy.max_lifetime)
+                        ),
+                    ))
+                } else if s.idle() >= policy.idle_timeout && s.sandbox.try_lock().is_ok() {
+                    Some((
+                        id.clone(),
+                        format!("it was idle for more than {}", human(policy.idle_timeout)),
+                    ))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (id, reason) in &expired {
+            tracing::info!(session = %id, "stopping: {reason}");
+            {
+                let mut sessions = self.lock_sessions();
+                sessions.live.remove(id);
+                sessions.ended.push_back((id.clone(), reason.clone()));
+                while sessions.ended.len() > TOMBSTONES {
+                    sessions.ended.pop_front();
+                }
+            }
+            if let Err(e) = self.backend.destroy(&SandboxId(id.clone())).await {
+                tracing::warn!(session = %id, "could not remove an expired session: {e}");
+            }
+        }
+        expired.len()
+    }
+
+    /// Runs [`Engine::reap_expired_sessions`] periodically until the engine is dropped.
+    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let engine = Arc::downgrade(self);
+        let policy = self.config.sessions.clone();
+        let period = (policy.idle_timeout.min(policy.max_lifetime) / 4)
+            .clamp(Duration::from_millis(200), Duration::from_secs(30));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                engine.reap_expired_sessions().await;
+            }
+        })
+    }
+}
