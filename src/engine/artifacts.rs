@@ -76,12 +76,12 @@ pub async fn collect(
         } else if entry.size > max_file {
             artifact.note = Some(format!(
                 "not copied: larger than the {} limit",
-                bytes(max_file)
+                human_bytes(max_file)
             ));
         } else if planned_bytes + entry.size > max_total {
             artifact.note = Some(format!(
                 "not copied: over the {} total limit",
-                bytes(max_total)
+                human_bytes(max_total)
             ));
         } else {
             planned_bytes += entry.size;
@@ -185,12 +185,12 @@ fn apply_return_limits(policy: &FilePolicy, artifacts: &mut [Artifact]) {
         } else if size > policy.return_max_file_bytes {
             Some(format!(
                 "not returned: larger than the {} limit",
-                bytes(policy.return_max_file_bytes)
+                human_bytes(policy.return_max_file_bytes)
             ))
         } else if returned_bytes + size > policy.return_max_total_bytes {
             Some(format!(
                 "not returned: over the {} total limit",
-                bytes(policy.return_max_total_bytes)
+                human_bytes(policy.return_max_total_bytes)
             ))
         } else {
             None
@@ -264,7 +264,7 @@ pub fn single_regular_file(archive: &[u8], name: &str, max_bytes: u64) -> Result
         .size()
         .map_err(|e| format!("unreadable size: {e}"))?;
     if size > max_bytes {
-        return Err(format!("larger than the {} limit", bytes(max_bytes)));
+        return Err(format!("larger than the {} limit", human_bytes(max_bytes)));
     }
     let mut content = Vec::with_capacity(size as usize);
     (&mut entry)
@@ -272,7 +272,7 @@ pub fn single_regular_file(archive: &[u8], name: &str, max_bytes: u64) -> Result
         .read_to_end(&mut content)
         .map_err(|e| format!("unreadable content: {e}"))?;
     if content.len() as u64 > max_bytes {
-        return Err(format!("larger than the {} limit", bytes(max_bytes)));
+        return Err(format!("larger than the {} limit", human_bytes(max_bytes)));
     }
     match entries.next() {
         None => Ok(content),
@@ -427,14 +427,20 @@ pub fn is_displayable_image(mime: &str) -> bool {
     )
 }
 
-fn bytes(n: u64) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
-        format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
-        format!("{} KiB", n >> 10)
-    } else {
-        format!("{n} bytes")
+/// A size for people: `2 GiB`, `1.5 KiB`, `10 bytes` (binary units, like the settings).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (size, unit) in UNITS {
+        if n >= size {
+            let value = n as f64 / size as f64;
+            return if value.fract() == 0.0 {
+                format!("{value:.0} {unit}")
+            } else {
+                format!("{value:.1} {unit}")
+            };
+        }
     }
+    format!("{n} bytes")
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::config::Limits;
+pub use crate::engine::artifacts::human_bytes as bytes;
 use crate::engine::artifacts::{is_displayable_image, Artifact};
 use crate::engine::backend::BackendError;
 use crate::engine::{EngineError, Execution};
@@ -275,21 +276,6 @@ pub fn refusal(message: impl Into<String>) -> CallToolResult {
 
 pub fn human(d: std::time::Duration) -> String {
     crate::engine::sandbox::human(d)
-}
-
-pub fn bytes(n: u64) -> String {
-    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (size, unit) in UNITS {
-        if n >= size {
-            let value = n as f64 / size as f64;
-            return if value.fract() == 0.0 {
-                format!("{value:.0} {unit}")
-            } else {
-                format!("{value:.1} {unit}")
-            };
-        }
-    }
-    format!("{n} bytes")
 }
 
 #[cfg(test)]
