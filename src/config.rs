@@ -124,6 +124,9 @@ pub struct Limits {
     pub pids: u64,
     /// Size of the `/tmp` tmpfs in bytes (it counts against the memory limit).
     pub tmp_bytes: u64,
+    /// Size of `/workspace`, a tmpfs kept across runner restarts (it counts against the memory
+    /// limit): code that fills it gets ENOSPC, and the host's disk is never touched.
+    pub workspace_bytes: u64,
     /// Wall-clock limit of one execution.
     pub timeout: Duration,
     /// Bytes kept of stdout+stderr of one execution; the rest is counted and reported as cut.
@@ -172,6 +175,7 @@ impl Default for Config {
                 cpus: 0.5,
                 pids: 256,
                 tmp_bytes: 64 << 20,
+                workspace_bytes: DEFAULT_WORKSPACE_BYTES,
                 timeout: Duration::from_secs(60),
                 max_output_bytes: 1 << 20,
             },
@@ -251,6 +255,11 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "size of the /tmp tmpfs",
     },
     Variable {
+        name: "SANDBOX_WORKSPACE_SIZE",
+        default: "512m (at most half the memory limit)",
+        meaning: "size of the /workspace tmpfs",
+    },
+    Variable {
         name: "SANDBOX_TIMEOUT",
         default: "60s",
         meaning: "wall clock per execution",
@@ -326,6 +335,22 @@ impl Config {
         }
         if let Some(v) = get("SANDBOX_TMP_SIZE") {
             limits.tmp_bytes = parse_bytes("SANDBOX_TMP_SIZE", &v, 1 << 20)?;
+        }
+        match get("SANDBOX_WORKSPACE_SIZE") {
+            Some(v) => {
+                limits.workspace_bytes = parse_bytes("SANDBOX_WORKSPACE_SIZE", &v, 1 << 20)?;
+                if limits.workspace_bytes > limits.memory_bytes {
+                    return Err(ConfigError {
+                        var: "SANDBOX_WORKSPACE_SIZE",
+                        value: v,
+                        expected: "a size no larger than SANDBOX_MEMORY_LIMIT (the workspace is \
+                                   kept in memory and counts against that limit), such as 512m",
+                    });
+                }
+            }
+            None => {
+                limits.workspace_bytes = DEFAULT_WORKSPACE_BYTES.min(limits.memory_bytes / 2);
+            }
         }
         if let Some(v) = get("SANDBOX_TIMEOUT") {
             limits.timeout = parse_duration("SANDBOX_TIMEOUT", &v)?;
@@ -533,6 +558,9 @@ impl Config {
 }
 
 /// The largest output cap an operator may set: the host buffers up to this much per execution.
+/// `/workspace` when `SANDBOX_WORKSPACE_SIZE` is unset (capped at half the memory limit).
+pub const DEFAULT_WORKSPACE_BYTES: u64 = 512 << 20;
+
 pub const MAX_OUTPUT_CEILING: u64 = 64 << 20;
 
 /// Parses a size the way Docker does: `512m`, `2g`, `1048576`; units are binary (`m` = MiB).

@@ -169,6 +169,7 @@ async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
         let result = in_session(&engine, &session, stubborn).await;
         assert!(result.timed_out && result.state_lost, "{result:?}");
         assert!(text(&result.stderr).contains("killed"));
+        assert!(!result.workspace_lost, "{result:?}");
         let after = in_session(
             &engine,
             &session,
@@ -254,8 +255,11 @@ except OSError:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_root_filesystem_is_read_only_and_tmp_is_bounded() {
-    let engine = engine_with(|c| c.limits.tmp_bytes = 8 << 20);
+async fn the_root_filesystem_is_read_only_and_tmp_and_workspace_are_bounded() {
+    let engine = engine_with(|c| {
+        c.limits.tmp_bytes = 8 << 20;
+        c.limits.workspace_bytes = 8 << 20;
+    });
     no_hang(async {
         let code = r#"
 import errno
@@ -272,11 +276,17 @@ try:
     print('tmp unbounded')
 except OSError as e:
     print('tmp', errno.errorcode[e.errno])
+try:
+    with open('/workspace/big', 'wb') as f:
+        f.write(b'0' * (16 << 20))
+    print('workspace unbounded')
+except OSError as e:
+    print('workspace', errno.errorcode[e.errno])
 "#;
         let result = run(&engine, code).await;
         assert_eq!(
             text(&result.stdout),
-            "/evil EROFS\n/usr/lib/evil EROFS\n/home/sandbox/evil EROFS\ntmp ENOSPC\n",
+            "/evil EROFS\n/usr/lib/evil EROFS\n/home/sandbox/evil EROFS\ntmp ENOSPC\nworkspace ENOSPC\n",
             "{}",
             text(&result.stderr)
         );
@@ -307,15 +317,19 @@ async fn a_memory_bomb_is_reported_as_out_of_memory() {
             .create_session(&RunOptions::default())
             .await
             .expect("session");
+        in_session(&engine, &session, "open('kept.txt', 'w').write('kept')").await;
         let bomb = in_session(
             &engine,
             &session,
             "x = []\nwhile True:\n    x.append(bytearray(8 << 20))",
         )
         .await;
-        assert!(bomb.out_of_memory && bomb.state_lost);
-        let after = in_session(&engine, &session, "print('alive')").await;
-        assert_eq!(text(&after.stdout), "alive\n");
+        assert!(
+            bomb.out_of_memory && bomb.state_lost && !bomb.workspace_lost,
+            "{bomb:?}"
+        );
+        let after = in_session(&engine, &session, "print('alive', open('kept.txt').read())").await;
+        assert_eq!(text(&after.stdout), "alive kept\n");
         engine.stop_session(&session).await.expect("stop");
     })
     .await;
@@ -416,13 +430,24 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
         assert!(result.state_lost);
 
         let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        // A runner that dies is replaced in the same sandbox: variables go, files stay.
+        in_session(&engine, &session, "x = 1\nopen('kept.txt', 'w').write('kept')").await;
+        for death in ["import os\nos._exit(7)", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"] {
+            let died = in_session(&engine, &session, death).await;
+            assert!(died.state_lost && !died.workspace_lost, "{died:?}");
+            assert!(died.exit_code == 7 || died.exit_code == 137, "{died:?}");
+            let after = in_session(&engine, &session, "print('x' in globals(), open('kept.txt').read())").await;
+            assert_eq!(text(&after.stdout), "False kept\n", "{after:?}");
+            assert!(!after.state_lost, "the death was reported once: {after:?}");
+            in_session(&engine, &session, "x = 1").await;
+        }
         // Garbage on every descriptor the code can find, the protocol stream included.
         let garbage = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\xff\\xff\\xff\\xffjunk')\n    except OSError:\n        pass\nimport time; time.sleep(1)";
         let broken = engine.execute_in_session(&session, Task::Python(garbage), &RunOptions::default()).await;
         assert!(broken.is_err(), "a broken protocol is an error: {broken:?}");
         let after = in_session(&engine, &session, "print('recovered')").await;
         assert_eq!(text(&after.stdout), "recovered\n");
-        assert!(after.state_lost);
+        assert!(after.state_lost && after.workspace_lost, "a broken protocol restarts the whole sandbox");
         engine.stop_session(&session).await.expect("stop");
     })
     .await;
@@ -509,8 +534,14 @@ async fn a_live_sandbox_carries_every_hardening_field() {
             .get("/tmp")
             .is_some_and(|o| o.contains("size=")));
         assert_eq!(host.network_mode.as_deref(), Some("none"));
-        assert_eq!(host.init, Some(true));
+        // The runner's supervisor is pid 1, not Docker's init.
+        assert_eq!(host.init, Some(false));
         assert_eq!(host.ipc_mode.as_deref(), Some("private"));
+        assert_eq!(
+            host.log_config.and_then(|l| l.typ).as_deref(),
+            Some("none"),
+            "nothing the sandbox prints is logged on the host's disk"
+        );
         let core = host
             .ulimits
             .unwrap_or_default()
@@ -526,6 +557,19 @@ async fn a_live_sandbox_carries_every_hardening_field() {
         assert_eq!(
             workspace.typ.as_ref().map(|t| t.to_string()).as_deref(),
             Some("volume")
+        );
+        // Seen from inside: a tmpfs of the configured size, and the runner's parent is pid 1.
+        let inside = in_session(
+            &engine,
+            &session,
+            "import os\nfs = os.statvfs('/workspace')\n\
+             kind = [l.split()[2] for l in open('/proc/mounts') if l.split()[1] == '/workspace']\n\
+             print(fs.f_blocks * fs.f_frsize, kind, os.getppid())",
+        )
+        .await;
+        assert_eq!(
+            text(&inside.stdout),
+            format!("{} ['tmpfs'] 1\n", limits.workspace_bytes)
         );
         let labels = config.labels.unwrap_or_default();
         assert_eq!(

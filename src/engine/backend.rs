@@ -145,7 +145,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Asks the runner to interrupt the code it is executing (SIGINT).
     async fn interrupt(&self, id: &SandboxId) -> Result<(), BackendError>;
 
-    /// Stops every process of the sandbox at once; its storage stays for a later start.
+    /// Kills every process of the sandbox but its supervisor, which then starts a new runner (an
+    /// `exited` message says so); the sandbox and its workspace stay.
+    async fn kill_processes(&self, id: &SandboxId) -> Result<(), BackendError>;
+
+    /// Stops every process of the sandbox at once, supervisor included: the workspace is lost and
+    /// only a new start brings a runner back.
     async fn kill(&self, id: &SandboxId) -> Result<(), BackendError>;
 
     /// How the main process ended, if it did.

@@ -85,17 +85,53 @@ impl Request<'_> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Reply {
-    Ready { python: String },
+    Ready {
+        python: String,
+    },
     Result(RawResult),
     Listing(RawListing),
-    Paths { id: u64, missing: Vec<String> },
+    Paths {
+        id: u64,
+        missing: Vec<String>,
+    },
+    /// From the supervisor: the runner died, and a new one is starting.
+    Exited(RunnerExit),
+}
+
+/// How a runner died, as the sandbox's supervisor reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct RunnerExit {
+    /// The exit status, or minus the number of the signal that killed it.
+    pub status: i32,
+    /// The kernel killed a process for memory meanwhile (`None`: the runtime does not say).
+    #[serde(default)]
+    pub oom: Option<bool>,
+    /// The host asked for it (after an unanswered interrupt).
+    #[serde(default)]
+    pub requested: bool,
+}
+
+impl RunnerExit {
+    /// The status a shell would report: 128 + the signal for a killed process.
+    pub fn exit_code(&self) -> i32 {
+        if self.status < 0 {
+            128 - self.status
+        } else {
+            self.status
+        }
+    }
+
+    /// The kernel said it killed for memory.
+    pub fn out_of_memory(&self) -> bool {
+        self.oom == Some(true)
+    }
 }
 
 impl Reply {
     /// The request a reply answers (`None` for the start-up message).
     pub fn id(&self) -> Option<u64> {
         match self {
-            Reply::Ready { .. } => None,
+            Reply::Ready { .. } | Reply::Exited(_) => None,
             Reply::Result(r) => Some(r.id),
             Reply::Listing(l) => Some(l.id),
             Reply::Paths { id, .. } => Some(*id),

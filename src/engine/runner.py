@@ -6,39 +6,163 @@
 # stream: the code's own stdout/stderr (fds 1 and 2) are pipes read by a capture thread, and between
 # executions they point at /dev/null.
 #
+# Two processes run this file. The bootstrap is the container's pid 1: it becomes the supervisor
+# (below), which forks the runner proper and starts a new one whenever the runner dies (killed by the
+# kernel for memory, by the code itself, or on the host's request after an interrupt went
+# unanswered). The container, and so the workspace, outlive the runner: a session loses its
+# variables, never its files. The supervisor runs no user code and reads nothing from the host; it
+# only writes one frame per runner death:
+#            {"type": "exited", "status": int (negative: killed by that signal), "oom": bool|null,
+#             "requested": bool}
+#
 # Requests:  {"op": "exec", "id": N, "code": str, "max_output": bytes}
 #            {"op": "shell", "id": N, "command": str, "max_output": bytes}
 #            {"op": "list", "id": N, "path": str}          (a directory of the workspace)
 #            {"op": "paths", "id": N, "add": [dir], "remove": [dir]}   (installed dependencies)
-# Replies:   {"type": "ready", ...} once, then per request one {"type": "result", "id": N, ...}
-#            (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths", "id": N,
-#            "missing": [dir]} (paths: directories that do not exist are not added).
+# Replies:   {"type": "ready", ...} once per runner, then per request one {"type": "result", "id":
+#            N, ...} (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths",
+#            "id": N, "missing": [dir]} (paths: directories that do not exist are not added).
 #
 # After each execution the result names the workspace files the execution created or changed
 # (found by comparing two walks that never follow links), and carries the matplotlib figures it
 # showed or left open, as PNG. The host copies the files out itself and checks everything again.
 #
-# The code runs in this process, in one globals namespace that lives as long as the runner, so a
-# session keeps its variables between executions. The host interrupts an execution with SIGINT
-# (KeyboardInterrupt in the code); it kills the whole sandbox when that does not work. The host
-# treats every byte this process sends as untrusted: the code can reach this process's memory.
+# The code runs in the runner process, in one globals namespace that lives as long as the runner,
+# so a session keeps its variables between executions. The host interrupts an execution with SIGINT
+# to pid 1, which passes it on (KeyboardInterrupt in the code); when that does not work it sends
+# SIGTERM, on which the supervisor kills every other process. The host treats every byte either
+# process sends as untrusted: the code can reach the runner's memory, and signal the supervisor.
+
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+
+def write_frame(fd, obj):
+    body = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+    view = memoryview(struct.pack(">I", len(body)) + body)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def oom_kill_count():
+    """How many processes the kernel has killed in this sandbox's memory cgroup (v1 or v2), or
+    None where the runtime does not show it."""
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def clear_sandbox(deadline):
+    """Kills every process but this one (kill(-1) spares the caller) and reaps them: every process
+    of the sandbox descends from pid 1, so none is left once it has no children."""
+    while time.monotonic() < deadline:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            while os.waitpid(-1, os.WNOHANG) != (0, 0):
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
+def host_hung_up():
+    """The host closed the protocol: nobody will ever talk to a new runner."""
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    return any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, event in poller.poll(0))
+
+
+def supervise():
+    """Pid 1: returns only in a freshly forked runner; never returns in the supervisor itself."""
+    runner = [0]
+    requested = [False]
+
+    def forward_interrupt(signum, frame):
+        if runner[0]:
+            try:
+                os.kill(runner[0], signal.SIGINT)
+            except OSError:
+                pass
+
+    def kill_everything_else(signum, frame):
+        requested[0] = True
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGINT, forward_interrupt)
+    signal.signal(signal.SIGTERM, kill_everything_else)
+    while True:
+        oom_before = oom_kill_count()
+        try:
+            pid = os.fork()
+        except OSError:  # the process limit, briefly: every other process is being killed
+            time.sleep(0.05)
+            continue
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            return
+        runner[0] = pid
+        started = time.monotonic()
+        while True:
+            try:
+                done, status = os.wait()  # also reaps the orphans the code leaves behind
+            except ChildProcessError:
+                done, status = pid, 0
+            if done == pid:
+                break
+        runner[0] = 0
+        clear_sandbox(time.monotonic() + 5.0)
+        if host_hung_up():
+            os._exit(0)
+        oom_after = oom_kill_count()
+        oom = None if oom_before is None or oom_after is None else oom_after > oom_before
+        write_frame(
+            1,
+            {
+                "type": "exited",
+                "status": os.waitstatus_to_exitcode(status),
+                "oom": oom,
+                "requested": requested[0],
+            },
+        )
+        requested[0] = False
+        if time.monotonic() - started < 1.0:
+            time.sleep(0.2)  # a runner that cannot start must not spin
+
+
+if os.getpid() == 1:
+    supervise()
+
+# From here on: the runner.
 
 import base64
 import importlib
 import importlib.abc
 import io
-import json
 import linecache
-import os
 import queue
-import select
-import signal
 import stat
-import struct
 import subprocess
-import sys
 import threading
-import time
 import traceback
 import warnings
 
@@ -88,12 +212,7 @@ def read_frame():
 
 
 def send_frame(obj):
-    body = json.dumps(obj, separators=(",", ":")).encode("utf-8")
-    data = struct.pack(">I", len(body)) + body
-    view = memoryview(data)
-    while view:
-        written = os.write(PROTO_OUT, view)
-        view = view[written:]
+    write_frame(PROTO_OUT, obj)
 
 
 WORKSPACE = "/workspace"

@@ -2,12 +2,14 @@
 //!
 //! ```text
 //!   launch ──► Ready ──execute──► Ready            (the code finished, or was interrupted in time)
-//!                │                  │
-//!                │        runner died / killed after the grace / protocol broken
-//!                ▼                  ▼
-//!              Down ──restart (state lost)──► Ready
 //!                │
-//!   destroy ◄────┴── from any state ──► Destroyed
+//!                ├── runner died / killed after the grace ──► Respawning ──ready──► Ready
+//!                │        (the supervisor starts a new runner: variables lost, files kept)
+//!                │
+//!                └── protocol broken / supervisor gone ──► Down ──restart──► Ready
+//!                         (a new container process: variables and workspace files lost)
+//!
+//!   destroy ◄── from any state ──► Destroyed
 //! ```
 //!
 //! A sandbox dropped without `destroy` (a cancelled request) is destroyed in the background.
@@ -25,7 +27,7 @@ use super::backend::{
 };
 use super::protocol::{
     encode_frame, truncate_chars, ChangedEntry, DirEntry, FrameDecoder, ProtocolError,
-    RaisedException, Reply, Request, RUNNER_SOURCE,
+    RaisedException, Reply, Request, RunnerExit, RUNNER_SOURCE,
 };
 use super::EngineError;
 
@@ -83,6 +85,8 @@ pub struct Execution {
     pub cancelled: bool,
     /// The runner was restarted: variables and imports of earlier executions are gone.
     pub state_lost: bool,
+    /// The whole sandbox was restarted: the workspace's files are gone too.
+    pub workspace_lost: bool,
     /// The sandbox ran out of memory.
     pub out_of_memory: bool,
     /// The exception that ended the code, if one did.
@@ -103,8 +107,20 @@ impl Execution {
 
 enum State {
     Ready(Runner),
+    /// The runner died; the supervisor is starting a new one on the same streams.
+    Respawning(Runner),
     Down(String),
     Destroyed,
+}
+
+/// What had to be restarted before a request could be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restarted {
+    Nothing,
+    /// A new runner (its predecessor's death was reported with the execution it ended).
+    Runner,
+    /// A new sandbox process tree: variables and workspace files are gone.
+    Sandbox,
 }
 
 /// The host's end of the runner protocol.
@@ -116,7 +132,9 @@ struct Runner {
 }
 
 enum RunnerFailure {
-    /// The runner's stream ended: its process is gone.
+    /// The supervisor reported the runner dead; it is starting a new one.
+    Exited(RunnerExit),
+    /// The stream ended: the sandbox's processes, supervisor included, are gone.
     Ended,
     Protocol(ProtocolError),
     Backend(BackendError),
@@ -135,20 +153,24 @@ impl Runner {
         if let Err(e) = runner.send(&encode_frame(RUNNER_SOURCE.as_bytes())).await {
             return Err((e, runner.diagnostics));
         }
-        match tokio::time::timeout(START_TIMEOUT, runner.next_reply()).await {
-            Ok(Ok(Reply::Ready { python })) => Ok((runner, python)),
-            Ok(Ok(_)) => Err((
-                RunnerFailure::Protocol(ProtocolError::Malformed("a result before ready".into())),
-                runner.diagnostics,
-            )),
-            Ok(Err(e)) => Err((e, runner.diagnostics)),
-            Err(_) => Err((
-                RunnerFailure::Backend(BackendError::Other(format!(
-                    "the runner did not start within {}s",
-                    START_TIMEOUT.as_secs()
-                ))),
-                runner.diagnostics,
-            )),
+        match runner.await_ready().await {
+            Ok(python) => Ok((runner, python)),
+            Err(e) => Err((e, runner.diagnostics)),
+        }
+    }
+
+    /// Waits for a (new) runner's start-up message.
+    async fn await_ready(&mut self) -> Result<String, RunnerFailure> {
+        match tokio::time::timeout(START_TIMEOUT, self.next_reply()).await {
+            Ok(Ok(Reply::Ready { python })) => Ok(python),
+            Ok(Ok(_)) => Err(RunnerFailure::Protocol(ProtocolError::Malformed(
+                "a reply before the runner was ready".into(),
+            ))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RunnerFailure::Backend(BackendError::Other(format!(
+                "the runner did not start within {}s",
+                START_TIMEOUT.as_secs()
+            )))),
         }
     }
 
@@ -161,12 +183,14 @@ impl Runner {
         write.await.map_err(|_| RunnerFailure::Ended)
     }
 
-    /// Reads until one complete reply is decoded. Cancel-safe only as a whole: keep the future
-    /// alive across `select!` arms rather than re-creating it.
+    /// Reads until one complete reply is decoded; the supervisor's report of a dead runner is a
+    /// failure. Cancel-safe: a chunk is consumed only once it is in the decoder.
     async fn next_reply(&mut self) -> Result<Reply, RunnerFailure> {
         loop {
-            if let Some(reply) = self.decoder.next_reply().map_err(RunnerFailure::Protocol)? {
-                return Ok(reply);
+            match self.decoder.next_reply().map_err(RunnerFailure::Protocol)? {
+                Some(Reply::Exited(exit)) => return Err(RunnerFailure::Exited(exit)),
+                Some(reply) => return Ok(reply),
+                None => {}
             }
             match self.output.next().await {
                 None => return Err(RunnerFailure::Ended),
@@ -236,37 +260,52 @@ impl Sandbox {
     async fn start_runner(&mut self) -> Result<(), EngineError> {
         let streams = self.backend.start(&self.id).await?;
         match Runner::connect(streams).await {
-            Ok((mut runner, python)) => {
-                self.python_version = python;
-                if !self.paths.is_empty() {
-                    // A restarted runner gets its dependencies back.
-                    self.next_request += 1;
-                    let request = Request::Paths {
-                        id: self.next_request,
-                        add: &self.paths,
-                        remove: &[],
-                    };
-                    let restored = match runner.send(&request.to_frame()).await {
-                        Ok(()) => tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply())
-                            .await
-                            .ok(),
-                        Err(_) => None,
-                    };
-                    if !matches!(restored, Some(Ok(Reply::Paths { .. }))) {
-                        self.state = State::Down(
-                            "the restarted runner did not take its dependencies".into(),
-                        );
-                        return Err(EngineError::SandboxStart(
-                            "the restarted runner did not take its dependencies".into(),
-                        ));
-                    }
-                }
-                self.state = State::Ready(runner);
-                Ok(())
-            }
+            Ok((runner, python)) => self.adopt(runner, python).await,
             Err((failure, diagnostics)) => {
                 let reason =
                     Self::describe_failure(&self.backend, &self.id, failure, &diagnostics).await;
+                self.state = State::Down(reason.clone());
+                Err(EngineError::SandboxStart(reason))
+            }
+        }
+    }
+
+    /// Makes a runner that just said it is ready the sandbox's runner, giving a restarted one its
+    /// dependencies back.
+    async fn adopt(&mut self, mut runner: Runner, python: String) -> Result<(), EngineError> {
+        self.python_version = python;
+        if !self.paths.is_empty() {
+            self.next_request += 1;
+            let request = Request::Paths {
+                id: self.next_request,
+                add: &self.paths,
+                remove: &[],
+            };
+            let restored = match runner.send(&request.to_frame()).await {
+                Ok(()) => tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply())
+                    .await
+                    .ok(),
+                Err(_) => None,
+            };
+            if !matches!(restored, Some(Ok(Reply::Paths { .. }))) {
+                let reason = "the restarted runner did not take its dependencies";
+                self.state = State::Down(reason.into());
+                return Err(EngineError::SandboxStart(reason.into()));
+            }
+        }
+        self.state = State::Ready(runner);
+        Ok(())
+    }
+
+    /// Waits for the runner the supervisor is starting after a death.
+    async fn respawned(&mut self, mut runner: Runner) -> Result<(), EngineError> {
+        match runner.await_ready().await {
+            Ok(python) => self.adopt(runner, python).await,
+            Err(failure) => {
+                let reason =
+                    Self::describe_failure(&self.backend, &self.id, failure, &runner.diagnostics)
+                        .await;
+                tracing::warn!(sandbox = %self.id, "no new runner after a death: {reason}");
                 self.state = State::Down(reason.clone());
                 Err(EngineError::SandboxStart(reason))
             }
@@ -282,6 +321,15 @@ impl Sandbox {
         diagnostics: &[u8],
     ) -> String {
         let mut reason = match failure {
+            RunnerFailure::Exited(exit) if exit.out_of_memory() => {
+                "the runner ran out of memory as it started".to_string()
+            }
+            RunnerFailure::Exited(exit) => {
+                format!(
+                    "the runner exited as it started (status {})",
+                    exit.exit_code()
+                )
+            }
             RunnerFailure::Ended => match backend.exit_info(id).await {
                 Ok(info) if info.oom_killed => "the sandbox ran out of memory".to_string(),
                 Ok(info) => format!(
@@ -302,7 +350,8 @@ impl Sandbox {
         reason
     }
 
-    /// Kills the sandbox's processes and starts a fresh runner (the workspace is kept).
+    /// Kills the sandbox's processes, supervisor included, and starts it again: variables and
+    /// workspace files are lost.
     pub async fn restart(&mut self) -> Result<(), EngineError> {
         if matches!(self.state, State::Destroyed) {
             return Err(EngineError::SandboxGone);
@@ -404,6 +453,7 @@ impl Sandbox {
                         timed_out,
                         cancelled,
                         state_lost: false,
+                        workspace_lost: false,
                         out_of_memory: false,
                         error: r.error,
                         changes: Changes {
@@ -423,52 +473,100 @@ impl Sandbox {
                 return Err(self.broken(e).await);
             }
             Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
-                let mut execution = self
-                    .runner_died(failure, &runner.diagnostics, elapsed)
-                    .await?;
+                let mut execution = self.runner_died(runner, failure, elapsed).await?;
                 execution.timed_out = timed_out;
                 execution.cancelled = cancelled;
                 execution
             }
             Waited::Unresponsive => {
-                tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing the sandbox");
-                self.state = State::Down("killed after an unanswered interrupt".into());
-                self.backend.kill(&self.id).await?;
+                tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing its processes");
+                let workspace_lost = !self.kill_processes(runner).await?;
                 let why = if cancelled {
                     "Cancelled".to_string()
                 } else {
                     format!("Timed out after {}", human(timeout))
                 };
+                let what = if workspace_lost {
+                    "the sandbox was killed: its output, variables and workspace files are lost"
+                } else {
+                    "its processes were killed: its output and variables are lost, the workspace \
+                     files remain"
+                };
                 Execution {
                     stdout: Vec::new(),
-                    stderr: format!(
-                        "{why}; the code did not stop on interrupt, so the sandbox was killed and \
-                         its output lost.\n"
-                    )
-                    .into_bytes(),
+                    stderr: format!("{why}; the code did not stop on interrupt, so {what}.\n")
+                        .into_bytes(),
                     exit_code: 137,
                     duration: elapsed,
                     truncated_bytes: 0,
                     timed_out,
                     cancelled,
                     state_lost: true,
+                    workspace_lost,
                     ..Default::default()
                 }
             }
         };
-        execution.state_lost |= restarted;
+        if restarted == Restarted::Sandbox {
+            execution.state_lost = true;
+            execution.workspace_lost = true;
+        }
         Ok(execution)
+    }
+
+    /// Has the supervisor kill every process but itself, and waits for its report. Returns
+    /// whether that worked (the sandbox is then respawning its runner, workspace intact); if it
+    /// did not, the whole sandbox is killed and is `Down`.
+    async fn kill_processes(&mut self, mut runner: Runner) -> Result<bool, EngineError> {
+        let reported = match self.backend.kill_processes(&self.id).await {
+            Err(e) => {
+                tracing::warn!(sandbox = %self.id, "could not signal the supervisor: {e}");
+                false
+            }
+            Ok(()) => {
+                let death = async {
+                    loop {
+                        match runner.next_reply().await {
+                            Err(RunnerFailure::Exited(_)) => return true,
+                            Ok(_) => continue, // a reply sent just before the kill
+                            Err(_) => return false,
+                        }
+                    }
+                };
+                tokio::time::timeout(INTERRUPT_GRACE * 2, death)
+                    .await
+                    .unwrap_or(false)
+            }
+        };
+        if reported {
+            self.state = State::Respawning(runner);
+            return Ok(true);
+        }
+        tracing::warn!(sandbox = %self.id, "the supervisor did not report: killing the sandbox");
+        self.state = State::Down("killed after an unanswered interrupt".into());
+        self.backend.kill(&self.id).await?;
+        Ok(false)
     }
 
     /// The runner, taken out of the state for a request (restarted first if it is down; the
     /// second value says so). Until it is put back the sandbox counts as down, so a request
     /// abandoned midway leaves it restarting on next use rather than with a reply in flight.
-    async fn take_runner(&mut self, abandoned: &str) -> Result<(Runner, bool), EngineError> {
-        let mut restarted = false;
+    async fn take_runner(&mut self, abandoned: &str) -> Result<(Runner, Restarted), EngineError> {
+        let mut restarted = Restarted::Nothing;
+        if let State::Respawning(_) = &self.state {
+            if let State::Respawning(runner) =
+                std::mem::replace(&mut self.state, State::Down(abandoned.into()))
+            {
+                restarted = Restarted::Runner;
+                if let Err(e) = self.respawned(runner).await {
+                    tracing::info!(sandbox = %self.id, "falling back to a full restart: {e}");
+                }
+            }
+        }
         if let State::Down(reason) = &self.state {
-            tracing::info!(sandbox = %self.id, "restarting a runner that is down ({reason})");
+            tracing::info!(sandbox = %self.id, "restarting a sandbox that is down ({reason})");
             self.restart().await?;
-            restarted = true;
+            restarted = Restarted::Sandbox;
         }
         match std::mem::replace(&mut self.state, State::Down(abandoned.into())) {
             State::Ready(runner) => Ok((runner, restarted)),
@@ -569,6 +667,12 @@ impl Sandbox {
                 ))
                 .await),
             Err(RunnerFailure::Protocol(e)) => Err(self.broken(e).await),
+            Err(RunnerFailure::Exited(_)) => {
+                self.state = State::Respawning(runner);
+                Err(EngineError::SandboxStart(
+                    "the sandbox's runner exited; try again".into(),
+                ))
+            }
             Err(RunnerFailure::Ended) => {
                 self.state = State::Down("the runner exited".into());
                 Err(EngineError::SandboxStart(
@@ -583,12 +687,13 @@ impl Sandbox {
         }
     }
 
-    /// The runner's stream ended mid-execution: the code killed it (os._exit, a signal) or the
-    /// kernel did (out of memory). The result says which; the sandbox restarts on next use.
+    /// The runner died mid-execution: the code killed it (os._exit, a signal) or the kernel did
+    /// (out of memory). The result says which. When the supervisor reported it, a new runner is
+    /// on its way (files kept); when the whole sandbox ended, it restarts on next use.
     async fn runner_died(
         &mut self,
+        runner: Runner,
         failure: RunnerFailure,
-        diagnostics: &[u8],
         elapsed: Duration,
     ) -> Result<Execution, EngineError> {
         match failure {
@@ -597,7 +702,46 @@ impl Sandbox {
                 self.state = State::Down(e.to_string());
                 Err(e.into())
             }
+            RunnerFailure::Exited(exit) => {
+                self.state = State::Respawning(runner);
+                let code = exit.exit_code();
+                let (stderr, error) = if exit.out_of_memory() {
+                    (
+                        "MemoryError: the sandbox ran out of memory and its Python process was \
+                         killed; variables from earlier executions are lost, files in /workspace \
+                         remain.\n"
+                            .to_string(),
+                        Some(RaisedException {
+                            kind: "MemoryError".into(),
+                            message: "out of memory".into(),
+                        }),
+                    )
+                } else {
+                    let how = if exit.status < 0 {
+                        format!("was killed by signal {}", -exit.status)
+                    } else {
+                        format!("exited with status {}", exit.status)
+                    };
+                    (
+                        format!(
+                            "The sandbox's Python process {how} during the execution; variables \
+                             from earlier executions are lost, files in /workspace remain.\n"
+                        ),
+                        None,
+                    )
+                };
+                Ok(Execution {
+                    stderr: stderr.into_bytes(),
+                    exit_code: code,
+                    duration: elapsed,
+                    state_lost: true,
+                    out_of_memory: exit.out_of_memory(),
+                    error,
+                    ..Default::default()
+                })
+            }
             RunnerFailure::Ended => {
+                let diagnostics = runner.diagnostics;
                 self.state = State::Down("the runner exited".into());
                 let info = self.backend.exit_info(&self.id).await?;
                 let code = info
@@ -606,17 +750,17 @@ impl Sandbox {
                     .unwrap_or(137);
                 let (stderr, error) = if info.oom_killed {
                     (
-                        "MemoryError: the sandbox ran out of memory and its Python process was killed; \
-                         variables from earlier executions are lost.\n"
+                        "MemoryError: the sandbox ran out of memory and was killed; variables from \
+                         earlier executions and files in /workspace are lost.\n"
                             .to_string(),
                         Some(RaisedException { kind: "MemoryError".into(), message: "out of memory".into() }),
                     )
                 } else {
                     (
                         format!(
-                            "The sandbox's Python process exited with status {code} during the \
-                             execution; variables from earlier executions are lost.\n{}",
-                            String::from_utf8_lossy(diagnostics)
+                            "The sandbox exited with status {code} during the execution; variables \
+                             from earlier executions and files in /workspace are lost.\n{}",
+                            String::from_utf8_lossy(&diagnostics)
                         ),
                         None,
                     )
@@ -630,6 +774,7 @@ impl Sandbox {
                     timed_out: false,
                     cancelled: false,
                     state_lost: true,
+                    workspace_lost: true,
                     out_of_memory: info.oom_killed,
                     error,
                     ..Default::default()

@@ -31,8 +31,10 @@ pub struct ExecutionOutput {
     pub truncated_bytes: u64,
     /// The client cancelled the call.
     pub cancelled: bool,
-    /// The interpreter was restarted: variables from earlier calls are gone (files remain).
+    /// The interpreter was restarted: variables from earlier calls are gone.
     pub state_lost: bool,
+    /// The whole sandbox was restarted: the files in /workspace are gone too.
+    pub workspace_lost: bool,
     pub out_of_memory: bool,
     /// The exception that ended the code, if one did.
     pub error: Option<ErrorOutput>,
@@ -164,6 +166,7 @@ pub fn execution(
         truncated_bytes: execution.truncated_bytes,
         cancelled: execution.cancelled,
         state_lost: execution.state_lost,
+        workspace_lost: execution.workspace_lost,
         out_of_memory: execution.out_of_memory,
         error: execution.error.as_ref().map(|e| ErrorOutput {
             kind: e.kind.clone(),
@@ -239,7 +242,7 @@ fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -
     }
     if execution.timed_out || execution.cancelled {
         text.push_str(if execution.state_lost {
-            "[the code did not stop on interrupt: the sandbox was killed]\n"
+            "[the code did not stop on interrupt: its processes were killed]\n"
         } else {
             "[the code was interrupted; processes it started were stopped]\n"
         });
@@ -248,7 +251,9 @@ fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -
         text.push_str("--- files ---\n");
         text.push_str(&files_summary(&execution.files));
     }
-    if execution.state_lost {
+    if execution.workspace_lost {
+        text.push_str("[the sandbox was restarted: variables from earlier calls and files in /workspace are gone]\n");
+    } else if execution.state_lost {
         text.push_str("[the interpreter was restarted: variables from earlier calls are gone; files in /workspace remain]\n");
     }
     text

@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    MountVolumeOptionsDriverConfig, ResourcesUlimits,
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
@@ -89,12 +90,25 @@ impl DockerBackend {
         let networked = spec.network != NetworkPolicy::None;
 
         let mut mounts = vec![Mount {
-            // An anonymous volume: removed with the container (remove with `v`), and unlike a tmpfs
-            // it works with the archive API under a read-only root.
+            // An anonymous volume, removed with the container (remove with `v`), backed by a tmpfs
+            // of the workspace's size: full, it fails writes with ENOSPC and the host's disk never
+            // fills. Unlike a tmpfs mount it works with the archive API under a read-only root, and
+            // it lives as long as the container: runner restarts keep the files.
             target: Some(paths::WORKSPACE.to_string()),
             typ: Some(MountType::VOLUME),
             volume_options: Some(MountVolumeOptions {
                 labels: Some(labels.clone()),
+                driver_config: Some(MountVolumeOptionsDriverConfig {
+                    name: Some("local".to_string()),
+                    options: Some(HashMap::from([
+                        ("type".to_string(), "tmpfs".to_string()),
+                        ("device".to_string(), "tmpfs".to_string()),
+                        (
+                            "o".to_string(),
+                            workspace_mount_options(limits.workspace_bytes),
+                        ),
+                    ])),
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -161,7 +175,15 @@ impl DockerBackend {
             mounts: Some(mounts),
             network_mode: Some(spec.network.as_str().to_string()),
             runtime: spec.runtime.clone(),
-            init: Some(true),
+            // No init of Docker's: the runner's own supervisor is pid 1 (it reaps orphans, passes
+            // the interrupt on, and outlives the runner; see runner.py).
+            init: Some(false),
+            // Everything the sandbox writes goes to the attached host, never to a log file that
+            // would grow on the host's disk.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".to_string()),
+                config: None,
+            }),
             ipc_mode: Some("private".to_string()),
             ulimits: Some(vec![ResourcesUlimits {
                 // No core dumps: they would land in the workspace.
@@ -192,6 +214,14 @@ impl DockerBackend {
             ..Default::default()
         }
     }
+}
+
+/// Mount options of the workspace tmpfs: its size, an inode count in proportion (empty files cost
+/// memory too), owned by the sandbox user.
+fn workspace_mount_options(bytes: u64) -> String {
+    let inodes = (bytes / 4096).max(1024);
+    let (uid, gid) = paths::USER.split_once(':').unwrap_or(("1000", "1000"));
+    format!("size={bytes},nr_inodes={inodes},uid={uid},gid={gid},mode=0755,nosuid,nodev")
 }
 
 /// Classifies a client error: transport failures mean the engine is unavailable.
@@ -315,6 +345,11 @@ impl Backend for DockerBackend {
 
     async fn interrupt(&self, id: &SandboxId) -> Result<(), BackendError> {
         self.signal(id, "SIGINT").await
+    }
+
+    async fn kill_processes(&self, id: &SandboxId) -> Result<(), BackendError> {
+        // The supervisor (pid 1) kills every other process on SIGTERM and starts a new runner.
+        self.signal(id, "SIGTERM").await
     }
 
     async fn kill(&self, id: &SandboxId) -> Result<(), BackendError> {
