@@ -6,7 +6,9 @@
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine),
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest),
 #   5. a smoke call through the MCP Inspector CLI, a second real client,
-#   6. a final check that no sandbox container or volume was left behind.
+#   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks under runc and gVisor,
+#      faults (one restarts dockerd),
+#   7. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +70,10 @@ if ! printf '%s' "$smoke" | grep -q '"stdout": "42\\n"'; then
   exit 1
 fi
 echo "inspector: ok" >&2
+
+echo "== adversarial and fault suite (official Python SDK; runc, then the attack list under gVisor)" >&2
+# It restarts dockerd (a fault case): it runs last, alone.
+"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runsc
 
 echo "== leftovers" >&2
 # Tests assert this per engine instance; this catches anything a test process did not clean up.

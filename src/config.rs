@@ -389,6 +389,14 @@ impl Config {
                     expected: "the name of a runtime registered with the engine, such as runsc",
                 });
             }
+            if v.starts_with("runsc") && config.limits.pids < GVISOR_MIN_PIDS {
+                return Err(ConfigError {
+                    var: "SANDBOX_PIDS_LIMIT",
+                    value: config.limits.pids.to_string(),
+                    expected: "at least 256 with SANDBOX_RUNTIME=runsc: under gVisor the limit \
+                               bounds the gVisor kernel's own host threads, which need that many",
+                });
+            }
             config.runtime = Some(v);
         }
         if let Some(v) = get("SANDBOX_CA_BUNDLE") {
@@ -558,6 +566,9 @@ impl Config {
 }
 
 /// The largest output cap an operator may set: the host buffers up to this much per execution.
+/// The smallest pids limit gVisor's kernel runs under (it counts its own host threads).
+pub const GVISOR_MIN_PIDS: u64 = 256;
+
 /// `/workspace` when `SANDBOX_WORKSPACE_SIZE` is unset (capped at half the memory limit).
 pub const DEFAULT_WORKSPACE_BYTES: u64 = 512 << 20;
 
@@ -765,6 +776,32 @@ fn parse_cpus(value: &str) -> Result<f64, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gvisor_needs_room_for_its_own_threads() {
+        let e = config(&[("SANDBOX_RUNTIME", "runsc"), ("SANDBOX_PIDS_LIMIT", "64")]).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_PIDS_LIMIT");
+        assert!(config(&[("SANDBOX_RUNTIME", "runsc"), ("SANDBOX_PIDS_LIMIT", "256")]).is_ok());
+        assert!(config(&[("SANDBOX_PIDS_LIMIT", "64")]).is_ok());
+    }
+
+    #[test]
+    fn the_workspace_fits_in_memory() {
+        let c = config(&[("SANDBOX_MEMORY_LIMIT", "256m")]).unwrap();
+        assert_eq!(
+            c.limits.workspace_bytes,
+            128 << 20,
+            "half the memory when unset"
+        );
+        let c = config(&[("SANDBOX_WORKSPACE_SIZE", "100m")]).unwrap();
+        assert_eq!(c.limits.workspace_bytes, 100 << 20);
+        let e = config(&[
+            ("SANDBOX_MEMORY_LIMIT", "256m"),
+            ("SANDBOX_WORKSPACE_SIZE", "1g"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "SANDBOX_WORKSPACE_SIZE");
+    }
+
     use super::*;
     use std::collections::HashMap;
 

@@ -11,8 +11,10 @@
 //!   the binary and sent over stdin at start) executes code on request, over length-prefixed JSON
 //!   frames on the container's attached stdin/stdout. The runner keeps one namespace, so a session
 //!   keeps its variables between executions; a disposable run is a fresh sandbox removed right after.
-//!   Timeouts interrupt the code first (SIGINT, so a session keeps its state) and kill the sandbox
-//!   only when that fails.
+//!   Timeouts interrupt the code first (SIGINT, so a session keeps its state) and kill the code's
+//!   processes only when that fails. A supervisor, the container's pid 1, outlives the runner and
+//!   starts a new one after any death, so a session loses variables, never its workspace (a
+//!   size-bounded tmpfs).
 //!   Files the code writes come back checked and bounded; dependencies are installed outside the
 //!   code's sandbox into a shared, read-only cache; a warm pool hides start-up.
 //! - [`mcp`] translates MCP tool calls to engine calls and back (stdio, rmcp); [`pypi`] backs the

@@ -30,7 +30,8 @@
 # The code runs in the runner process, in one globals namespace that lives as long as the runner,
 # so a session keeps its variables between executions. The host interrupts an execution with SIGINT
 # to pid 1, which passes it on (KeyboardInterrupt in the code); when that does not work it sends
-# SIGTERM, on which the supervisor kills every other process. The host treats every byte either
+# SIGUSR1, on which the supervisor kills every other process. SIGTERM (`docker stop`, an engine
+# shutting down) ends the sandbox. The host treats every byte either
 # process sends as untrusted: the code can reach the runner's memory, and signal the supervisor.
 
 import json
@@ -107,8 +108,17 @@ def supervise():
         except OSError:
             pass
 
+    def stop(signum, frame):
+        # `docker stop` or an engine shutting down: end the sandbox, do not start a new runner.
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        os._exit(128 + signum)
+
     signal.signal(signal.SIGINT, forward_interrupt)
-    signal.signal(signal.SIGTERM, kill_everything_else)
+    signal.signal(signal.SIGUSR1, kill_everything_else)
+    signal.signal(signal.SIGTERM, stop)
     while True:
         oom_before = oom_kill_count()
         try:
@@ -119,6 +129,7 @@ def supervise():
         if pid == 0:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             return
         runner[0] = pid
         started = time.monotonic()

@@ -320,7 +320,7 @@ impl Sandbox {
         failure: RunnerFailure,
         diagnostics: &[u8],
     ) -> String {
-        let mut reason = match failure {
+        let reason = match failure {
             RunnerFailure::Exited(exit) if exit.out_of_memory() => {
                 "the runner ran out of memory as it started".to_string()
             }
@@ -330,24 +330,13 @@ impl Sandbox {
                     exit.exit_code()
                 )
             }
-            RunnerFailure::Ended => match backend.exit_info(id).await {
-                Ok(info) if info.oom_killed => "the sandbox ran out of memory".to_string(),
-                Ok(info) => format!(
-                    "the sandbox's runner exited (status {})",
-                    info.exit_code.map_or("unknown".into(), |c| c.to_string())
-                ),
-                Err(e) => format!("the sandbox's runner is gone ({e})"),
-            },
+            RunnerFailure::Ended => Self::why_stopped(backend, id)
+                .await
+                .unwrap_or_else(|e| e.to_string()),
             RunnerFailure::Protocol(e) => e.to_string(),
             RunnerFailure::Backend(e) => e.to_string(),
         };
-        let text = String::from_utf8_lossy(diagnostics);
-        let text = text.trim();
-        if !text.is_empty() {
-            reason.push_str(": ");
-            reason.push_str(text);
-        }
-        reason
+        with_diagnostics(reason, diagnostics)
     }
 
     /// Kills the sandbox's processes, supervisor included, and starts it again: variables and
@@ -674,10 +663,12 @@ impl Sandbox {
                 ))
             }
             Err(RunnerFailure::Ended) => {
-                self.state = State::Down("the runner exited".into());
-                Err(EngineError::SandboxStart(
-                    "the sandbox's runner exited; try again".into(),
-                ))
+                let reason = match Self::why_stopped(&self.backend, &self.id).await {
+                    Ok(reason) => reason,
+                    Err(e) => return Err(e),
+                };
+                self.state = State::Down(reason.clone());
+                Err(EngineError::SandboxLost(reason))
             }
             Err(RunnerFailure::Backend(e)) => {
                 self.state = State::Down(e.to_string());
@@ -699,8 +690,11 @@ impl Sandbox {
         match failure {
             RunnerFailure::Protocol(e) => Err(self.broken(e).await),
             RunnerFailure::Backend(e) => {
+                // The attached stream broke (the engine went away, or the connection did): the
+                // runner cannot be reached again, so the sandbox is lost.
                 self.state = State::Down(e.to_string());
-                Err(e.into())
+                let reason = Self::why_stopped(&self.backend, &self.id).await?;
+                Err(EngineError::SandboxLost(format!("{reason} ({e})")))
             }
             RunnerFailure::Exited(exit) => {
                 self.state = State::Respawning(runner);
@@ -741,46 +735,40 @@ impl Sandbox {
                 })
             }
             RunnerFailure::Ended => {
-                let diagnostics = runner.diagnostics;
-                self.state = State::Down("the runner exited".into());
-                let info = self.backend.exit_info(&self.id).await?;
-                let code = info
-                    .exit_code
-                    .and_then(|c| i32::try_from(c).ok())
-                    .unwrap_or(137);
-                let (stderr, error) = if info.oom_killed {
-                    (
-                        "MemoryError: the sandbox ran out of memory and was killed; variables from \
-                         earlier executions and files in /workspace are lost.\n"
-                            .to_string(),
-                        Some(RaisedException { kind: "MemoryError".into(), message: "out of memory".into() }),
-                    )
-                } else {
-                    (
-                        format!(
-                            "The sandbox exited with status {code} during the execution; variables \
-                             from earlier executions and files in /workspace are lost.\n{}",
-                            String::from_utf8_lossy(&diagnostics)
-                        ),
-                        None,
-                    )
-                };
-                Ok(Execution {
-                    stdout: Vec::new(),
-                    stderr: stderr.into_bytes(),
-                    exit_code: code,
-                    duration: elapsed,
-                    truncated_bytes: 0,
-                    timed_out: false,
-                    cancelled: false,
-                    state_lost: true,
-                    workspace_lost: true,
-                    out_of_memory: info.oom_killed,
-                    error,
-                    ..Default::default()
-                })
+                let reason = Self::why_stopped(&self.backend, &self.id).await?;
+                let reason = with_diagnostics(reason, &runner.diagnostics);
+                self.state = State::Down(reason.clone());
+                Err(EngineError::SandboxLost(reason))
             }
         }
+    }
+
+    /// Why the whole sandbox stopped (its supervisor included): never the code's doing, since the
+    /// supervisor ignores every signal the code may send it. An unreachable engine is an error.
+    async fn why_stopped(
+        backend: &Arc<dyn Backend>,
+        id: &SandboxId,
+    ) -> Result<String, EngineError> {
+        Ok(match backend.exit_info(id).await {
+            Ok(info) if info.oom_killed => "it ran out of memory and the kernel stopped it".into(),
+            Ok(info) if info.running => "its connection to the server broke".into(),
+            Ok(info) => match info.exit_code {
+                Some(137) => "its container was killed from outside the server (exit status 137, \
+                              SIGKILL: `docker kill`, `docker stop` or an engine restart)"
+                    .into(),
+                Some(143) => "its container was stopped from outside the server (exit status 143, \
+                              SIGTERM: `docker stop` or an engine restart)"
+                    .into(),
+                Some(code) => format!(
+                    "its container was stopped from outside the server (exit status {code})"
+                ),
+                None => "its container was stopped from outside the server".into(),
+            },
+            Err(BackendError::NotFound(_)) => {
+                "its container was removed from outside the server".into()
+            }
+            Err(e) => return Err(e.into()),
+        })
     }
 
     /// The runner broke the protocol (the code can do that): stop it and report.
@@ -830,6 +818,17 @@ impl Drop for Sandbox {
             });
         }
     }
+}
+
+/// A reason followed by what the sandbox printed outside the protocol, if anything.
+fn with_diagnostics(mut reason: String, diagnostics: &[u8]) -> String {
+    let text = String::from_utf8_lossy(diagnostics);
+    let text = text.trim();
+    if !text.is_empty() {
+        reason.push_str(": ");
+        reason.push_str(text);
+    }
+    reason
 }
 
 pub fn human(d: Duration) -> String {

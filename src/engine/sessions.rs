@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use super::backend::{self, SandboxId};
+use super::backend::{self, BackendError, SandboxId};
+use super::owner::LABEL_INSTANCE;
 use super::sandbox::{human, Sandbox};
 use super::{
     artifacts, deps, installer, protocol, sandbox, Engine, EngineError, Execution, RunOptions, Task,
@@ -246,7 +247,7 @@ impl Engine {
     ) -> Result<Execution, EngineError> {
         Self::check_task(task)?;
         let requested = self.requirements(&options.dependencies)?;
-        let (_, session) = self.session(id)?;
+        let (full_id, session) = self.session(id)?;
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
@@ -259,6 +260,7 @@ impl Engine {
             )
         };
         let mut result = self.execute_in(&mut sandbox, task, options).await;
+        self.end_if_lost(&full_id, &result);
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
             let id = sandbox.id().clone();
@@ -327,13 +329,17 @@ impl Engine {
             reason: e.to_string(),
         })?;
         session.touch();
-        self.backend
+        let copied = self
+            .backend
             .copy_in(
-                &SandboxId(full_id),
+                &SandboxId(full_id.clone()),
                 backend::paths::WORKSPACE,
                 archive.into(),
             )
-            .await?;
+            .await
+            .map_err(EngineError::from);
+        self.end_if_lost(&full_id, &copied);
+        copied?;
         Ok(format!("{}/{path}", backend::paths::WORKSPACE))
     }
 
@@ -367,7 +373,7 @@ impl Engine {
 
     /// Lists a directory of a session's workspace (`""` for the workspace itself).
     pub async fn list_files(&self, id: &str, path: &str) -> Result<sandbox::Listing, EngineError> {
-        let (_, session) = self.session(id)?;
+        let (full_id, session) = self.session(id)?;
         let path = if path.trim().trim_matches('/').is_empty() || path.trim() == "." {
             String::new()
         } else {
@@ -375,7 +381,9 @@ impl Engine {
         };
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
-        sandbox.list(&path).await
+        let result = sandbox.list(&path).await;
+        self.end_if_lost(&full_id, &result);
+        result
     }
 
     /// Stops a session and removes its sandbox.
@@ -423,14 +431,17 @@ impl Engine {
                     Some((
                         id.clone(),
                         format!(
-                            "it reached the maximum lifetime of {}",
+                            "it expired at the maximum lifetime of {}",
                             human(policy.max_lifetime)
                         ),
                     ))
                 } else if s.idle() >= policy.idle_timeout && s.sandbox.try_lock().is_ok() {
                     Some((
                         id.clone(),
-                        format!("it was idle for more than {}", human(policy.idle_timeout)),
+                        format!(
+                            "it expired after being idle for more than {}",
+                            human(policy.idle_timeout)
+                        ),
                     ))
                 } else {
                     None
@@ -439,19 +450,73 @@ impl Engine {
             .collect();
         for (id, reason) in &expired {
             tracing::info!(session = %id, "stopping: {reason}");
-            {
-                let mut sessions = self.lock_sessions();
-                sessions.live.remove(id);
-                sessions.ended.push_back((id.clone(), reason.clone()));
-                while sessions.ended.len() > TOMBSTONES {
-                    sessions.ended.pop_front();
-                }
-            }
+            self.end_session(id, reason);
             if let Err(e) = self.backend.destroy(&SandboxId(id.clone())).await {
                 tracing::warn!(session = %id, "could not remove an expired session: {e}");
             }
         }
         expired.len()
+    }
+
+    /// Takes a session out of the live ones; later calls on it are told `reason`.
+    fn end_session(&self, id: &str, reason: &str) {
+        let mut sessions = self.lock_sessions();
+        sessions.live.remove(id);
+        sessions
+            .ended
+            .push_back((id.to_string(), reason.to_string()));
+        while sessions.ended.len() > TOMBSTONES {
+            sessions.ended.pop_front();
+        }
+    }
+
+    /// Ends a session whose sandbox is lost (stopped or removed from outside, or the engine went
+    /// away mid-call): it cannot be resumed, and restarting it silently would hide that its
+    /// variables and files are gone. Its container is removed, once the engine answers again.
+    fn end_if_lost<T>(&self, id: &str, result: &Result<T, EngineError>) {
+        let reason = match result {
+            Err(EngineError::SandboxLost(reason)) => reason.clone(),
+            Err(EngineError::Backend(BackendError::NotFound(_)))
+            | Err(EngineError::SandboxGone) => {
+                "its container was removed from outside the server".into()
+            }
+            Err(EngineError::Backend(BackendError::Unavailable(_))) => {
+                "it was lost when the container engine became unreachable during a call".into()
+            }
+            _ => return,
+        };
+        if !self.lock_sessions().live.contains_key(id) {
+            return; // stopped meanwhile
+        }
+        tracing::warn!(session = %id, "session lost: {reason}");
+        self.end_session(id, &reason);
+        let backend = self.backend.clone();
+        let sandbox = SandboxId(id.to_string());
+        let instance = self.owner.instance.clone();
+        tokio::spawn(async move {
+            // The engine may be restarting: keep trying for a while.
+            for _ in 0..150 {
+                match backend.destroy(&sandbox).await {
+                    Ok(()) => {
+                        // A container removed from outside may have left its workspace volume.
+                        let unused = backend
+                            .remove_orphaned_storage(LABEL_INSTANCE, &instance, &|_| true)
+                            .await;
+                        if let Err(e) = unused {
+                            tracing::warn!("could not remove unused workspace volumes: {e}");
+                        }
+                        return;
+                    }
+                    Err(BackendError::Unavailable(_)) => {
+                        tokio::time::sleep(Duration::from_secs(2)).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %sandbox, "could not remove a lost session: {e}");
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// Runs [`Engine::reap_expired_sessions`] periodically until the engine is dropped.

@@ -5,6 +5,7 @@
 //! and infrastructure failures are both `isError` results with text the model can act on; protocol
 //! errors are kept for malformed requests.
 
+mod oversize;
 mod render;
 
 use std::process::ExitCode;
@@ -714,7 +715,7 @@ pub async fn serve_stdio(config: Config) -> ExitCode {
     engine.start_pool();
     let server = SandboxServer::new(engine.clone(), pypi);
     let outcome = tokio::select! {
-        running = server.serve(rmcp::transport::stdio()) => match running {
+        running = server.serve(oversize::guarded_stdio()) => match running {
             Ok(running) => {
                 let token = running.cancellation_token();
                 tokio::select! {

@@ -348,8 +348,8 @@ impl Backend for DockerBackend {
     }
 
     async fn kill_processes(&self, id: &SandboxId) -> Result<(), BackendError> {
-        // The supervisor (pid 1) kills every other process on SIGTERM and starts a new runner.
-        self.signal(id, "SIGTERM").await
+        // The supervisor (pid 1) kills every other process on SIGUSR1 and starts a new runner.
+        self.signal(id, "SIGUSR1").await
     }
 
     async fn kill(&self, id: &SandboxId) -> Result<(), BackendError> {

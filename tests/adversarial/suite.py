@@ -1,0 +1,873 @@
+"""The adversarial and fault suite: every attack and failure a code sandbox must survive.
+
+It drives the real server binary through the official MCP Python SDK, against the real Docker
+engine, and prints one line per case and a closing `N passed, M failed` line; the exit status is 1
+when a case failed. Each attack must fail, the server must answer the next call normally, and
+nothing of the case may be left on the engine.
+
+    python tests/adversarial/suite.py [--bin PATH] [--runtime runsc] [--only SUBSTRING] [--no-faults]
+
+No test traffic leaves this machine: isolation is shown by the interfaces and routes a sandbox
+sees, by connect() on UDP sockets (which consults the routing table and sends nothing), and by
+connecting to a listener this suite starts on the host. The fault cases restart the Docker daemon
+(`PCS_DOCKERD_RESTART`, a shell command, or the default: SIGTERM to dockerd, then
+scripts/dev-env.sh), so run the suite alone.
+"""
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+
+from mcp import Client, StdioServerParameters
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+LABEL_PID = "io.python-code-sandbox.pid"
+CASE_TIMEOUT = 300
+CANARY = "PCS_HOST_SECRET_" + uuid.uuid4().hex
+
+# Small limits, so that every bomb hits them quickly.
+ATTACK_ENV = {
+    "SANDBOX_POOL_SIZE": "0",
+    "SANDBOX_TIMEOUT": "5s",
+    "SANDBOX_MEMORY_LIMIT": "256m",
+    "SANDBOX_WORKSPACE_SIZE": "32m",
+    "SANDBOX_TMP_SIZE": "16m",
+    "SANDBOX_MAX_OUTPUT": "64k",
+    "SANDBOX_PIDS_LIMIT": "64",
+    "SANDBOX_FILES_DIR": "",
+}
+
+
+class CaseFailed(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise CaseFailed(message)
+
+
+def text_of(result):
+    return "".join(block.text for block in result.content if getattr(block, "type", None) == "text")
+
+
+def docker(*args, check_rc=True):
+    out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120)
+    if check_rc and out.returncode != 0:
+        raise CaseFailed(f"docker {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def containers_of(pid):
+    """Ids of every container (running or not) a server process with this pid owns."""
+    return [c for c in docker("ps", "-aq", "--no-trunc", "--filter", f"label={LABEL_PID}={pid}").split() if c]
+
+
+def volumes_of(pid):
+    return [v for v in docker("volume", "ls", "-q", "--filter", f"label={LABEL_PID}={pid}").split() if v]
+
+
+def find_server_pid(tag):
+    """The server process started with PCS_SUITE_TAG=tag (the SDK does not expose the pid)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"PCS_SUITE_TAG={tag}".encode() in f.read().split(b"\0"):
+                    with open(f"/proc/{name}/comm") as c:
+                        if c.read().strip().startswith("python-code-sa"):
+                            return int(name)
+        except OSError:
+            continue
+    return None
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise CaseFailed(f"timed out waiting for: {what}")
+
+
+class Server:
+    """One server process, driven by the official client."""
+
+    def __init__(self, client, pid):
+        self.client = client
+        self.pid = pid
+
+    async def call(self, tool, arguments):
+        return await self.client.call_tool(tool, arguments)
+
+    async def run(self, code, **extra):
+        return await self.call("run_python_ephemeral", {"code": code, **extra})
+
+    async def session(self):
+        started = await self.call("sandbox_initialize", {})
+        check(started.is_error is False, f"sandbox_initialize failed: {text_of(started)}")
+        return started.structured_content["container_id"]
+
+    async def in_session(self, container_id, code):
+        return await self.call("run_python", {"container_id": container_id, "code": code})
+
+    async def answers_normally(self):
+        result = await self.run("print(6 * 7)")
+        check(result.is_error is False and result.structured_content["stdout"] == "42\n",
+              f"the next call was not answered normally: {text_of(result)}")
+
+    def left_behind(self, keep=()):
+        return [c for c in containers_of(self.pid) if c not in keep]
+
+    async def nothing_left(self, keep=()):
+        """Only `keep` (live sessions) remain; ephemeral sandboxes are removed just after their
+        result, so allow a bounded time."""
+        keep = set(keep)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            containers = [c for c in containers_of(self.pid) if not any(c.startswith(k) for k in keep)]
+            if not containers and len(volumes_of(self.pid)) <= len(keep):
+                return
+            await asyncio.sleep(0.2)
+        raise CaseFailed(f"left behind: containers {containers}, volumes {volumes_of(self.pid)}")
+
+
+@contextlib.asynccontextmanager
+async def server(binary, **env):
+    tag = uuid.uuid4().hex
+    merged = dict(os.environ)
+    merged.setdefault("LOG_LEVEL", "warn")
+    merged.update({k: str(v) for k, v in env.items()})
+    merged["PCS_SUITE_TAG"] = tag
+    merged[CANARY] = "the host's secret"
+    params = StdioServerParameters(command=binary, args=[], env=merged)
+    async with Client(params, read_timeout_seconds=240) as client:
+        pid = find_server_pid(tag)
+        if pid is None:
+            raise CaseFailed("could not find the server process")
+        yield Server(client, pid)
+
+
+CASES = []
+
+
+def case(name, kind="attack"):
+    def register(fn):
+        CASES.append((name, kind, fn))
+        return fn
+    return register
+
+
+def host_gateway():
+    """The host's own address on Docker's default bridge (on this machine, not a remote one)."""
+    out = docker("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}").strip()
+    check(out, "no gateway on the bridge network")
+    return out
+
+
+class Listener:
+    """A TCP listener on the host that records what connects to it."""
+
+    def __init__(self, address):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.received.append(conn.recv(100))
+                except OSError:
+                    self.received.append(b"")
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Attacks
+# ---------------------------------------------------------------------------------------------
+
+
+@case("hello world, and the kernel seen inside")
+async def hello_world(s, ctx):
+    result = await s.run("import platform\nprint('hello', platform.release())")
+    check(result.is_error is False, text_of(result))
+    out = result.structured_content["stdout"].split()
+    check(out[0] == "hello", f"unexpected output {out}")
+    if ctx.runtime == "runsc":
+        check(out[1] == "4.4.0", f"gVisor reports kernel 4.4.0, the sandbox saw {out[1]}")
+    else:
+        check(out[1] == os.uname().release, f"kernel {out[1]} is not the host's")
+    await s.nothing_left()
+
+
+@case("fork bomb")
+async def fork_bomb(s, ctx):
+    result = await s.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    check(result.is_error is True, "a fork bomb cannot succeed")
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("memory bomb: out of memory, no swap")
+async def memory_bomb(s, ctx):
+    sid = await s.session()
+    inspected = json.loads(docker("inspect", sid))[0]["HostConfig"]
+    check(inspected["MemorySwap"] == inspected["Memory"] > 0, f"swap allowed: {inspected['MemorySwap']} vs {inspected['Memory']}")
+    await s.in_session(sid, "open('kept.txt', 'w').write('kept')")
+    result = await s.in_session(sid, "x = []\nwhile True:\n    x.append(bytearray(16 << 20))")
+    check(result.is_error is True, "a memory bomb cannot succeed")
+    sc = result.structured_content or {}
+    if ctx.runtime != "runsc":
+        check(sc.get("out_of_memory") is True, f"not reported as out of memory: {text_of(result)}")
+        after = await s.in_session(sid, "print(open('kept.txt').read())")
+        check(after.structured_content["stdout"] == "kept\n", f"the session lost its files: {text_of(after)}")
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+FILL = """
+import errno, os
+def fill(path):
+    written = 0
+    try:
+        with open(path, 'wb') as f:
+            while written < (1 << 30):
+                f.write(b'0' * (1 << 20))
+                written += 1 << 20
+                f.flush()
+        return 'no limit'
+    except OSError as e:
+        return errno.errorcode[e.errno] + ' after %d MiB' % (written >> 20)
+for path in {paths!r}:
+    print(path, fill(path))
+    os.remove(path)
+"""
+
+
+@case("filling /tmp, /workspace and /dev/shm: ENOSPC, bounded")
+async def fill_disks(s, ctx):
+    code = FILL.format(paths=["/tmp/fill", "/workspace/fill", "/dev/shm/fill"])
+    result = await s.run(code)
+    check(result.is_error is False, text_of(result))
+    lines = result.structured_content["stdout"].splitlines()
+    limits = {"/tmp/fill": 16, "/workspace/fill": 32, "/dev/shm/fill": 64}
+    for line in lines[:3]:
+        path, verdict = line.split(" ", 1)
+        check(verdict.startswith("ENOSPC"), f"{path}: {verdict}")
+        check(int(verdict.split()[2]) <= limits[path], f"{path} took more than {limits[path]} MiB: {verdict}")
+    # Seen from the host: the workspace is a volume on a tmpfs of the configured size (the host's
+    # disk never fills), and nothing the sandbox prints is logged to the host's disk.
+    sid = await s.session()
+    mounts = json.loads(docker("inspect", "--format", "{{json .Mounts}}", sid))
+    volume = next(m["Name"] for m in mounts if m["Destination"] == "/workspace")
+    options = json.loads(docker("volume", "inspect", "--format", "{{json .Options}}", volume))
+    check(options.get("type") == "tmpfs" and f"size={32 << 20}" in options.get("o", ""), f"the workspace volume is {options}")
+    log_type = docker("inspect", "--format", "{{.HostConfig.LogConfig.Type}}", sid).strip()
+    check(log_type == "none", f"container logs go to {log_type}")
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("endless output is cut at the cap")
+async def endless_output(s, ctx):
+    result = await s.run("while True:\n    print('x' * 1000)")
+    sc = result.structured_content
+    check(sc["timed_out"] is True and sc["truncated"] is True, text_of(result)[-300:])
+    check(len(sc["stdout"]) + len(sc["stderr"]) <= 64 * 1024 + 4096, f"kept {len(sc['stdout'])} bytes over a 64k cap")
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("busy loop past the timeout")
+async def busy_loop(s, ctx):
+    result = await s.run("while True:\n    pass")
+    check(result.is_error is True and result.structured_content["timed_out"] is True, text_of(result))
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("a process that ignores SIGINT")
+async def ignores_sigint(s, ctx):
+    sid = await s.session()
+    await s.in_session(sid, "x = 1\nopen('kept.txt', 'w').write('kept')")
+    result = await s.in_session(sid, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")
+    sc = result.structured_content
+    check(result.is_error is True and sc["timed_out"] is True and sc["state_lost"] is True, text_of(result))
+    after = await s.in_session(sid, "print('x' in globals(), open('kept.txt').read())")
+    check(after.structured_content["stdout"] == "False kept\n", f"after the kill: {text_of(after)}")
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+DAEMON = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        while True:
+            print('DAEMON-OUTPUT', flush=True)
+            sys.stderr.write('DAEMON-ERROR\\n')
+            with open('/workspace/daemon.log', 'a') as f:
+                f.write('tick\\n')
+            time.sleep(0.02)
+    os._exit(0)
+os.wait()
+print('parent done')
+"""
+
+
+@case("a daemonized child: not in later output, dies with the sandbox")
+async def daemonized_child(s, ctx):
+    first = await s.run(DAEMON)
+    check(first.is_error is False and "parent done" in first.structured_content["stdout"], text_of(first))
+    await s.nothing_left()  # the ephemeral sandbox, daemon included, is gone
+
+    sid = await s.session()
+    started = await s.in_session(sid, DAEMON)
+    check("parent done" in started.structured_content["stdout"], text_of(started))
+    for _ in range(3):
+        later = await s.in_session(sid, "import time\ntime.sleep(0.3)\nprint('clean', open('daemon.log').read().count('tick') > 0)")
+        sc = later.structured_content
+        check("DAEMON" not in sc["stdout"] + sc["stderr"], f"the daemon's output leaked: {sc['stdout'][:200]!r}")
+        check(sc["stdout"] == "clean True\n", f"{sc['stdout']!r}")
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+PRIVILEGE = r"""
+import os, subprocess
+status = dict(l.split(':', 1) for l in open('/proc/self/status'))
+print('ids', os.getuid(), os.geteuid(), os.getgid(), os.getegid())
+for key in ('CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs'):
+    print(key, status.get(key, 'n/a').strip())
+setuid = []
+for d in ('/bin', '/sbin', '/usr/bin', '/usr/sbin'):
+    for name in sorted(os.listdir(d)):
+        try:
+            if os.stat(os.path.join(d, name)).st_mode & 0o4000:
+                setuid.append(name)
+        except OSError:
+            pass
+print('setuid', len(setuid) > 0)
+# passwd -S reads /etc/shadow only when it really runs as root: then it prints dates and ages.
+out = subprocess.run(['passwd', '-S', 'sandbox'], capture_output=True, text=True).stdout.split()
+print('passwd fields', len(out))
+out = subprocess.run(['su', '-c', 'id -u', 'root'], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+print('su root', out.stdout.strip() == '0')
+for path in ('/etc/shadow', '/proc/sys/kernel/hostname', '/proc/sys/vm/drop_caches', '/sys/kernel/mm/transparent_hugepage/enabled', '/proc/sysrq-trigger'):
+    try:
+        with open(path, 'w') as f:
+            f.write('x')
+        print('writable', path)
+    except OSError:
+        pass
+for path in ('/var/run/docker.sock', '/run/docker.sock', '/run/containerd/containerd.sock'):
+    print('socket', path, os.path.exists(path))
+env = open('/proc/self/environ', 'rb').read() + open('/proc/1/environ', 'rb').read()
+print('canary', b'CANARY_NAME' in env or any('CANARY_NAME' in k for k in os.environ))
+"""
+
+
+@case("privilege: unprivileged, no capabilities, setuid inert, no docker socket, host env hidden")
+async def privilege(s, ctx):
+    result = await s.run(PRIVILEGE.replace("CANARY_NAME", CANARY))
+    check(result.is_error is False, text_of(result))
+    out = result.structured_content["stdout"].splitlines()
+    expected = [
+        "ids 1000 1000 1000 1000",
+        "CapEff 0000000000000000",
+        "CapPrm 0000000000000000",
+        "CapBnd 0000000000000000",
+        "CapAmb 0000000000000000",
+        "NoNewPrivs 1",
+        "setuid True",
+        "passwd fields 2",
+        "su root False",
+        "socket /var/run/docker.sock False",
+        "socket /run/docker.sock False",
+        "socket /run/containerd/containerd.sock False",
+        "canary False",
+    ]
+    if ctx.runtime == "runsc":
+        # gVisor's /proc shows no ambient set and no NoNewPrivs line; the rest must hold the same.
+        expected = [line.replace("CapAmb 0000000000000000", "CapAmb n/a").replace("NoNewPrivs 1", "NoNewPrivs n/a") for line in expected]
+    check(out == expected, f"got {out}")
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+NETWORK = r"""
+import errno, os, socket
+print('interfaces', sorted(os.listdir('/sys/class/net')))
+routes = [l for l in open('/proc/net/route').read().splitlines()[1:] if l.strip()]
+print('routes', len(routes))
+def udp_route(address):
+    # connect() on a UDP socket only looks up a route: no packet is sent.
+    family = socket.AF_INET6 if ':' in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        s.connect((address, 53))
+        return 'routable'
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        s.close()
+servers = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')]
+print('dns', sorted(set(udp_route(a) for a in servers)) if servers else ['no nameserver'])
+print('metadata', udp_route('169.254.169.254'))
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect(('GATEWAY', PORT))
+    s.sendall(b'hello-from-sandbox')
+    print('listener', 'reached')
+except OSError as e:
+    print('listener', errno.errorcode.get(e.errno, 'timeout'))
+"""
+
+
+@case("network: loopback only, no route, the host's listener unreachable")
+async def network_none(s, ctx):
+    gateway = host_gateway()
+    listener = Listener(gateway)
+    try:
+        result = await s.run(NETWORK.replace("GATEWAY", gateway).replace("PORT", str(listener.port)))
+        check(result.is_error is False, text_of(result))
+        out = result.structured_content["stdout"].splitlines()
+        check(out[0] == "interfaces ['lo']", out[0])
+        check(out[1] == "routes 0", out[1])
+        check(out[2] in ("dns ['ENETUNREACH']", "dns ['no nameserver']"), out[2])
+        check(out[3] in ("metadata ENETUNREACH", "metadata EHOSTUNREACH"), out[3])
+        check(out[4] in ("listener ENETUNREACH", "listener EHOSTUNREACH"), out[4])
+        time.sleep(0.5)
+        check(listener.received == [], f"the listener got {listener.received}")
+    finally:
+        listener.close()
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("network: SANDBOX_NETWORK=bridge is honoured", kind="attack-own-server")
+async def network_bridge(ctx):
+    if ctx.runtime == "runsc":
+        raise Skip("runsc is registered with --network=none on this machine")
+    gateway = host_gateway()
+    listener = Listener(gateway)
+    try:
+        async with server(ctx.binary, **{**ATTACK_ENV, "SANDBOX_NETWORK": "bridge", **ctx.runtime_env}) as s:
+            result = await s.run(NETWORK.replace("GATEWAY", gateway).replace("PORT", str(listener.port)))
+            check(result.is_error is False, text_of(result))
+            out = result.structured_content["stdout"].splitlines()
+            check("eth0" in out[0] and out[1] != "routes 0", f"{out[:2]}")
+            check(out[4] == "listener reached", out[4])
+            wait_until(lambda: listener.received == [b"hello-from-sandbox"], 10, "the listener to get the sandbox's message")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        listener.close()
+
+
+COPY_OUT = r"""
+import os
+os.symlink('/etc/passwd', 'passwd-link')
+os.symlink('/', 'root-link')
+os.makedirs('dir', exist_ok=True)
+os.symlink('/etc', 'dir/etc-link')
+os.mkfifo('fifo')
+try:
+    os.link('/etc/passwd', 'hard-link')
+except OSError:
+    pass
+with open('big.bin', 'wb') as f:
+    f.write(os.urandom(1024) * 1024 * 12)
+open('ok.txt', 'w').write('fine')
+"""
+
+
+@case("copy-out tricks: links, fifos and oversized files never leave the sandbox", kind="attack-own-server")
+async def copy_out(ctx):
+    with tempfile.TemporaryDirectory() as files_dir:
+        env = {**ATTACK_ENV, "SANDBOX_FILES_DIR": files_dir, "SANDBOX_FILES_MAX_FILE": "8m", **ctx.runtime_env}
+        async with server(ctx.binary, **env) as s:
+            result = await s.run(COPY_OUT)
+            check(result.is_error is False, text_of(result))
+            returned = []
+            for block in result.content:
+                resource = getattr(block, "resource", None)
+                if resource is not None:
+                    data = getattr(resource, "text", None) or base64.b64decode(getattr(resource, "blob", "") or "").decode("latin-1")
+                    returned.append((str(resource.uri), data))
+            check(any(uri.endswith("/ok.txt") for uri, _ in returned), f"ok.txt did not come back: {[u for u, _ in returned]}")
+            check(not any("root:x:0:0" in data for _, data in returned), "system content came back")
+            for dirpath, dirnames, filenames in os.walk(files_dir):
+                for name in filenames + dirnames:
+                    path = os.path.join(dirpath, name)
+                    check(not os.path.islink(path), f"a link was saved on the host: {path}")
+                    check(os.path.realpath(path).startswith(os.path.realpath(files_dir)), f"written outside: {path}")
+                    if os.path.isfile(path):
+                        check(os.path.getsize(path) <= 8 << 20, f"over the cap: {path}")
+                        with open(path, "rb") as f:
+                            check(b"root:x:0:0" not in f.read(), f"system content saved: {path}")
+            await s.answers_normally()
+            await s.nothing_left()
+
+
+@case("upload tricks: .., absolute paths, huge content")
+async def upload(s, ctx):
+    sid = await s.session()
+    for path in ("../etc/evil", "/etc/passwd", "a/../../evil", "..", "", "dir/../../../evil"):
+        result = await s.call("sandbox_write_file", {"container_id": sid, "path": path, "content": "x"})
+        check(result.is_error is True, f"writing {path!r} was accepted: {text_of(result)}")
+    for size in (20 << 20, 120 << 20):
+        # Over the file limit: a tool error. Over the message limit: a JSON-RPC error, at once.
+        try:
+            result = await s.call("sandbox_write_file", {"container_id": sid, "path": "huge.txt", "content": "x" * size})
+            check(result.is_error is True and "limit" in text_of(result), f"{size} bytes of content: {text_of(result)[:200]}")
+        except Exception as e:  # noqa: BLE001 -- the SDK raises the JSON-RPC error
+            check("more than the 16 MiB" in str(e), f"{size} bytes of content: {e}")
+    ok = await s.call("sandbox_write_file", {"container_id": sid, "path": "sub/ok.txt", "content": "fine"})
+    check(ok.is_error is False, text_of(ok))
+    listing = await s.in_session(sid, "import os\nprint(sorted(os.listdir('.')), open('sub/ok.txt').read())")
+    check(listing.structured_content["stdout"] == "['sub'] fine\n", text_of(listing))
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("tool surface: foreign and stopped container ids, images, injections, 10 MB of code, wrong types")
+async def tool_surface(s, ctx):
+    foreign = docker("create", "--label", "suite=foreign", "python-code-sandbox:py3.11", "true").strip()
+    try:
+        for tool, args in (("run_python", {"code": "print(1)"}), ("sandbox_exec", {"command": "id"}),
+                           ("sandbox_stop", {}), ("sandbox_write_file", {"path": "x", "content": "x"})):
+            result = await s.call(tool, {"container_id": foreign, **args})
+            check(result.is_error is True and "sandbox_initialize" in text_of(result), f"{tool} on a foreign container: {text_of(result)}")
+        check(docker("inspect", "--format", "{{.State.Status}}", foreign).strip() == "created", "the foreign container was touched")
+    finally:
+        docker("rm", "-f", foreign)
+    sid = await s.session()
+    await s.call("sandbox_stop", {"container_id": sid})
+    stopped = await s.in_session(sid, "print(1)")
+    check(stopped.is_error is True and "sandbox_initialize" in text_of(stopped), text_of(stopped))
+    image = await s.run("print(1)", image="alpine:latest")
+    check(image.is_error is True and "not allowed" in text_of(image), text_of(image))
+    for dep in ("numpy; import os", "--index-url=http://127.0.0.1:1/simple numpy", "-r /etc/passwd",
+                "pkg @ file:///etc/passwd", "$(id)", "numpy && rm -rf /", "numpy\nrequests", "git+https://127.0.0.1/x.git"):
+        result = await s.run("print(1)", dependencies=[dep])
+        check(result.is_error is True, f"dependency {dep!r} was accepted")
+    big = await s.run("x = 1\n" * (10 * 1024 * 1024 // 6))
+    check(big.is_error is True and "limit" in text_of(big), f"10 MB of code: {text_of(big)[:300]}")
+    for args in ({"code": 42}, {}, {"code": "print(1)", "dependencies": "numpy"}, {"code": ["print(1)"]}):
+        result = await s.call("run_python_ephemeral", args)
+        check(result.is_error is True, f"{args} was accepted")
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("invalid JSON-RPC: errors, and the server keeps serving", kind="attack-own-server")
+async def invalid_jsonrpc(ctx):
+    env = {**os.environ, "LOG_LEVEL": "warn", **ATTACK_ENV, **ctx.runtime_env}
+    proc = subprocess.Popen([ctx.binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        def send(obj):
+            proc.stdin.write((obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n")
+            proc.stdin.flush()
+
+        def receive():
+            line = proc.stdout.readline()
+            check(line, "the server closed its output")
+            return json.loads(line)
+
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "suite", "version": "1"}}})
+        check("result" in receive(), "no answer to initialize")
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for garbage in ("{not json", '{"jsonrpc": "2.0", "id": 2, "method": 7}', '[1, 2, 3]',
+                        '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "no_such_tool", "arguments": {}}}'):
+            send(garbage)
+        send({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "run_python_ephemeral", "arguments": {"code": "print('still here')"}}})
+        deadline = time.monotonic() + 120
+        answered = None
+        while time.monotonic() < deadline:
+            message = receive()
+            if message.get("id") == 4:
+                answered = message
+                break
+        check(answered is not None and answered["result"]["structuredContent"]["stdout"] == "still here\n", f"{answered}")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    check(containers_of(proc.pid) == [], "the server left sandboxes")
+
+
+@case("leftovers: /tmp, /dev/shm and /workspace are empty in the next ephemeral run")
+async def leftovers(s, ctx):
+    plant = "for p in ('/tmp/planted', '/dev/shm/planted', '/workspace/planted'):\n    open(p, 'w').write('secret')"
+    first = await s.run(plant)
+    check(first.is_error is False, text_of(first))
+    second = await s.run("import os\nprint([p for p in ('/tmp/planted', '/dev/shm/planted', '/workspace/planted') if os.path.exists(p)])")
+    check(second.structured_content["stdout"] == "[]\n", text_of(second))
+    await s.nothing_left()
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+# ---------------------------------------------------------------------------------------------
+
+
+@case("20 parallel calls, mixed: 20 correct answers, no leak", kind="fault")
+async def parallel(ctx):
+    async with server(ctx.binary, SANDBOX_POOL_SIZE="2", SANDBOX_FILES_DIR="") as s:
+        sessions = [await s.session() for _ in range(3)]
+
+        async def one(i):
+            if i % 3 == 0:
+                r = await s.run(f"print({i} * 2)")
+            elif i % 3 == 1:
+                r = await s.in_session(sessions[i % len(sessions)], f"print({i} * 2)")
+            else:
+                r = await s.call("sandbox_exec", {"container_id": sessions[i % len(sessions)], "command": f"echo $(({i} * 2))"})
+            return i, r
+
+        results = await asyncio.gather(*(one(i) for i in range(20)))
+        wrong = [(i, text_of(r)) for i, r in results if r.is_error or r.structured_content["stdout"] != f"{i * 2}\n"]
+        check(not wrong, f"wrong answers: {wrong}")
+        for sid in sessions:
+            await s.call("sandbox_stop", {"container_id": sid})
+        await s.nothing_left()
+
+
+def restart_dockerd():
+    command = os.environ.get("PCS_DOCKERD_RESTART")
+    if command:
+        subprocess.run(command, shell=True, check=True, timeout=300)
+        return
+    pid = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()
+    check(pid, "no dockerd process to restart (set PCS_DOCKERD_RESTART)")
+    os.kill(int(pid[0]), signal.SIGTERM)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid[0]}"), 120, "dockerd to stop")
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "dev-env.sh")], check=True, timeout=300, stdout=subprocess.DEVNULL)
+
+
+@case("the Docker daemon restarted during a session", kind="fault")
+async def daemon_restart(ctx):
+    async with server(ctx.binary, SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="") as s:
+        sid = await s.session()
+        await s.in_session(sid, "x = 1")
+        in_flight = asyncio.ensure_future(s.in_session(sid, "import time\ntime.sleep(60)"))
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(restart_dockerd)
+        result = await asyncio.wait_for(in_flight, 120)
+        check(result.is_error is True, f"the call in flight did not fail: {text_of(result)}")
+        message = text_of(result)
+        check("engine" in message or "lost" in message, f"unclear error: {message}")
+        later = await s.in_session(sid, "print(x)")
+        check(later.is_error is True and "ended" in text_of(later) and "sandbox_initialize" in text_of(later),
+              f"the session was not reported lost: {text_of(later)}")
+        await s.answers_normally()
+        fresh = await s.session()
+        again = await s.in_session(fresh, "print('new session')")
+        check(again.structured_content["stdout"] == "new session\n", text_of(again))
+        await s.call("sandbox_stop", {"container_id": fresh})
+        await s.nothing_left()
+
+
+@case("the server killed with SIGKILL: the next start removes what it left", kind="fault")
+async def server_sigkill(ctx):
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, LOG_LEVEL="warn", SANDBOX_POOL_SIZE="2", SANDBOX_FILES_DIR="", PCS_SUITE_TAG=tag)
+    script = (
+        "import asyncio, sys\n"
+        "from mcp import Client, StdioServerParameters\n"
+        "async def main():\n"
+        f"    async with Client(StdioServerParameters(command={ctx.binary!r}, args=[], env={env!r})) as c:\n"
+        "        r = await c.call_tool('sandbox_initialize', {})\n"
+        "        print(r.structured_content['container_id'], flush=True)\n"
+        "        await c.call_tool('run_python_ephemeral', {'code': 'import time; time.sleep(300)'})\n"
+        "asyncio.run(main())\n"
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        line = await asyncio.to_thread(client.stdout.readline)
+        check(line.strip(), "the session did not start")
+        pid = find_server_pid(tag)
+        check(pid is not None, "no server process")
+        wait_until(lambda: len(containers_of(pid)) >= 4, 120, "a session, an ephemeral run and the pool")
+        os.kill(pid, signal.SIGKILL)
+        left = containers_of(pid)
+        check(len(left) >= 4, f"expected leftovers to clean, found {left}")
+    finally:
+        client.kill()
+        client.wait()
+    async with server(ctx.binary, SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="") as s:
+        await s.answers_normally()
+        wait_until(lambda: containers_of(pid) == [] and volumes_of(pid) == [], 60, f"the dead server's {len(left)} sandboxes to go")
+
+
+@case("a session container killed from outside: the next call says it died, and why", kind="fault")
+async def killed_from_outside(ctx):
+    async with server(ctx.binary, SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="") as s:
+        sid = await s.session()
+        await s.in_session(sid, "x = 1")
+        docker("kill", sid)
+        result = await s.in_session(sid, "print(x)")
+        message = text_of(result)
+        check(result.is_error is True and "killed from outside" in message and "137" in message, message)
+        later = await s.in_session(sid, "print(x)")
+        check(later.is_error is True and "ended" in text_of(later) and "killed from outside" in text_of(later), text_of(later))
+        removed = await s.session()
+        docker("rm", "-f", removed)
+        result = await s.in_session(removed, "print(1)")
+        check(result.is_error is True and "removed from outside" in text_of(result), text_of(result))
+        await s.answers_normally()
+        await s.nothing_left()
+
+
+@case("the client disconnects mid-call: the execution stops, its sandbox is removed", kind="fault")
+async def client_disconnects(ctx):
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, LOG_LEVEL="warn", SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="", PCS_SUITE_TAG=tag)
+    script = (
+        "import asyncio\n"
+        "from mcp import Client, StdioServerParameters\n"
+        "async def main():\n"
+        f"    async with Client(StdioServerParameters(command={ctx.binary!r}, args=[], env={env!r})) as c:\n"
+        "        sid = (await c.call_tool('sandbox_initialize', {})).structured_content['container_id']\n"
+        "        print(sid, flush=True)\n"
+        "        await asyncio.gather(\n"
+        "            c.call_tool('run_python', {'container_id': sid, 'code': 'import time; time.sleep(300)'}),\n"
+        "            c.call_tool('run_python_ephemeral', {'code': 'import time; time.sleep(300)'}))\n"
+        "asyncio.run(main())\n"
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        line = await asyncio.to_thread(client.stdout.readline)
+        check(line.strip(), "the session did not start")
+        pid = find_server_pid(tag)
+        check(pid is not None, "no server process")
+        wait_until(lambda: len(containers_of(pid)) >= 2, 120, "both calls to be running")
+    finally:
+        client.kill()  # the client vanishes: the server's stdin closes mid-call
+        client.wait()
+    if pid is not None:
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 60, "the server to exit")
+        wait_until(lambda: containers_of(pid) == [] and volumes_of(pid) == [], 60, "the sandboxes of the calls to go")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Skip(Exception):
+    pass
+
+
+class Context:
+    def __init__(self, binary, runtime):
+        self.binary = binary
+        self.runtime = runtime
+        # Under gVisor the pids limit bounds its kernel's host threads: it needs 256 of them.
+        self.runtime_env = {"SANDBOX_RUNTIME": runtime, "SANDBOX_PIDS_LIMIT": "256"} if runtime else {}
+
+
+async def run_cases(ctx, selected):
+    results = []
+    shared = [c for c in selected if c[1] == "attack"]
+    others = [c for c in selected if c[1] != "attack"]
+    label = f" [{ctx.runtime}]" if ctx.runtime else ""
+
+    def report(name, verdict, detail=""):
+        results.append(verdict)
+        line = f"{verdict:4}  {name}{label}"
+        if detail:
+            line += f" -- {detail}"
+        print(line, flush=True)
+
+    async def attempt(name, body):
+        try:
+            await asyncio.wait_for(body(), CASE_TIMEOUT)
+            report(name, "PASS")
+        except Skip as e:
+            report(name, "SKIP", str(e))
+        except CaseFailed as e:
+            report(name, "FAIL", str(e)[:2000])
+        except BaseException as e:  # noqa: BLE001 -- a crash in a case is that case's failure
+            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+                e = e.exceptions[0]
+            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+            report(name, "FAIL", f"{detail[:2000]}")
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+
+    if shared:
+        # One server for the whole attack list: it must survive every attack in turn.
+        async with server(ctx.binary, **{**ATTACK_ENV, **ctx.runtime_env}) as s:
+            for name, _, fn in shared:
+                await attempt(name, lambda fn=fn: fn(s, ctx))
+                # A failed case may leave its session: stop it, so the next case starts clean.
+                listed = await s.call("sandbox_list", {})
+                for session in (listed.structured_content or {}).get("sessions", []):
+                    await s.call("sandbox_stop", {"container_id": session["container_id"]})
+            await s.nothing_left()
+    for name, kind, fn in others:
+        if kind == "fault" and ctx.runtime:
+            continue
+        await attempt(name, lambda fn=fn: fn(ctx))
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin", default=os.environ.get("PCS_BIN", os.path.join(ROOT, "target", "debug", "python-code-sandbox")))
+    parser.add_argument("--runtime", action="append", default=[], help="also run the attack list under this OCI runtime (e.g. runsc)")
+    parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--no-faults", action="store_true", help="skip the fault cases (they restart dockerd)")
+    args = parser.parse_args()
+    selected = [c for c in CASES if (not args.only or args.only in c[0]) and not (args.no_faults and c[1] == "fault")]
+    results = []
+    for runtime in [None, *args.runtime]:
+        cases = [c for c in selected if not (runtime and c[1] == "fault")]
+        results += asyncio.run(run_cases(Context(os.path.abspath(args.bin), runtime), cases))
+    passed = results.count("PASS")
+    failed = results.count("FAIL")
+    skipped = results.count("SKIP")
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
