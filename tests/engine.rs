@@ -10,7 +10,7 @@ use python_code_sandbox::engine::backend::{Backend, SandboxSpec};
 use python_code_sandbox::engine::docker::DockerBackend;
 use python_code_sandbox::engine::owner::{LABEL_PID, LABEL_PID_START};
 use python_code_sandbox::engine::protocol::bootstrap_command;
-use python_code_sandbox::engine::{RunOptions, Task};
+use python_code_sandbox::engine::{EngineError, RunOptions, Task};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_world() {
@@ -778,13 +778,25 @@ async fn sandboxes_run_under_another_runtime() {
         let after = in_session(&engine, &session, "print(kept)").await;
         assert_eq!(text(&after.stdout), "yes\n");
         // A fork bomb is contained either way: under runc the pids limit stops it and the
-        // timeout ends it; under gVisor the limit applies to the sandbox kernel's own threads,
-        // which dies (and is restarted, state lost) instead.
+        // timeout ends it; under gVisor the limit applies to the sandbox kernel's own threads, so
+        // that kernel dies, and the session ends saying so.
         let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass";
-        let bombed = in_session(&engine, &session, bomb).await;
-        assert!(bombed.timed_out || bombed.state_lost, "{bombed:?}");
-        let next = in_session(&engine, &session, "print('next')").await;
-        assert_eq!(text(&next.stdout), "next\n");
+        match engine.execute_in_session(&session, Task::Python(bomb), &RunOptions::default()).await {
+            Ok(bombed) => {
+                assert!(bombed.timed_out, "{bombed:?}");
+                let next = in_session(&engine, &session, "print('next')").await;
+                assert_eq!(text(&next.stdout), "next\n");
+            }
+            Err(EngineError::SandboxLost(reason)) => {
+                let next = engine.execute_in_session(&session, Task::Python("print(1)"), &RunOptions::default()).await;
+                assert!(
+                    matches!(&next, Err(EngineError::SessionExpired { reason: r, .. }) if *r == reason),
+                    "{next:?}"
+                );
+                return;
+            }
+            Err(e) => panic!("the fork bomb: {e}"),
+        }
         engine.stop_session(&session).await.expect("stop");
     })
     .await;
