@@ -493,9 +493,10 @@ impl Engine {
         let backend = self.backend.clone();
         let sandbox = SandboxId(id.to_string());
         let instance = self.owner.instance.clone();
-        tokio::spawn(async move {
-            // The engine may be restarting: keep trying for a while.
-            for _ in 0..150 {
+        // Tracked with the other background removals: `settle` and shutdown wait for it.
+        self.background.spawn(async move {
+            // The engine may be restarting: keep trying for a minute.
+            for _ in 0..30 {
                 match backend.destroy(&sandbox).await {
                     Ok(()) => {
                         // A container removed from outside may have left its workspace volume.
