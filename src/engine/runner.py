@@ -66,18 +66,26 @@ def oom_kill_count():
     return None
 
 
-def clear_sandbox(deadline):
-    """Kills every process but this one (kill(-1) spares the caller) and reaps them: every process
-    of the sandbox descends from pid 1, so none is left once it has no children."""
+def kill_others(seconds, gone):
+    """Kills every process but pid 1 and the caller (what kill(-1) spares) and reaps the caller's
+    children, in rounds, until gone(children_left) says so. Forks are blocked while the kernel
+    walks the task list, so one round stops a fork bomb; more rounds cover stragglers."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             os.kill(-1, signal.SIGKILL)
         except OSError:
             pass
+        children = True
         try:
             while os.waitpid(-1, os.WNOHANG) != (0, 0):
                 pass
         except ChildProcessError:
+            children = False
+        try:
+            if gone(children):
+                return
+        except OSError:
             return
         time.sleep(0.01)
 
@@ -141,7 +149,8 @@ def supervise():
             if done == pid:
                 break
         runner[0] = 0
-        clear_sandbox(time.monotonic() + 5.0)
+        # Every process of the sandbox descends from pid 1: none is left once it has no children.
+        kill_others(5.0, lambda children: not children)
         if host_hung_up():
             os._exit(0)
         oom_after = oom_kill_count()
@@ -500,27 +509,9 @@ def other_processes():
 
 
 def kill_strays():
-    """After an interrupt: stop every other process the code started (kill(-1) spares pid 1, the
-    container's init, and this process). Forks are blocked while the kernel walks the task list,
-    so a fork bomb is stopped by one round; more rounds cover stragglers. Waits, briefly, until
-    they are gone (reaped by init or by us), so the next execution starts clean."""
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            while os.waitpid(-1, os.WNOHANG) != (0, 0):
-                pass
-        except ChildProcessError:
-            pass
-        try:
-            if not other_processes():
-                return
-        except OSError:
-            return
-        time.sleep(0.01)
+    """After an interrupt: stop every other process the code started, and wait, briefly, until
+    they are gone (reaped by pid 1 or by us), so the next execution starts clean."""
+    kill_others(2.0, lambda children: not other_processes())
 
 
 def run_code(code):

@@ -541,17 +541,19 @@ impl Sandbox {
     /// second value says so). Until it is put back the sandbox counts as down, so a request
     /// abandoned midway leaves it restarting on next use rather than with a reply in flight.
     async fn take_runner(&mut self, abandoned: &str) -> Result<(Runner, Restarted), EngineError> {
-        let mut restarted = Restarted::Nothing;
-        if let State::Respawning(_) = &self.state {
-            if let State::Respawning(runner) =
-                std::mem::replace(&mut self.state, State::Down(abandoned.into()))
-            {
-                restarted = Restarted::Runner;
+        let mut restarted = match std::mem::replace(&mut self.state, State::Down(abandoned.into()))
+        {
+            State::Respawning(runner) => {
                 if let Err(e) = self.respawned(runner).await {
                     tracing::info!(sandbox = %self.id, "falling back to a full restart: {e}");
                 }
+                Restarted::Runner
             }
-        }
+            other => {
+                self.state = other;
+                Restarted::Nothing
+            }
+        };
         if let State::Down(reason) = &self.state {
             tracing::info!(sandbox = %self.id, "restarting a sandbox that is down ({reason})");
             self.restart().await?;
@@ -663,10 +665,7 @@ impl Sandbox {
                 ))
             }
             Err(RunnerFailure::Ended) => {
-                let reason = match Self::why_stopped(&self.backend, &self.id).await {
-                    Ok(reason) => reason,
-                    Err(e) => return Err(e),
-                };
+                let reason = Self::why_stopped(&self.backend, &self.id).await?;
                 self.state = State::Down(reason.clone());
                 Err(EngineError::SandboxLost(reason))
             }

@@ -708,18 +708,24 @@ async def daemon_restart(ctx):
         await s.nothing_left()
 
 
-@case("the server killed with SIGKILL: the next start removes what it left", kind="fault")
-async def server_sigkill(ctx):
+SLEEP = "'code': 'import time; time.sleep(300)'"
+
+
+@contextlib.asynccontextmanager
+async def client_process(ctx, pool_size, calls):
+    """A separate client process holding a session and running `calls` (MCP calls written in
+    Python, using `c` and the session id `sid`) at once; yields its server's pid once the session
+    exists, and kills the client (closing the server's stdin) on exit."""
     tag = uuid.uuid4().hex
-    env = dict(os.environ, LOG_LEVEL="warn", SANDBOX_POOL_SIZE="2", SANDBOX_FILES_DIR="", PCS_SUITE_TAG=tag)
+    env = dict(os.environ, LOG_LEVEL="warn", SANDBOX_POOL_SIZE=str(pool_size), SANDBOX_FILES_DIR="", PCS_SUITE_TAG=tag)
     script = (
-        "import asyncio, sys\n"
+        "import asyncio\n"
         "from mcp import Client, StdioServerParameters\n"
         "async def main():\n"
         f"    async with Client(StdioServerParameters(command={ctx.binary!r}, args=[], env={env!r})) as c:\n"
-        "        r = await c.call_tool('sandbox_initialize', {})\n"
-        "        print(r.structured_content['container_id'], flush=True)\n"
-        "        await c.call_tool('run_python_ephemeral', {'code': 'import time; time.sleep(300)'})\n"
+        "        sid = (await c.call_tool('sandbox_initialize', {})).structured_content['container_id']\n"
+        "        print(sid, flush=True)\n"
+        f"        await asyncio.gather({', '.join(calls)})\n"
         "asyncio.run(main())\n"
     )
     client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -728,13 +734,19 @@ async def server_sigkill(ctx):
         check(line.strip(), "the session did not start")
         pid = find_server_pid(tag)
         check(pid is not None, "no server process")
+        yield pid
+    finally:
+        client.kill()
+        client.wait()
+
+
+@case("the server killed with SIGKILL: the next start removes what it left", kind="fault")
+async def server_sigkill(ctx):
+    async with client_process(ctx, 2, [f"c.call_tool('run_python_ephemeral', {{{SLEEP}}})"]) as pid:
         wait_until(lambda: len(containers_of(pid)) >= 4, 120, "a session, an ephemeral run and the pool")
         os.kill(pid, signal.SIGKILL)
         left = containers_of(pid)
         check(len(left) >= 4, f"expected leftovers to clean, found {left}")
-    finally:
-        client.kill()
-        client.wait()
     async with server(ctx.binary, SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="") as s:
         await s.answers_normally()
         wait_until(lambda: containers_of(pid) == [] and volumes_of(pid) == [], 60, f"the dead server's {len(left)} sandboxes to go")
@@ -761,34 +773,12 @@ async def killed_from_outside(ctx):
 
 @case("the client disconnects mid-call: the execution stops, its sandbox is removed", kind="fault")
 async def client_disconnects(ctx):
-    tag = uuid.uuid4().hex
-    env = dict(os.environ, LOG_LEVEL="warn", SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="", PCS_SUITE_TAG=tag)
-    script = (
-        "import asyncio\n"
-        "from mcp import Client, StdioServerParameters\n"
-        "async def main():\n"
-        f"    async with Client(StdioServerParameters(command={ctx.binary!r}, args=[], env={env!r})) as c:\n"
-        "        sid = (await c.call_tool('sandbox_initialize', {})).structured_content['container_id']\n"
-        "        print(sid, flush=True)\n"
-        "        await asyncio.gather(\n"
-        "            c.call_tool('run_python', {'container_id': sid, 'code': 'import time; time.sleep(300)'}),\n"
-        "            c.call_tool('run_python_ephemeral', {'code': 'import time; time.sleep(300)'}))\n"
-        "asyncio.run(main())\n"
-    )
-    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    pid = None
-    try:
-        line = await asyncio.to_thread(client.stdout.readline)
-        check(line.strip(), "the session did not start")
-        pid = find_server_pid(tag)
-        check(pid is not None, "no server process")
+    calls = [f"c.call_tool('run_python', {{'container_id': sid, {SLEEP}}})", f"c.call_tool('run_python_ephemeral', {{{SLEEP}}})"]
+    # Leaving the block kills the client: the server's stdin closes mid-call.
+    async with client_process(ctx, 0, calls) as pid:
         wait_until(lambda: len(containers_of(pid)) >= 2, 120, "both calls to be running")
-    finally:
-        client.kill()  # the client vanishes: the server's stdin closes mid-call
-        client.wait()
-    if pid is not None:
-        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 60, "the server to exit")
-        wait_until(lambda: containers_of(pid) == [] and volumes_of(pid) == [], 60, "the sandboxes of the calls to go")
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 60, "the server to exit")
+    wait_until(lambda: containers_of(pid) == [] and volumes_of(pid) == [], 60, "the sandboxes of the calls to go")
 
 
 # ---------------------------------------------------------------------------------------------
