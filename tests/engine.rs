@@ -790,7 +790,7 @@ async fn sandboxes_run_under_another_runtime() {
             Err(EngineError::SandboxLost(reason)) => {
                 let next = engine.execute_in_session(&session, Task::Python("print(1)"), &RunOptions::default()).await;
                 assert!(
-                    matches!(&next, Err(EngineError::SessionExpired { reason: r, .. }) if *r == reason),
+                    matches!(&next, Err(EngineError::SessionEnded { reason: r, .. }) if *r == reason),
                     "{next:?}"
                 );
                 return;

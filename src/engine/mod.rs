@@ -55,7 +55,7 @@ pub enum EngineError {
     #[error("no session {0}: it was stopped or never created by this server; start one with sandbox_initialize")]
     UnknownSession(String),
     #[error("session {id} has ended: {reason}; start a new one with sandbox_initialize")]
-    SessionExpired { id: String, reason: String },
+    SessionEnded { id: String, reason: String },
     #[error("{0:?} is not a valid container_id: use the id sandbox_initialize returned")]
     MalformedSessionId(String),
     #[error("image {image} is not allowed; allowed: {allowed}")]
@@ -80,7 +80,7 @@ impl EngineError {
         matches!(
             self,
             EngineError::UnknownSession(_)
-                | EngineError::SessionExpired { .. }
+                | EngineError::SessionEnded { .. }
                 | EngineError::MalformedSessionId(_)
                 | EngineError::ImageNotAllowed { .. }
                 | EngineError::TooManySessions(_)
@@ -486,20 +486,6 @@ impl Engine {
         }
     }
 
-    /// Removes this instance's storage no sandbox uses any more: the workspace of a sandbox that
-    /// was removed from outside without its volumes (`docker rm -f` without `-v`).
-    async fn sweep_storage(&self) {
-        match self
-            .backend
-            .remove_orphaned_storage(LABEL_INSTANCE, &self.owner.instance, &|_| true)
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!("removed {n} workspace volume(s) left without a sandbox"),
-            Err(e) => tracing::warn!("could not remove this server's unused volumes: {e}"),
-        }
-    }
-
     /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
     /// an MCP client gives a closing server only a moment before it kills it.
     pub async fn shutdown(&self) {
@@ -523,7 +509,20 @@ impl Engine {
         self.settle().await;
         let sessions = self.take_all_sessions();
         self.sweep().await;
-        self.sweep_storage().await;
+        remove_unused_storage(self.backend.as_ref(), &self.owner.instance).await;
         sessions::forget(sessions);
+    }
+}
+
+/// Removes an instance's storage no sandbox uses any more: the workspace of a sandbox that was
+/// removed from outside without its volumes (`docker rm -f` without `-v`).
+pub(crate) async fn remove_unused_storage(backend: &dyn Backend, instance: &str) {
+    match backend
+        .remove_orphaned_storage(LABEL_INSTANCE, instance, &|_| true)
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("removed {n} workspace volume(s) left without a sandbox"),
+        Err(e) => tracing::warn!("could not remove unused workspace volumes: {e}"),
     }
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::backend::{self, BackendError, SandboxId};
-use super::owner::LABEL_INSTANCE;
 use super::sandbox::{human, Sandbox};
 use super::{
     artifacts, deps, installer, protocol, sandbox, Engine, EngineError, Execution, RunOptions, Task,
@@ -230,7 +229,7 @@ impl Engine {
             return Ok((full.clone(), session.clone()));
         }
         if let Some((full, reason)) = sessions.ended.iter().find(|(full, _)| full.starts_with(id)) {
-            return Err(EngineError::SessionExpired {
+            return Err(EngineError::SessionEnded {
                 id: full.clone(),
                 reason: reason.clone(),
             });
@@ -500,12 +499,7 @@ impl Engine {
                 match backend.destroy(&sandbox).await {
                     Ok(()) => {
                         // A container removed from outside may have left its workspace volume.
-                        let unused = backend
-                            .remove_orphaned_storage(LABEL_INSTANCE, &instance, &|_| true)
-                            .await;
-                        if let Err(e) = unused {
-                            tracing::warn!("could not remove unused workspace volumes: {e}");
-                        }
+                        super::remove_unused_storage(backend.as_ref(), &instance).await;
                         return;
                     }
                     Err(BackendError::Unavailable(_)) => {
