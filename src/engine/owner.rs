@@ -19,6 +19,8 @@ pub const LABEL_BOOT: &str = "io.python-code-sandbox.boot";
 pub const LABEL_PID: &str = "io.python-code-sandbox.pid";
 pub const LABEL_PID_START: &str = "io.python-code-sandbox.pid-start";
 pub const LABEL_PID_NAMESPACE: &str = "io.python-code-sandbox.pid-namespace";
+/// How Linux names the initial pid namespace (the host's): its inode number is fixed.
+const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 pub const LABEL_KIND: &str = "io.python-code-sandbox.kind";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,11 +87,15 @@ impl Owner {
         if get(LABEL_BOOT) != Some(self.boot.as_str()) {
             return true; // made before this boot: its server is gone
         }
-        // Sandboxes of servers older than the namespace label were made on the host.
-        if let (Some(theirs), Some(ours)) = (get(LABEL_PID_NAMESPACE), &self.pid_namespace) {
-            if theirs != ours {
-                return false; // its pid is another namespace's: we cannot check it
-            }
+        // A sandbox without the label was made by an older server, on the host: its pid can be
+        // checked only from the host's (initial) namespace.
+        let theirs = get(LABEL_PID_NAMESPACE).unwrap_or(INITIAL_PID_NAMESPACE);
+        if self
+            .pid_namespace
+            .as_deref()
+            .is_some_and(|ours| ours != theirs)
+        {
+            return false; // its pid is another namespace's: we cannot check it
         }
         let pid = get(LABEL_PID).and_then(|p| p.parse::<u32>().ok());
         let start = get(LABEL_PID_START).and_then(|s| s.parse::<u64>().ok());
@@ -134,7 +140,7 @@ mod tests {
             boot: "b".into(),
             pid: 10,
             pid_start: 100,
-            pid_namespace: Some("pid:[1]".into()),
+            pid_namespace: Some(INITIAL_PID_NAMESPACE.into()),
         }
     }
 
@@ -196,12 +202,20 @@ mod tests {
         let mut theirs = labels_of("x", "h", "b", "1", "1");
         theirs.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
         assert!(!me.is_leftover_with(&theirs, dead), "another namespace");
-        theirs.insert(LABEL_PID_NAMESPACE.into(), "pid:[1]".into());
+        theirs.insert(LABEL_PID_NAMESPACE.into(), INITIAL_PID_NAMESPACE.into());
         assert!(me.is_leftover_with(&theirs, dead), "same namespace, dead");
         theirs.remove(LABEL_PID_NAMESPACE);
         assert!(
             me.is_leftover_with(&theirs, dead),
-            "unlabelled: judged as before"
+            "unlabelled, from the host: judged"
+        );
+        let in_container = Owner {
+            pid_namespace: Some("pid:[2]".into()),
+            ..owner()
+        };
+        assert!(
+            !in_container.is_leftover_with(&theirs, dead),
+            "unlabelled, judged from a container: left alone"
         );
         let mut old_boot = labels_of("x", "h", "old", "1", "1");
         old_boot.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
