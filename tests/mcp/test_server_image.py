@@ -4,6 +4,7 @@ a container with the host's Docker socket, driven by the official MCP client thr
 
 import base64
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -156,4 +157,41 @@ async def test_streamable_http_from_the_container():
             time.sleep(0.2)
         assert sandboxes() == []
     finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def test_killing_the_docker_client_still_removes_the_servers_sandboxes():
+    """The MCP client kills `docker run` outright: the container's stdin closes (docker run -i
+    attaches it once), so the server ends as on end of input and removes its sandboxes."""
+    name = f"pcs-server-test-{uuid.uuid4().hex[:12]}"
+    proc = subprocess.Popen(["docker"] + docker_run(name=name) + [IMAGE, "stdio"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def send(message):
+        proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+
+    def receive(request_id):
+        while True:
+            reply = json.loads(proc.stdout.readline())
+            if reply.get("id") == request_id:
+                return reply
+
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+        assert receive(1)["result"]["serverInfo"]["name"] == "python-code-sandbox-mcp"
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_initialize", "arguments": {}}})
+        cid = receive(2)["result"]["structuredContent"]["container_id"]
+        assert cid in sandboxes()
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while cid in sandboxes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cid not in sandboxes(), "the killed client's server left its session behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
