@@ -16,6 +16,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import BIN, sandboxes, text_of
@@ -90,6 +91,13 @@ async def mcp_client(url, token=TOKEN, **headers):
     async with create_mcp_http_client(headers=headers) as http:
         async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=180) as client:
             yield client
+
+
+def leaves(error):
+    """The exceptions inside (nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
 
 
 def post(url, body=None, token=TOKEN, **headers):
@@ -176,6 +184,20 @@ async def test_two_clients_at_once_cannot_touch_each_others_sessions():
             alices = await alice.call_tool("sandbox_list", {})
             assert [s["container_id"] for s in alices.structured_content["sessions"]] == [a]
             assert {a, b} <= set(sandboxes())
+
+
+async def test_a_client_pinned_to_the_sessionless_revision_is_told_what_is_supported():
+    """2026-07-28 has no MCP sessions to own sandboxes: the server serves the revisions that do,
+    and says so (the default client negotiates and falls back, as the other tests show)."""
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        with pytest.raises(BaseException) as raised:
+            with anyio.fail_after(60):
+                async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                    async with Client(streamable_http_client(server.url, http_client=http), mode="2026-07-28") as client:
+                        await client.call_tool("run_python_ephemeral", {"code": "print(1)"})
+        [error] = [e for e in leaves(raised.value) if isinstance(e, MCPError)]
+        assert error.error.code == -32022
+        assert "2025-11-25" in error.error.data["supported"]
 
 
 async def test_a_missing_or_wrong_token_is_401():
