@@ -383,7 +383,12 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
     };
     let bound = listener.local_addr().unwrap_or(addr);
     let gate = Arc::new(Gate::new(&config, bound));
-    let idle = config.sessions.idle_timeout;
+    // An MCP session with no request for this long ends (and with it its sandbox sessions): the
+    // idle limit of a sandbox session, but never shorter than the longest call (an install, then
+    // an execution), during which the MCP session sees no traffic.
+    let idle = config.sessions.idle_timeout.max(
+        config.limits.timeout + config.deps.install_timeout + Duration::from_secs(60),
+    );
     let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
     let running = match super::start(config) {
         Ok(running) => running,
@@ -392,8 +397,6 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
 
     let stop = CancellationToken::new();
     let mut sessions = LocalSessionManager::default();
-    // An MCP session unused this long ends (and with it its sandbox sessions): the same idle
-    // limit as a sandbox session's.
     sessions.session_config.keep_alive = Some(idle);
     let rmcp_config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(gate.host_list())
