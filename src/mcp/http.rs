@@ -231,15 +231,39 @@ fn default_hosts(bound: IpAddr) -> Vec<HostPattern> {
 
 fn has_credential_param(query: Option<&str>) -> bool {
     query.is_some_and(|query| {
-        query.split('&').any(|pair| {
-            let name = pair
-                .split('=')
-                .next()
-                .unwrap_or_default()
-                .to_ascii_lowercase();
-            CREDENTIAL_PARAMS.contains(&name.as_str())
+        query.split(['&', ';']).any(|pair| {
+            let name = percent_decoded(pair.split('=').next().unwrap_or_default());
+            CREDENTIAL_PARAMS.contains(&name.to_ascii_lowercase().as_str())
         })
     })
+}
+
+/// A query parameter name with `%XX` escapes and `+` decoded (invalid escapes kept as they are).
+fn percent_decoded(name: &str) -> String {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| name.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (bytes[i], escaped) {
+            (_, Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, None) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
@@ -386,9 +410,10 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
     // An MCP session with no request for this long ends (and with it its sandbox sessions): the
     // idle limit of a sandbox session, but never shorter than the longest call (an install, then
     // an execution), during which the MCP session sees no traffic.
-    let idle = config.sessions.idle_timeout.max(
-        config.limits.timeout + config.deps.install_timeout + Duration::from_secs(60),
-    );
+    let idle = config
+        .sessions
+        .idle_timeout
+        .max(config.limits.timeout + config.deps.install_timeout + Duration::from_secs(60));
     let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
     let running = match super::start(config) {
         Ok(running) => running,
@@ -532,7 +557,12 @@ mod tests {
         ] {
             assert_eq!(status(&g, &uri, &ok), StatusCode::BAD_REQUEST, "{uri}");
         }
-        assert_eq!(status(&g, "/mcp?tokens=1", &ok), StatusCode::OK);
+        assert_eq!(
+            status(&g, "/mcp?access%5Ftoken=1", &ok),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(status(&g, "/mcp?a=1;TOKEN=2", &ok), StatusCode::BAD_REQUEST);
+        assert_eq!(status(&g, "/mcp?tokens=1&x=%zz", &ok), StatusCode::OK);
     }
 
     #[test]
