@@ -3,8 +3,11 @@
 #   1. a Docker engine (scripts/dev-env.sh installs and starts one when none answers), with gVisor
 #      registered as the runtime `runsc` (scripts/runsc.sh),
 #   2. the sandbox image (built by the project's own binary; offline when no registry answers),
+#      and the server image (scripts/server-image.sh --offline: the release binary on the local
+#      debootstrap base),
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine),
-#   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest),
+#   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
+#      over stdio and streamable HTTP, and the server image driven the same way through `docker run`,
 #   5. a smoke call through the MCP Inspector CLI, a second real client,
 #   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks under runc and gVisor,
 #      faults (one restarts dockerd),
@@ -39,6 +42,9 @@ cargo build --locked --all-targets
 
 echo "== sandbox image" >&2
 ./target/debug/python-code-sandbox image build
+
+echo "== server image" >&2
+bash scripts/server-image.sh --offline
 
 echo "== format and lints" >&2
 cargo fmt --all -- --check

@@ -113,6 +113,59 @@ pub struct SessionPolicy {
     pub max_lifetime: Duration,
 }
 
+/// A secret value: never shown by `Debug`, in logs or in error messages.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the one place that needs it (the comparison).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(hidden)")
+    }
+}
+
+/// An allowed `Host` header: a name or address, and a port when only that port is allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPattern {
+    /// Lower case; IPv6 addresses without brackets.
+    pub host: String,
+    pub port: Option<u16>,
+}
+
+impl HostPattern {
+    pub fn matches(&self, host: &str, port: Option<u16>) -> bool {
+        self.host == host && self.port.is_none_or(|p| Some(p) == port)
+    }
+}
+
+/// Who may talk to the server over streamable HTTP (`serve --http`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpPolicy {
+    /// The bearer token every request must carry; `None`: no authentication (loopback only).
+    pub token: Option<Secret>,
+    /// Browser origins allowed to call the server (normalized by [`normalize_origin`]); requests
+    /// without an `Origin` header are always allowed, any other origin is refused.
+    pub allowed_origins: Vec<String>,
+    /// Allowed `Host` headers; `None`: the loopback names and the bind address.
+    pub allowed_hosts: Option<Vec<HostPattern>>,
+    /// The largest request body accepted.
+    pub max_body_bytes: u64,
+}
+
+/// The default request body limit: 4 MiB more than the largest code accepted (8 MiB), for the
+/// JSON around it and its escapes.
+pub const DEFAULT_HTTP_MAX_BODY: u64 = 12 << 20;
+
 /// Resource limits applied to every sandbox.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
@@ -164,6 +217,8 @@ pub struct Config {
     /// `tracing` filter directive (e.g. `info`, `debug`, `python_code_sandbox=trace`); unset, each
     /// command picks its own default (the server `info`, `run` only warnings).
     pub log_level: Option<String>,
+    /// The streamable HTTP transport's access rules.
+    pub http: HttpPolicy,
 }
 
 impl Default for Config {
@@ -217,6 +272,12 @@ impl Default for Config {
             pypi_index_ttl: Duration::from_secs(24 * 60 * 60),
             cache_dir: default_cache_dir(),
             log_level: None,
+            http: HttpPolicy {
+                token: None,
+                allowed_origins: Vec::new(),
+                allowed_hosts: None,
+                max_body_bytes: DEFAULT_HTTP_MAX_BODY,
+            },
         }
     }
 }
@@ -278,6 +339,31 @@ pub const VARIABLES: &[Variable] = &[
         name: "SANDBOX_CA_BUNDLE",
         default: "(unset)",
         meaning: "host CA file for networked sandboxes",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_TOKEN",
+        default: "(unset)",
+        meaning: "bearer token required by serve --http",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_TOKEN_FILE",
+        default: "(unset)",
+        meaning: "file holding that token",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_ALLOWED_ORIGINS",
+        default: "(none)",
+        meaning: "browser origins allowed over HTTP",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_ALLOWED_HOSTS",
+        default: "loopback names + bind address",
+        meaning: "Host headers accepted over HTTP",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_MAX_BODY",
+        default: "12m",
+        meaning: "largest HTTP request body",
     },
     Variable {
         name: "LOG_LEVEL",
@@ -551,6 +637,7 @@ impl Config {
             }
             config.cache_dir = path;
         }
+        config.http = parse_http(&get)?;
         if let Some(v) = get("LOG_LEVEL") {
             if tracing_subscriber::EnvFilter::try_new(&v).is_err() {
                 return Err(ConfigError {
@@ -563,6 +650,153 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// The smallest token accepted: shorter ones can be guessed.
+const MIN_TOKEN_CHARS: usize = 16;
+
+fn parse_http(get: &impl Fn(&str) -> Option<String>) -> Result<HttpPolicy, ConfigError> {
+    let mut http = Config::default().http;
+    let token = match (get("SANDBOX_HTTP_TOKEN"), get("SANDBOX_HTTP_TOKEN_FILE")) {
+        (Some(_), Some(file)) => {
+            return Err(ConfigError {
+                var: "SANDBOX_HTTP_TOKEN_FILE",
+                value: file,
+                expected: "either SANDBOX_HTTP_TOKEN or SANDBOX_HTTP_TOKEN_FILE, not both",
+            })
+        }
+        (Some(token), None) => Some(("SANDBOX_HTTP_TOKEN", token)),
+        (None, Some(file)) => {
+            let read = std::fs::read_to_string(&file).map_err(|_| ConfigError {
+                var: "SANDBOX_HTTP_TOKEN_FILE",
+                value: file.clone(),
+                expected: "the path of a readable file holding the token",
+            })?;
+            Some(("SANDBOX_HTTP_TOKEN_FILE", read.trim().to_string()))
+        }
+        (None, None) => None,
+    };
+    if let Some((var, token)) = token {
+        let b64token = token.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '+' | '/' | '=')
+        });
+        if token.chars().count() < MIN_TOKEN_CHARS || !b64token {
+            return Err(ConfigError {
+                var,
+                // The value is a secret: say only what is wrong with it.
+                value: format!("(hidden, {} characters)", token.chars().count()),
+                expected: "a token of at least 16 characters from A-Z a-z 0-9 - . _ ~ + / =, such as the output of `openssl rand -hex 32`",
+            });
+        }
+        http.token = Some(Secret(token));
+    }
+    if let Some(v) = get("SANDBOX_HTTP_ALLOWED_ORIGINS") {
+        http.allowed_origins = v
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(|o| {
+                normalize_origin(o).ok_or_else(|| ConfigError {
+                    var: "SANDBOX_HTTP_ALLOWED_ORIGINS",
+                    value: v.clone(),
+                    expected: "comma-separated origins such as https://app.example.com or http://localhost:3000 (scheme, host, optional port; no path)",
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(v) = get("SANDBOX_HTTP_ALLOWED_HOSTS") {
+        let hosts = v
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                parse_host(h).map(|(host, port)| HostPattern { host, port }).ok_or_else(|| ConfigError {
+                    var: "SANDBOX_HTTP_ALLOWED_HOSTS",
+                    value: v.clone(),
+                    expected: "comma-separated host names or addresses, each with an optional port, such as mcp.example.com,10.0.0.5:8080",
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if hosts.is_empty() {
+            return Err(ConfigError {
+                var: "SANDBOX_HTTP_ALLOWED_HOSTS",
+                value: v,
+                expected: "at least one host name or address",
+            });
+        }
+        http.allowed_hosts = Some(hosts);
+    }
+    if let Some(v) = get("SANDBOX_HTTP_MAX_BODY") {
+        http.max_body_bytes = parse_bytes("SANDBOX_HTTP_MAX_BODY", &v, 64 << 10)?;
+        if http.max_body_bytes > 1 << 30 {
+            return Err(ConfigError {
+                var: "SANDBOX_HTTP_MAX_BODY",
+                value: v,
+                expected: "a size from 64k to 1g, such as 12m",
+            });
+        }
+    }
+    Ok(http)
+}
+
+/// Splits a `Host` header (or an allowed-host entry) into a lower-case host and an optional
+/// port: `example.com`, `example.com:8080`, `127.0.0.1:80`, `[::1]:8080`, `::1`. `None` when it
+/// is not of that form.
+pub fn parse_host(value: &str) -> Option<(String, Option<u16>)> {
+    let value = value.trim();
+    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
+        let (address, after) = rest.split_once(']')?;
+        address.parse::<std::net::Ipv6Addr>().ok()?;
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':')?.parse::<u16>().ok()?),
+        };
+        (address.to_string(), port)
+    } else if value.matches(':').count() > 1 {
+        value.parse::<std::net::Ipv6Addr>().ok()?;
+        (value.to_string(), None)
+    } else {
+        match value.split_once(':') {
+            Some((host, port)) => (host.to_string(), Some(port.parse::<u16>().ok()?)),
+            None => (value.to_string(), None),
+        }
+    };
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'));
+    name_ok.then(|| (host.to_ascii_lowercase(), port))
+}
+
+/// An origin in one canonical form, `scheme://host:port` (port always written), or `null`.
+/// `None` when the value is not an http(s) origin (a path, a query, credentials...).
+pub fn normalize_origin(value: &str) -> Option<String> {
+    let value = value.trim();
+    if value.eq_ignore_ascii_case("null") {
+        return Some("null".to_string());
+    }
+    let (scheme, rest) = value.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#', '@']) {
+        return None;
+    }
+    let (host, port) = parse_host(authority)?;
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Some(format!(
+        "{scheme}://{host}:{}",
+        port.unwrap_or(default_port)
+    ))
 }
 
 /// The largest output cap an operator may set: the host buffers up to this much per execution.
@@ -992,6 +1226,104 @@ mod tests {
     fn network_bridge_is_accepted() {
         let c = config(&[("SANDBOX_NETWORK", "Bridge")]).unwrap();
         assert_eq!(c.network, NetworkPolicy::Bridge);
+    }
+
+    #[test]
+    fn http_settings_parse_and_hide_the_token() {
+        let c = config(&[
+            ("SANDBOX_HTTP_TOKEN", "0123456789abcdef0123"),
+            (
+                "SANDBOX_HTTP_ALLOWED_ORIGINS",
+                "https://App.example.com, http://localhost:3000/",
+            ),
+            (
+                "SANDBOX_HTTP_ALLOWED_HOSTS",
+                "mcp.example.com,[::1]:8080,10.0.0.5:80",
+            ),
+            ("SANDBOX_HTTP_MAX_BODY", "20m"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.http.token.as_ref().map(Secret::expose),
+            Some("0123456789abcdef0123")
+        );
+        assert!(!format!("{c:?}").contains("0123456789abcdef0123"));
+        assert_eq!(
+            c.http.allowed_origins,
+            vec!["https://app.example.com:443", "http://localhost:3000"]
+        );
+        let hosts = c.http.allowed_hosts.unwrap();
+        assert!(hosts[0].matches("mcp.example.com", Some(1234)));
+        assert!(hosts[1].matches("::1", Some(8080)) && !hosts[1].matches("::1", Some(80)));
+        assert_eq!(c.http.max_body_bytes, 20 << 20);
+        assert_eq!(
+            config(&[]).unwrap().http.max_body_bytes,
+            DEFAULT_HTTP_MAX_BODY
+        );
+
+        let short = config(&[("SANDBOX_HTTP_TOKEN", "tiny")]).unwrap_err();
+        assert!(!short.to_string().contains("tiny"), "{short}");
+        let spaced = config(&[("SANDBOX_HTTP_TOKEN", "has spaces in it, 1234567")]).unwrap_err();
+        assert!(!spaced.to_string().contains("spaces"), "{spaced}");
+        for (var, bad) in [
+            ("SANDBOX_HTTP_ALLOWED_ORIGINS", "app.example.com"),
+            (
+                "SANDBOX_HTTP_ALLOWED_ORIGINS",
+                "https://app.example.com/path",
+            ),
+            ("SANDBOX_HTTP_ALLOWED_ORIGINS", "ftp://x"),
+            ("SANDBOX_HTTP_ALLOWED_HOSTS", "bad host"),
+            ("SANDBOX_HTTP_ALLOWED_HOSTS", "x:99999"),
+            ("SANDBOX_HTTP_MAX_BODY", "1k"),
+            ("SANDBOX_HTTP_MAX_BODY", "2g"),
+        ] {
+            assert!(config(&[(var, bad)]).is_err(), "{var}={bad}");
+        }
+    }
+
+    #[test]
+    fn the_token_comes_from_a_file_or_the_environment_not_both() {
+        let path = std::env::temp_dir().join(format!("pcs-token-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, "fedcba9876543210fedcba\n").unwrap();
+        let file = path.display().to_string();
+        let c = config(&[("SANDBOX_HTTP_TOKEN_FILE", &file)]).unwrap();
+        assert_eq!(
+            c.http.token.as_ref().map(Secret::expose),
+            Some("fedcba9876543210fedcba")
+        );
+        let both = config(&[
+            ("SANDBOX_HTTP_TOKEN_FILE", &file),
+            ("SANDBOX_HTTP_TOKEN", "0123456789abcdef0123"),
+        ]);
+        assert!(both.is_err());
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            config(&[("SANDBOX_HTTP_TOKEN_FILE", &file)]).is_err(),
+            "missing file"
+        );
+    }
+
+    #[test]
+    fn hosts_and_origins_normalize() {
+        assert_eq!(
+            parse_host("LocalHost:8080"),
+            Some(("localhost".into(), Some(8080)))
+        );
+        assert_eq!(parse_host("[::1]"), Some(("::1".into(), None)));
+        assert_eq!(parse_host("::1"), Some(("::1".into(), None)));
+        assert_eq!(parse_host("evil.com:8080:1"), None);
+        assert_eq!(parse_host("a b"), None);
+        assert_eq!(parse_host(""), None);
+        assert_eq!(
+            normalize_origin("http://[::1]:9000").as_deref(),
+            Some("http://[::1]:9000")
+        );
+        assert_eq!(
+            normalize_origin("HTTPS://Example.com").as_deref(),
+            Some("https://example.com:443")
+        );
+        assert_eq!(normalize_origin("null").as_deref(), Some("null"));
+        assert_eq!(normalize_origin("https://u@example.com"), None);
     }
 
     #[test]

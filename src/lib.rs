@@ -17,10 +17,10 @@
 //!   size-bounded tmpfs).
 //!   Files the code writes come back checked and bounded; dependencies are installed outside the
 //!   code's sandbox into a shared, read-only cache; a warm pool hides start-up.
-//! - [`mcp`] translates MCP tool calls to engine calls and back (stdio, rmcp); [`pypi`] backs the
-//!   package search.
-//! - [`cli`] is the command line: the server (no arguments), `run`, `doctor`, `image build`,
-//!   `bench`, `cleanup`, `cache`.
+//! - [`mcp`] translates MCP tool calls to engine calls and back (rmcp, over stdio or streamable
+//!   HTTP behind a request gate: token, Host, Origin, size); [`pypi`] backs the package search.
+//! - [`cli`] is the command line: the server (no arguments, `stdio`, or `serve --http ADDR`),
+//!   `run`, `doctor`, `image build`, `bench`, `cleanup`, `cache`.
 //!
 //! Everything that comes out of a sandbox is treated as hostile: frames are size-checked before
 //! they are buffered, output is capped inside the sandbox and again on the host, and malformed

@@ -37,6 +37,18 @@ struct Cli {
 enum Command {
     /// Serve MCP over stdin/stdout (the default when no command is given).
     Stdio,
+    /// Serve MCP: over stdin/stdout, or with --http over streamable HTTP at http://ADDR/mcp.
+    Serve {
+        /// Listen on ADDR (IP:PORT; default 127.0.0.1:8080) instead of stdin/stdout. Any address
+        /// but loopback needs SANDBOX_HTTP_TOKEN.
+        #[arg(
+            long,
+            value_name = "ADDR",
+            num_args = 0..=1,
+            default_missing_value = crate::mcp::http::DEFAULT_ADDR
+        )]
+        http: Option<String>,
+    },
     /// Run a Python file (or `-` for stdin) in a fresh sandbox; exits with its exit status.
     Run {
         /// The file to run, or `-` to read the code from stdin.
@@ -167,7 +179,12 @@ fn init_logging(config: &Config, default_level: &str) {
 
 async fn dispatch(cli: Cli, config: Config) -> ExitCode {
     match cli.command {
-        None | Some(Command::Stdio) => crate::mcp::serve_stdio(config).await,
+        None | Some(Command::Stdio) | Some(Command::Serve { http: None }) => {
+            crate::mcp::serve_stdio(config).await
+        }
+        Some(Command::Serve { http: Some(addr) }) => {
+            crate::mcp::http::serve_http(config, &addr).await
+        }
         Some(Command::Run {
             file,
             deps,

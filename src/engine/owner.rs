@@ -4,6 +4,11 @@
 //! may share one engine (Claude Desktop and an editor each start one), so a server removes only
 //! sandboxes whose owner is provably dead: same host, and either another boot or no live process
 //! with that pid and start time. Sandboxes of other hosts are never touched.
+//!
+//! A pid means something only in its pid namespace: a server in a container (with the host's
+//! Docker socket) is pid 1 of its own. So the namespace is a label too, and a pid is checked only
+//! when the sandbox was made in this server's namespace; otherwise its owner cannot be proven
+//! dead and the sandbox is left alone (its server removes it when it exits).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +18,9 @@ pub const LABEL_HOST: &str = "io.python-code-sandbox.host";
 pub const LABEL_BOOT: &str = "io.python-code-sandbox.boot";
 pub const LABEL_PID: &str = "io.python-code-sandbox.pid";
 pub const LABEL_PID_START: &str = "io.python-code-sandbox.pid-start";
+pub const LABEL_PID_NAMESPACE: &str = "io.python-code-sandbox.pid-namespace";
+/// How Linux names the initial pid namespace (the host's): its inode number is fixed.
+const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 pub const LABEL_KIND: &str = "io.python-code-sandbox.kind";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +31,8 @@ pub struct Owner {
     pub pid: u32,
     /// The process's start time in clock ticks since boot: tells a reused pid apart.
     pub pid_start: u64,
+    /// The pid namespace the pid belongs to (`pid:[inode]`), when it can be read.
+    pub pid_namespace: Option<String>,
 }
 
 impl Owner {
@@ -36,11 +46,12 @@ impl Owner {
                 .unwrap_or_else(|| "unknown".into()),
             pid,
             pid_start: process_start_time(pid).unwrap_or(0),
+            pid_namespace: pid_namespace(),
         }
     }
 
     pub fn labels(&self, kind: &str) -> BTreeMap<String, String> {
-        BTreeMap::from([
+        let mut labels = BTreeMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_INSTANCE.to_string(), self.instance.clone()),
             (LABEL_HOST.to_string(), self.host.clone()),
@@ -48,7 +59,11 @@ impl Owner {
             (LABEL_PID.to_string(), self.pid.to_string()),
             (LABEL_PID_START.to_string(), self.pid_start.to_string()),
             (LABEL_KIND.to_string(), kind.to_string()),
-        ])
+        ]);
+        if let Some(namespace) = &self.pid_namespace {
+            labels.insert(LABEL_PID_NAMESPACE.to_string(), namespace.clone());
+        }
+        labels
     }
 
     /// Whether a sandbox with these labels belongs to a server that no longer runs.
@@ -72,6 +87,16 @@ impl Owner {
         if get(LABEL_BOOT) != Some(self.boot.as_str()) {
             return true; // made before this boot: its server is gone
         }
+        // A sandbox without the label was made by an older server, on the host: its pid can be
+        // checked only from the host's (initial) namespace.
+        let theirs = get(LABEL_PID_NAMESPACE).unwrap_or(INITIAL_PID_NAMESPACE);
+        if self
+            .pid_namespace
+            .as_deref()
+            .is_some_and(|ours| ours != theirs)
+        {
+            return false; // its pid is another namespace's: we cannot check it
+        }
         let pid = get(LABEL_PID).and_then(|p| p.parse::<u32>().ok());
         let start = get(LABEL_PID_START).and_then(|s| s.parse::<u64>().ok());
         match (pid, start) {
@@ -86,6 +111,14 @@ fn read_trimmed(path: &str) -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+/// This process's pid namespace, as `/proc/self/ns/pid` names it (`pid:[4026531836]`).
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|target| target.to_string_lossy().into_owned())
+        .filter(|name| !name.is_empty())
 }
 
 /// Field 22 of `/proc/PID/stat`, read after the command name (which may hold spaces and parens).
@@ -107,6 +140,7 @@ mod tests {
             boot: "b".into(),
             pid: 10,
             pid_start: 100,
+            pid_namespace: Some(INITIAL_PID_NAMESPACE.into()),
         }
     }
 
@@ -158,6 +192,46 @@ mod tests {
         assert!(
             !me.is_leftover_with(&labels_of("x", "h", "b", "junk", "200"), alive),
             "unreadable"
+        );
+    }
+
+    #[test]
+    fn a_pid_of_another_namespace_is_never_judged() {
+        let me = owner();
+        let dead = |_: u32, _: u64| false;
+        let mut theirs = labels_of("x", "h", "b", "1", "1");
+        theirs.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
+        assert!(!me.is_leftover_with(&theirs, dead), "another namespace");
+        theirs.insert(LABEL_PID_NAMESPACE.into(), INITIAL_PID_NAMESPACE.into());
+        assert!(me.is_leftover_with(&theirs, dead), "same namespace, dead");
+        theirs.remove(LABEL_PID_NAMESPACE);
+        assert!(
+            me.is_leftover_with(&theirs, dead),
+            "unlabelled, from the host: judged"
+        );
+        let in_container = Owner {
+            pid_namespace: Some("pid:[2]".into()),
+            ..owner()
+        };
+        assert!(
+            !in_container.is_leftover_with(&theirs, dead),
+            "unlabelled, judged from a container: left alone"
+        );
+        let mut old_boot = labels_of("x", "h", "old", "1", "1");
+        old_boot.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
+        assert!(me.is_leftover_with(&old_boot, dead), "another boot");
+    }
+
+    #[test]
+    fn labels_name_this_process_namespace() {
+        let me = Owner::current();
+        assert!(me
+            .pid_namespace
+            .as_deref()
+            .is_some_and(|n| n.starts_with("pid:[")));
+        assert_eq!(
+            me.labels("session").get(LABEL_PID_NAMESPACE),
+            me.pid_namespace.as_ref()
         );
     }
 

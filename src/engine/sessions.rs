@@ -1,5 +1,10 @@
 //! Sessions: sandboxes whose runner keeps its state between executions, found by id, limited
 //! in number and lifetime, and the file tools that work on their workspace.
+//!
+//! A session may belong to a client ([`ClientId`]): a server with several clients (MCP over
+//! HTTP) tags each session with the client that created it, and calls made in that client's
+//! [`Scope`] reach only its sessions; any other id gets the same error as an unknown one. The
+//! methods without a scope act for the whole server (stdio has one client; the CLI and tests).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -13,10 +18,54 @@ use super::{
     artifacts, deps, installer, protocol, sandbox, Engine, EngineError, Execution, RunOptions, Task,
 };
 
+/// The client a session belongs to; random, never shown to clients.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientId(Arc<str>);
+
+impl ClientId {
+    /// A fresh, random client id.
+    pub fn new() -> ClientId {
+        ClientId(uuid::Uuid::new_v4().simple().to_string().into())
+    }
+}
+
+impl Default for ClientId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Whose sessions a call may reach.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// Every session of this engine (a server with one client, the CLI, tests).
+    Server,
+    /// Only the sessions this client created.
+    Client(&'a ClientId),
+}
+
+impl Scope<'_> {
+    fn admits(&self, owner: Option<&ClientId>) -> bool {
+        match self {
+            Scope::Server => true,
+            Scope::Client(client) => owner == Some(*client),
+        }
+    }
+
+    fn owner(&self) -> Option<ClientId> {
+        match self {
+            Scope::Server => None,
+            Scope::Client(client) => Some((*client).clone()),
+        }
+    }
+}
+
 /// A live session: a sandbox whose runner keeps its state between executions.
 pub(crate) struct Session {
     sandbox: Mutex<Sandbox>,
     image: String,
+    /// The client that created it; `None` when it was created for the whole server.
+    client: Option<ClientId>,
     created: Instant,
     last_used: std::sync::Mutex<Instant>,
     dependencies: std::sync::Mutex<SessionDependencies>,
@@ -68,7 +117,23 @@ pub(crate) struct Sessions {
     live: HashMap<String, Arc<Session>>,
     /// Sessions being created: they count against the limit already.
     starting: usize,
-    ended: VecDeque<(String, String)>,
+    ended: VecDeque<Ended>,
+}
+
+/// A session that ended on its own: its id, why, and whose it was.
+struct Ended {
+    id: String,
+    reason: String,
+    client: Option<ClientId>,
+}
+
+impl Sessions {
+    fn remember_ended(&mut self, id: String, reason: String, client: Option<ClientId>) {
+        self.ended.push_back(Ended { id, reason, client });
+        while self.ended.len() > TOMBSTONES {
+            self.ended.pop_front();
+        }
+    }
 }
 
 /// A path the agent gave, as a safe path relative to the workspace. `/workspace/x` and `x` are the
@@ -161,6 +226,15 @@ impl Engine {
 
     /// Starts a session sandbox and returns its id.
     pub async fn create_session(&self, options: &RunOptions) -> Result<String, EngineError> {
+        self.create_session_for(Scope::Server, options).await
+    }
+
+    /// Starts a session sandbox that belongs to the scope's client, and returns its id.
+    pub async fn create_session_for(
+        &self,
+        scope: Scope<'_>,
+        options: &RunOptions,
+    ) -> Result<String, EngineError> {
         let image = self.check_image(options.image.as_deref())?;
         {
             let mut sessions = self.lock_sessions();
@@ -188,6 +262,7 @@ impl Engine {
         let session = Session {
             sandbox: Mutex::new(sandbox),
             image,
+            client: scope.owner(),
             created: now,
             last_used: std::sync::Mutex::new(now),
             dependencies: std::sync::Mutex::default(),
@@ -204,8 +279,9 @@ impl Engine {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Finds a session by its id, or by a unique prefix of at least 12 characters.
-    fn session(&self, id: &str) -> Result<(String, Arc<Session>), EngineError> {
+    /// Finds a session of the scope by its id, or by a unique prefix of at least 12 characters.
+    /// Sessions outside the scope are treated as if they did not exist.
+    fn session(&self, scope: Scope<'_>, id: &str) -> Result<(String, Arc<Session>), EngineError> {
         let id = id.trim();
         if id.len() < 12
             || id.len() > 128
@@ -218,20 +294,25 @@ impl Engine {
             ));
         }
         let sessions = self.lock_sessions();
-        if let Some(session) = sessions.live.get(id) {
+        let visible = |session: &Session| scope.admits(session.client.as_ref());
+        if let Some(session) = sessions.live.get(id).filter(|s| visible(s)) {
             return Ok((id.to_string(), session.clone()));
         }
         let mut matches = sessions
             .live
             .iter()
-            .filter(|(full, _)| full.starts_with(id));
+            .filter(|(full, session)| full.starts_with(id) && visible(session));
         if let (Some((full, session)), None) = (matches.next(), matches.next()) {
             return Ok((full.clone(), session.clone()));
         }
-        if let Some((full, reason)) = sessions.ended.iter().find(|(full, _)| full.starts_with(id)) {
+        if let Some(ended) = sessions
+            .ended
+            .iter()
+            .find(|e| e.id.starts_with(id) && scope.admits(e.client.as_ref()))
+        {
             return Err(EngineError::SessionEnded {
-                id: full.clone(),
-                reason: reason.clone(),
+                id: ended.id.clone(),
+                reason: ended.reason.clone(),
             });
         }
         Err(EngineError::UnknownSession(id.to_string()))
@@ -244,9 +325,21 @@ impl Engine {
         task: Task<'_>,
         options: &RunOptions,
     ) -> Result<Execution, EngineError> {
+        self.execute_in_session_for(Scope::Server, id, task, options)
+            .await
+    }
+
+    /// [`Engine::execute_in_session`] on a session of the scope.
+    pub async fn execute_in_session_for(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
         Self::check_task(task)?;
         let requested = self.requirements(&options.dependencies)?;
-        let (full_id, session) = self.session(id)?;
+        let (full_id, session) = self.session(scope, id)?;
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
@@ -311,7 +404,18 @@ impl Engine {
         path: &str,
         content: &[u8],
     ) -> Result<String, EngineError> {
-        let (full_id, session) = self.session(id)?;
+        self.write_file_for(Scope::Server, id, path, content).await
+    }
+
+    /// [`Engine::write_file`] on a session of the scope.
+    pub async fn write_file_for(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+        path: &str,
+        content: &[u8],
+    ) -> Result<String, EngineError> {
+        let (full_id, session) = self.session(scope, id)?;
         let path = workspace_relative(path)?;
         let limit = self.config.files.max_file_bytes;
         if content.len() as u64 > limit {
@@ -348,7 +452,17 @@ impl Engine {
         id: &str,
         path: &str,
     ) -> Result<artifacts::Artifact, EngineError> {
-        let (full_id, session) = self.session(id)?;
+        self.read_file_for(Scope::Server, id, path).await
+    }
+
+    /// [`Engine::read_file`] on a session of the scope.
+    pub async fn read_file_for(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+        path: &str,
+    ) -> Result<artifacts::Artifact, EngineError> {
+        let (full_id, session) = self.session(scope, id)?;
         let path = workspace_relative(path)?;
         session.touch();
         let limit = self.config.files.return_max_file_bytes;
@@ -372,7 +486,17 @@ impl Engine {
 
     /// Lists a directory of a session's workspace (`""` for the workspace itself).
     pub async fn list_files(&self, id: &str, path: &str) -> Result<sandbox::Listing, EngineError> {
-        let (full_id, session) = self.session(id)?;
+        self.list_files_for(Scope::Server, id, path).await
+    }
+
+    /// [`Engine::list_files`] on a session of the scope.
+    pub async fn list_files_for(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+        path: &str,
+    ) -> Result<sandbox::Listing, EngineError> {
+        let (full_id, session) = self.session(scope, id)?;
         let path = if path.trim().trim_matches('/').is_empty() || path.trim() == "." {
             String::new()
         } else {
@@ -387,7 +511,16 @@ impl Engine {
 
     /// Stops a session and removes its sandbox.
     pub async fn stop_session(&self, id: &str) -> Result<String, EngineError> {
-        let (full, _) = self.session(id)?;
+        self.stop_session_for(Scope::Server, id).await
+    }
+
+    /// [`Engine::stop_session`] on a session of the scope.
+    pub async fn stop_session_for(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+    ) -> Result<String, EngineError> {
+        let (full, _) = self.session(scope, id)?;
         let session = self
             .lock_sessions()
             .live
@@ -403,10 +536,16 @@ impl Engine {
 
     /// This server's live sessions.
     pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.sessions_for(Scope::Server)
+    }
+
+    /// The live sessions of the scope.
+    pub fn sessions_for(&self, scope: Scope<'_>) -> Vec<SessionInfo> {
         let mut list: Vec<SessionInfo> = self
             .lock_sessions()
             .live
             .iter()
+            .filter(|(_, s)| scope.admits(s.client.as_ref()))
             .map(|(id, s)| SessionInfo {
                 id: id.clone(),
                 image: s.image.clone(),
@@ -416,6 +555,45 @@ impl Engine {
             .collect();
         list.sort_by_key(|s| std::cmp::Reverse(s.age));
         list
+    }
+
+    /// Stops every session of a client that is gone (its MCP session ended). The sessions leave
+    /// the registry at once; their sandboxes are removed in the background (`shutdown` waits for
+    /// that). Needs a Tokio runtime. Returns how many sessions were stopped.
+    pub fn end_client(&self, client: &ClientId) -> usize {
+        let ended: Vec<(String, Arc<Session>)> = {
+            let mut sessions = self.lock_sessions();
+            let ids: Vec<String> = sessions
+                .live
+                .iter()
+                .filter(|(_, s)| s.client.as_ref() == Some(client))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| {
+                    let session = sessions.live.remove(&id)?;
+                    sessions.remember_ended(
+                        id.clone(),
+                        "the client that started it disconnected".to_string(),
+                        Some(client.clone()),
+                    );
+                    Some((id, session))
+                })
+                .collect()
+        };
+        for (id, session) in &ended {
+            tracing::info!(session = %id, "stopping: its client disconnected");
+            let backend = self.backend.clone();
+            let (id, session) = (id.clone(), session.clone());
+            self.background.spawn(async move {
+                // An execution in flight is interrupted by killing the sandbox.
+                if let Err(e) = backend.destroy(&SandboxId(id.clone())).await {
+                    tracing::warn!(sandbox = %id, "could not remove a disconnected client's session: {e}");
+                }
+                session.sandbox.lock().await.forget();
+            });
+        }
+        ended.len()
     }
 
     /// Stops sessions idle or alive for longer than the policy allows; returns how many.
@@ -460,13 +638,8 @@ impl Engine {
     /// Takes a session out of the live ones; later calls on it are told `reason`.
     fn end_session(&self, id: &str, reason: &str) {
         let mut sessions = self.lock_sessions();
-        sessions.live.remove(id);
-        sessions
-            .ended
-            .push_back((id.to_string(), reason.to_string()));
-        while sessions.ended.len() > TOMBSTONES {
-            sessions.ended.pop_front();
-        }
+        let client = sessions.live.remove(id).and_then(|s| s.client.clone());
+        sessions.remember_ended(id.to_string(), reason.to_string(), client);
     }
 
     /// Ends a session whose sandbox is lost (stopped or removed from outside, or the engine went

@@ -4,10 +4,15 @@
 //! read from the live configuration. The code's own failures (exception, non-zero exit, timeout)
 //! and infrastructure failures are both `isError` results with text the model can act on; protocol
 //! errors are kept for malformed requests.
+//!
+//! Over stdio the server has one client, which reaches every session. Over HTTP ([`http`]) every
+//! MCP session is a client of its own: its tools reach only the sandbox sessions it created.
 
+pub mod http;
 mod oversize;
 mod render;
 
+use std::borrow::Cow;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -15,8 +20,8 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig,
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ProtocolVersion,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -25,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, NetworkPolicy};
 use crate::engine::docker::DockerBackend;
+use crate::engine::sessions::{ClientId, Scope};
 use crate::engine::{Engine, ProgressSink, RunOptions, Task};
 use crate::pypi::{PackageInfo, PypiSearch};
 use render::bytes;
@@ -178,10 +184,33 @@ pub struct SandboxServer {
     engine: Arc<Engine>,
     pypi: Arc<PypiSearch>,
     tool_router: ToolRouter<Self>,
+    /// The client this server speaks for, when the engine has several (HTTP); `None`: the only
+    /// client (stdio), which reaches every session.
+    client: Option<Arc<Client>>,
+}
+
+/// One client of a server with several: an MCP session over HTTP. Dropped when the MCP session
+/// has ended and its last call has returned; its sandbox sessions are stopped then.
+struct Client {
+    engine: Arc<Engine>,
+    id: ClientId,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Without a runtime the process is ending: the engine's shutdown removes everything.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let stopped = self.engine.end_client(&self.id);
+            if stopped > 0 {
+                tracing::info!("an MCP session ended: stopping its {stopped} sandbox session(s)");
+            }
+        }
+    }
 }
 
 #[tool_router(router = tool_router)]
 impl SandboxServer {
+    /// The server of a single client (stdio): every session is its own.
     pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
         let mut tool_router = Self::tool_router();
         describe(&mut tool_router, engine.config());
@@ -189,6 +218,27 @@ impl SandboxServer {
             engine,
             pypi,
             tool_router,
+            client: None,
+        }
+    }
+
+    /// The server of one client among several (an MCP session over HTTP): it reaches only the
+    /// sessions it creates, and they are stopped when it is dropped.
+    pub fn for_client(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
+        let client = Arc::new(Client {
+            engine: engine.clone(),
+            id: ClientId::new(),
+        });
+        SandboxServer {
+            client: Some(client),
+            ..Self::new(engine, pypi)
+        }
+    }
+
+    fn scope(&self) -> Scope<'_> {
+        match &self.client {
+            Some(client) => Scope::Client(&client.id),
+            None => Scope::Server,
         }
     }
 
@@ -221,13 +271,13 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let options = options_for(&context, params.image, None);
-        let id = match self.engine.create_session(&options).await {
+        let id = match self.engine.create_session_for(self.scope(), &options).await {
             Ok(id) => id,
             Err(e) => return Ok(render::error(&e)),
         };
         let image = self
             .engine
-            .sessions()
+            .sessions_for(self.scope())
             .into_iter()
             .find(|s| s.id == id)
             .map(|s| s.image)
@@ -274,16 +324,22 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<StopParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        Ok(match self.engine.stop_session(&params.container_id).await {
-            Ok(id) => structured(
-                format!("Session {id} stopped and removed."),
-                &StopOutput {
-                    container_id: id,
-                    stopped: true,
-                },
-            ),
-            Err(e) => render::error(&e),
-        })
+        Ok(
+            match self
+                .engine
+                .stop_session_for(self.scope(), &params.container_id)
+                .await
+            {
+                Ok(id) => structured(
+                    format!("Session {id} stopped and removed."),
+                    &StopOutput {
+                        container_id: id,
+                        stopped: true,
+                    },
+                ),
+                Err(e) => render::error(&e),
+            },
+        )
     }
 
     #[tool(name = "sandbox_write_file")]
@@ -314,7 +370,7 @@ impl SandboxServer {
         Ok(
             match self
                 .engine
-                .write_file(&params.container_id, &params.path, &content)
+                .write_file_for(self.scope(), &params.container_id, &params.path, &content)
                 .await
             {
                 Ok(path) => structured(
@@ -334,7 +390,7 @@ impl SandboxServer {
         Ok(
             match self
                 .engine
-                .read_file(&params.container_id, &params.path)
+                .read_file_for(self.scope(), &params.container_id, &params.path)
                 .await
             {
                 Ok(file) => {
@@ -357,7 +413,11 @@ impl SandboxServer {
         Parameters(params): Parameters<ListFilesParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let path = params.path.unwrap_or_default();
-        let listing = match self.engine.list_files(&params.container_id, &path).await {
+        let listing = match self
+            .engine
+            .list_files_for(self.scope(), &params.container_id, &path)
+            .await
+        {
             Ok(listing) => listing,
             Err(e) => return Ok(render::error(&e)),
         };
@@ -397,7 +457,7 @@ impl SandboxServer {
         let config = self.engine.config();
         let sessions: Vec<SessionEntry> = self
             .engine
-            .sessions()
+            .sessions_for(self.scope())
             .into_iter()
             .map(|s| SessionEntry {
                 container_id: s.id,
@@ -472,7 +532,7 @@ impl SandboxServer {
     ) -> CallToolResult {
         match self
             .engine
-            .execute_in_session(container_id, task, options)
+            .execute_in_session_for(self.scope(), container_id, task, options)
             .await
         {
             Ok(execution) => {
@@ -496,6 +556,19 @@ impl ServerHandler for SandboxServer {
                  one-off code; sandbox_initialize + run_python to keep variables across calls \
                  (stop it with sandbox_stop when done).",
             )
+    }
+
+    /// A client of a server with several keeps its sessions through an MCP session, so it must
+    /// speak a revision that has one: up to 2025-11-25 (2026-07-28 is sessionless). Clients that
+    /// probe for 2026-07-28 are told so and fall back to the handshake.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        if self.client.is_some() {
+            Cow::Borrowed(ProtocolVersion::known_up_to(
+                &ProtocolVersion::LATEST_WITH_INITIALIZE,
+            ))
+        } else {
+            Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
     }
 }
 
@@ -681,9 +754,17 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
     }
 }
 
-/// Serves MCP over stdio until the client closes stdin or the process gets SIGINT/SIGTERM; then
-/// removes every sandbox this server made.
-pub async fn serve_stdio(config: Config) -> ExitCode {
+/// A started engine and what runs beside it, shared by the stdio and HTTP servers.
+pub(crate) struct Running {
+    pub engine: Arc<Engine>,
+    pub pypi: Arc<PypiSearch>,
+    reaper: tokio::task::JoinHandle<()>,
+    cleanup: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the engine: the session reaper, the warm pool, and (in the background) the removal of
+/// what dead servers left. Nothing here waits for Docker.
+pub(crate) fn start(config: Config) -> Result<Running, ExitCode> {
     let pypi = match PypiSearch::new(
         &config.pypi_url,
         config.cache_dir.join("pypi"),
@@ -692,15 +773,13 @@ pub async fn serve_stdio(config: Config) -> ExitCode {
         Ok(pypi) => Arc::new(pypi),
         Err(e) => {
             eprintln!("python-code-sandbox: {e}");
-            return ExitCode::from(crate::cli::EXIT_CONFIG);
+            return Err(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
     let engine = Arc::new(Engine::new(
         Arc::new(DockerBackend::for_config(&config)),
         config,
     ));
-    // Nothing here waits for Docker: `initialize` is answered at once, and the clean-up of what a
-    // dead server left runs in the background.
     let cleanup = {
         let engine = engine.clone();
         tokio::spawn(async move {
@@ -713,7 +792,32 @@ pub async fn serve_stdio(config: Config) -> ExitCode {
     };
     let reaper = engine.spawn_reaper();
     engine.start_pool();
-    let server = SandboxServer::new(engine.clone(), pypi);
+    Ok(Running {
+        engine,
+        pypi,
+        reaper,
+        cleanup,
+    })
+}
+
+impl Running {
+    /// Stops the background tasks and removes every sandbox this server made.
+    pub(crate) async fn stop(self) {
+        self.reaper.abort();
+        self.cleanup.abort();
+        self.engine.shutdown().await;
+    }
+}
+
+/// Serves MCP over stdio until the client closes stdin or the process gets SIGINT/SIGTERM; then
+/// removes every sandbox this server made.
+pub async fn serve_stdio(config: Config) -> ExitCode {
+    let running = match start(config) {
+        Ok(running) => running,
+        Err(code) => return code,
+    };
+    // `initialize` is answered at once: nothing above waited for Docker.
+    let server = SandboxServer::new(running.engine.clone(), running.pypi.clone());
     let outcome = tokio::select! {
         running = server.serve(oversize::guarded_stdio()) => match running {
             Ok(running) => {
@@ -740,8 +844,6 @@ pub async fn serve_stdio(config: Config) -> ExitCode {
             ExitCode::SUCCESS
         }
     };
-    reaper.abort();
-    cleanup.abort();
-    engine.shutdown().await;
+    running.stop().await;
     outcome
 }

@@ -1,0 +1,702 @@
+//! MCP over streamable HTTP (`serve --http ADDR`): rmcp's streamable HTTP service on axum, behind
+//! one gate that every request passes, in this order:
+//!
+//! 1. `Host` must be allowed (DNS-rebinding protection): 403;
+//! 2. `Origin`, when present, must be allowed (browsers): 403;
+//! 3. no credential in the query string: 400;
+//! 4. with a token configured, `Authorization: Bearer <token>` (compared in constant time): 401
+//!    with `WWW-Authenticate: Bearer`, on every request, whatever its MCP session id;
+//! 5. the body within `SANDBOX_HTTP_MAX_BODY`: 413 (announced sizes here, streamed ones in rmcp).
+//!
+//! Each MCP session gets its own [`SandboxServer`] with a fresh client id, so the sandbox sessions
+//! it creates are its own; when the MCP session ends (DELETE, idle expiry, shutdown) they are
+//! stopped. The session-based protocol revisions are served (up to 2025-11-25): 2026-07-28 has no
+//! MCP sessions to own sandboxes, and clients that probe for it fall back to the handshake.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::SandboxServer;
+use crate::config::{normalize_origin, parse_host, Config, HostPattern, Secret};
+
+/// The path the MCP endpoint is served at.
+pub const MCP_PATH: &str = "/mcp";
+/// The address `serve --http` binds when none is given.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
+/// How long open connections get to close after SIGINT/SIGTERM before the sandboxes are removed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Query parameters that carry credentials in other APIs; a request with one is refused.
+const CREDENTIAL_PARAMS: &[&str] = &[
+    "access_token",
+    "token",
+    "auth",
+    "authorization",
+    "api_key",
+    "apikey",
+    "key",
+    "bearer",
+    "password",
+    "secret",
+];
+
+/// The request gate: what a request must satisfy before rmcp sees it.
+#[derive(Debug)]
+pub struct Gate {
+    token: Option<Secret>,
+    hosts: Vec<HostPattern>,
+    origins: Vec<String>,
+    max_body: u64,
+}
+
+impl Gate {
+    /// The gate for a server bound to `bound`, from the configuration.
+    pub fn new(config: &Config, bound: SocketAddr) -> Gate {
+        let http = &config.http;
+        let hosts = http
+            .allowed_hosts
+            .clone()
+            .unwrap_or_else(|| default_hosts(bound.ip()));
+        Gate {
+            token: http.token.clone(),
+            hosts,
+            origins: http.allowed_origins.clone(),
+            max_body: http.max_body_bytes,
+        }
+    }
+
+    /// Checks a request's head; `Err` says why it is refused.
+    pub fn check(
+        &self,
+        method: &Method,
+        uri: &axum::http::Uri,
+        headers: &HeaderMap,
+    ) -> Result<(), Refusal> {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| uri.authority().map(|a| a.to_string()));
+        let Some((host, port)) = host.as_deref().and_then(parse_host) else {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: missing or malformed Host header",
+            ));
+        };
+        if !self.hosts.iter().any(|p| p.matches(&host, port)) {
+            tracing::warn!(host = %host, "refused a request for a Host that is not allowed (SANDBOX_HTTP_ALLOWED_HOSTS)");
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "Forbidden: this Host is not allowed (the server's SANDBOX_HTTP_ALLOWED_HOSTS)",
+            ));
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            if self.allowed_origin(origin).is_none() {
+                tracing::warn!(origin = ?origin, "refused a request from an Origin that is not allowed (SANDBOX_HTTP_ALLOWED_ORIGINS)");
+                return Err(Refusal::new(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden: this Origin is not allowed (the server's SANDBOX_HTTP_ALLOWED_ORIGINS)",
+                ));
+            }
+        }
+        if has_credential_param(uri.query()) {
+            // Never log the query: it holds the credential.
+            tracing::warn!("refused a request with a credential in its URL");
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: credentials are not accepted in the URL; send the token in an \
+                 `Authorization: Bearer` header (and replace this one: URLs end up in logs)",
+            ));
+        }
+        // A CORS preflight carries no credentials by design; it only learns what is allowed.
+        if method == Method::OPTIONS && headers.contains_key(header::ORIGIN) {
+            return Ok(());
+        }
+        if let Some(token) = &self.token {
+            match bearer(headers) {
+                Some(presented) if same_secret(presented, token.expose()) => {}
+                presented => {
+                    let challenge = if presented.is_some() {
+                        "Bearer realm=\"python-code-sandbox\", error=\"invalid_token\""
+                    } else {
+                        "Bearer realm=\"python-code-sandbox\""
+                    };
+                    return Err(Refusal {
+                        challenge: Some(challenge),
+                        ..Refusal::new(
+                            StatusCode::UNAUTHORIZED,
+                            "Unauthorized: send `Authorization: Bearer <token>` with the server's SANDBOX_HTTP_TOKEN",
+                        )
+                    });
+                }
+            }
+        }
+        let announced = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if announced.is_some_and(|n| n > self.max_body) {
+            return Err(Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!(
+                    "Payload Too Large: the request body is limited to {} bytes (SANDBOX_HTTP_MAX_BODY)",
+                    self.max_body
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The request's origin, when it is present and allowed.
+    fn allowed_origin<'h>(&self, origin: &'h HeaderValue) -> Option<&'h HeaderValue> {
+        let normalized = normalize_origin(origin.to_str().ok()?)?;
+        self.origins.contains(&normalized).then_some(origin)
+    }
+
+    /// Adds the CORS headers an allowed browser origin needs.
+    fn add_cors(&self, origin: &HeaderValue, preflight: bool, response: &mut Response) {
+        let headers = response.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+        headers.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("mcp-session-id, www-authenticate"),
+        );
+        if preflight {
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, POST, DELETE"),
+            );
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static(
+                    "authorization, content-type, accept, mcp-session-id, mcp-protocol-version, last-event-id",
+                ),
+            );
+            headers.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("600"),
+            );
+        }
+    }
+
+    /// The `Host` patterns in force, as rmcp's own (second) check takes them.
+    fn host_list(&self) -> Vec<String> {
+        self.hosts
+            .iter()
+            .map(|p| {
+                let host = if p.host.contains(':') {
+                    format!("[{}]", p.host)
+                } else {
+                    p.host.clone()
+                };
+                match p.port {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The loopback names and the bound address (unless it is the unspecified address).
+fn default_hosts(bound: IpAddr) -> Vec<HostPattern> {
+    let mut hosts: Vec<HostPattern> = ["localhost", "127.0.0.1", "::1"]
+        .into_iter()
+        .map(|host| HostPattern {
+            host: host.to_string(),
+            port: None,
+        })
+        .collect();
+    let own = bound.to_string();
+    if !bound.is_unspecified() && !hosts.iter().any(|h| h.host == own) {
+        hosts.push(HostPattern {
+            host: own,
+            port: None,
+        });
+    }
+    hosts
+}
+
+fn has_credential_param(query: Option<&str>) -> bool {
+    query.is_some_and(|query| {
+        query.split(['&', ';']).any(|pair| {
+            let name = percent_decoded(pair.split('=').next().unwrap_or_default());
+            CREDENTIAL_PARAMS.contains(&name.to_ascii_lowercase().as_str())
+        })
+    })
+}
+
+/// A query parameter name with `%XX` escapes and `+` decoded (invalid escapes kept as they are).
+fn percent_decoded(name: &str) -> String {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| name.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (bytes[i], escaped) {
+            (_, Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, None) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Compares two secrets in time that depends on neither: both are hashed first (equal lengths),
+/// and the digests compared without an early exit.
+fn same_secret(presented: &str, expected: &str) -> bool {
+    let (a, b) = (
+        Sha256::digest(presented.as_bytes()),
+        Sha256::digest(expected.as_bytes()),
+    );
+    let difference = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
+}
+
+/// Why the gate refused a request, and the answer it gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+    /// The `WWW-Authenticate` challenge of a 401.
+    pub challenge: Option<&'static str>,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: &str) -> Refusal {
+        Refusal {
+            status,
+            message: message.to_string(),
+            challenge: None,
+        }
+    }
+
+    fn into_response(self) -> Response {
+        let mut response = Response::new(Body::from(format!("{}\n", self.message)));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if let Some(challenge) = self.challenge {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+        }
+        response
+    }
+}
+
+async fn gatekeeper(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    if let Err(refusal) = gate.check(request.method(), request.uri(), request.headers()) {
+        return refusal.into_response();
+    }
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| gate.allowed_origin(o))
+        .cloned();
+    let preflight = request.method() == Method::OPTIONS && origin.is_some();
+    let mut response = if preflight {
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        response
+    } else {
+        let deleting = request.method() == Method::DELETE;
+        let mut response = next.run(request).await;
+        // rmcp accepts a session's DELETE with 202, which clients log as a failed termination;
+        // the session is gone by then, so say so.
+        if deleting && response.status() == StatusCode::ACCEPTED {
+            *response.status_mut() = StatusCode::NO_CONTENT;
+        }
+        response
+    };
+    if let Some(origin) = origin {
+        gate.add_cors(&origin, preflight, &mut response);
+    }
+    response
+}
+
+/// Parses `serve --http`'s address: `IP:PORT`, `[IPv6]:PORT` or `localhost:PORT`.
+pub fn parse_bind(addr: &str) -> Result<SocketAddr, String> {
+    let addr = addr.trim();
+    if let Ok(parsed) = addr.parse::<SocketAddr>() {
+        return Ok(parsed);
+    }
+    if let Some(port) = addr.strip_prefix("localhost:") {
+        if let Ok(port) = port.parse::<u16>() {
+            return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+        }
+    }
+    Err(format!(
+        "invalid --http address {addr:?}: expected IP:PORT, such as {DEFAULT_ADDR}, 0.0.0.0:8080 or [::1]:8080"
+    ))
+}
+
+/// Why a bind address is refused before anything starts, if it is.
+pub fn refuse_bind(addr: SocketAddr, config: &Config) -> Option<String> {
+    if addr.ip().is_loopback() || config.http.token.is_some() {
+        return None;
+    }
+    Some(format!(
+        "refusing to serve on {addr} without a token: whoever reaches it could run code and, \
+         through the server, use its Docker engine. Set SANDBOX_HTTP_TOKEN (or \
+         SANDBOX_HTTP_TOKEN_FILE), or bind a loopback address such as {DEFAULT_ADDR}"
+    ))
+}
+
+/// Serves MCP over streamable HTTP at `http://ADDR/mcp` until SIGINT/SIGTERM; then stops
+/// accepting, ends every MCP session (in-flight calls are cancelled), and removes every sandbox.
+pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
+    let addr = match parse_bind(addr) {
+        Ok(addr) => addr,
+        Err(e) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(crate::cli::EXIT_CONFIG);
+        }
+    };
+    if let Some(reason) = refuse_bind(addr, &config) {
+        eprintln!("python-code-sandbox: {reason}");
+        return ExitCode::from(crate::cli::EXIT_CONFIG);
+    }
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("python-code-sandbox: cannot listen on {addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
+    let gate = Arc::new(Gate::new(&config, bound));
+    // An MCP session with no request for this long ends (and with it its sandbox sessions): the
+    // idle limit of a sandbox session, but never shorter than the longest call (an install, then
+    // an execution), during which the MCP session sees no traffic.
+    let idle = config
+        .sessions
+        .idle_timeout
+        .max(config.limits.timeout + config.deps.install_timeout + Duration::from_secs(60));
+    let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
+    let running = match super::start(config) {
+        Ok(running) => running,
+        Err(code) => return code,
+    };
+
+    let stop = CancellationToken::new();
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(idle);
+    let rmcp_config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(gate.host_list())
+        .with_max_request_body_bytes(max_body)
+        .with_cancellation_token(stop.child_token());
+    let (engine, pypi) = (running.engine.clone(), running.pypi.clone());
+    let service = StreamableHttpService::new(
+        move || Ok(SandboxServer::for_client(engine.clone(), pypi.clone())),
+        Arc::new(sessions),
+        rmcp_config,
+    );
+    let app = axum::Router::new()
+        .route_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn_with_state(gate, gatekeeper));
+
+    let authentication = if running.engine.config().http.token.is_some() {
+        "bearer token required"
+    } else {
+        "no authentication (loopback only)"
+    };
+    tracing::info!(
+        "serving MCP over streamable HTTP at http://{bound}{MCP_PATH} ({authentication})"
+    );
+    let shutdown = {
+        let stop = stop.clone();
+        async move {
+            let signal = crate::cli::termination().await;
+            tracing::info!("{signal}: shutting down");
+            stop.cancel();
+        }
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    let outcome = tokio::select! {
+        served = server => match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("the HTTP server failed: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        () = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!("connections still open {}s after the signal: closing them", SHUTDOWN_GRACE.as_secs());
+            ExitCode::SUCCESS
+        }
+    };
+    running.stop().await;
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Uri;
+
+    fn gate(pairs: &[(&str, &str)], bound: &str) -> Gate {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let config = Config::from_lookup(|name| map.get(name).cloned()).unwrap();
+        Gate::new(&config, bound.parse().unwrap())
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn status(gate: &Gate, uri: &str, pairs: &[(&str, &str)]) -> StatusCode {
+        let uri: Uri = uri.parse().unwrap();
+        match gate.check(&Method::POST, &uri, &headers(pairs)) {
+            Ok(()) => StatusCode::OK,
+            Err(refusal) => refusal.status,
+        }
+    }
+
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_token_is_required_on_every_request() {
+        let g = gate(&[("SANDBOX_HTTP_TOKEN", TOKEN)], "127.0.0.1:8080");
+        let host = ("host", "127.0.0.1:8080");
+        assert_eq!(status(&g, "/mcp", &[host]), StatusCode::UNAUTHORIZED);
+        let wrong = format!("Bearer {}x", &TOKEN[..TOKEN.len() - 1]);
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("authorization", &wrong)]),
+            StatusCode::UNAUTHORIZED
+        );
+        let basic = format!("Basic {TOKEN}");
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("authorization", &basic)]),
+            StatusCode::UNAUTHORIZED
+        );
+        let right = format!("bearer {TOKEN}");
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("authorization", &right)]),
+            StatusCode::OK
+        );
+        // A session id is no credential.
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("mcp-session-id", "3f1c")]),
+            StatusCode::UNAUTHORIZED
+        );
+        let uri: Uri = "/mcp".parse().unwrap();
+        let refused = g.check(&Method::POST, &uri, &headers(&[host])).unwrap_err();
+        assert_eq!(
+            refused.challenge,
+            Some("Bearer realm=\"python-code-sandbox\"")
+        );
+        let response = refused.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(response.headers()[header::WWW_AUTHENTICATE]
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer"));
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_refused_even_with_the_header() {
+        let g = gate(&[("SANDBOX_HTTP_TOKEN", TOKEN)], "127.0.0.1:8080");
+        let auth = format!("Bearer {TOKEN}");
+        let ok = [("host", "localhost:8080"), ("authorization", auth.as_str())];
+        for uri in [
+            format!("/mcp?access_token={TOKEN}"),
+            format!("/mcp?x=1&Token={TOKEN}"),
+            "/mcp?api_key=1".to_string(),
+        ] {
+            assert_eq!(status(&g, &uri, &ok), StatusCode::BAD_REQUEST, "{uri}");
+        }
+        assert_eq!(
+            status(&g, "/mcp?access%5Ftoken=1", &ok),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(status(&g, "/mcp?a=1;TOKEN=2", &ok), StatusCode::BAD_REQUEST);
+        assert_eq!(status(&g, "/mcp?tokens=1&x=%zz", &ok), StatusCode::OK);
+    }
+
+    #[test]
+    fn hosts_default_to_loopback_and_the_bound_address() {
+        let g = gate(&[], "127.0.0.1:8080");
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "LOCALHOST",
+        ] {
+            assert_eq!(
+                status(&g, "/mcp", &[("host", host)]),
+                StatusCode::OK,
+                "{host}"
+            );
+        }
+        for host in [
+            "evil.example:8080",
+            "127.0.0.1.nip.io:8080",
+            "10.0.0.1:8080",
+        ] {
+            assert_eq!(
+                status(&g, "/mcp", &[("host", host)]),
+                StatusCode::FORBIDDEN,
+                "{host}"
+            );
+        }
+        assert_eq!(status(&g, "/mcp", &[]), StatusCode::BAD_REQUEST);
+        let g = gate(&[("SANDBOX_HTTP_TOKEN", TOKEN)], "10.1.2.3:8080");
+        let auth = format!("Bearer {TOKEN}");
+        assert_eq!(
+            status(
+                &g,
+                "/mcp",
+                &[("host", "10.1.2.3:8080"), ("authorization", &auth)]
+            ),
+            StatusCode::OK
+        );
+        let g = gate(
+            &[("SANDBOX_HTTP_ALLOWED_HOSTS", "mcp.example.com:443")],
+            "0.0.0.0:8080",
+        );
+        assert_eq!(
+            status(&g, "/mcp", &[("host", "mcp.example.com:443")]),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(&g, "/mcp", &[("host", "mcp.example.com:80")]),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status(&g, "/mcp", &[("host", "localhost")]),
+            StatusCode::FORBIDDEN
+        );
+    }
+
+    #[test]
+    fn origins_must_be_allowed_when_present() {
+        let g = gate(
+            &[("SANDBOX_HTTP_ALLOWED_ORIGINS", "https://app.example.com")],
+            "127.0.0.1:8080",
+        );
+        let host = ("host", "localhost:8080");
+        assert_eq!(status(&g, "/mcp", &[host]), StatusCode::OK, "no Origin");
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("origin", "https://app.example.com")]),
+            StatusCode::OK
+        );
+        for bad in [
+            "https://evil.example",
+            "http://app.example.com",
+            "https://app.example.com:8443",
+            "null",
+            "garbage",
+        ] {
+            assert_eq!(
+                status(&g, "/mcp", &[host, ("origin", bad)]),
+                StatusCode::FORBIDDEN,
+                "{bad}"
+            );
+        }
+        let none = gate(&[], "127.0.0.1:8080");
+        assert_eq!(
+            status(&none, "/mcp", &[host, ("origin", "http://localhost:8080")]),
+            StatusCode::FORBIDDEN,
+            "no origin is allowed by default"
+        );
+    }
+
+    #[test]
+    fn an_announced_oversized_body_is_refused() {
+        let g = gate(&[("SANDBOX_HTTP_MAX_BODY", "64k")], "127.0.0.1:8080");
+        let host = ("host", "localhost:8080");
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("content-length", "65536")]),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(&g, "/mcp", &[host, ("content-length", "65537")]),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+    }
+
+    #[test]
+    fn the_default_body_limit_leaves_room_for_the_largest_code() {
+        let limit = Config::default().http.max_body_bytes as usize;
+        assert!(limit >= crate::engine::MAX_CODE_BYTES + (2 << 20));
+    }
+
+    #[test]
+    fn secrets_compare_by_content_only() {
+        assert!(same_secret(TOKEN, TOKEN));
+        assert!(!same_secret("", TOKEN));
+        assert!(!same_secret(&TOKEN[1..], TOKEN));
+        assert!(!same_secret(&TOKEN.to_uppercase(), TOKEN));
+    }
+
+    #[test]
+    fn bind_addresses_parse_and_non_loopback_needs_a_token() {
+        assert_eq!(
+            parse_bind("localhost:9000").unwrap(),
+            "127.0.0.1:9000".parse().unwrap()
+        );
+        assert_eq!(parse_bind("[::1]:80").unwrap(), "[::1]:80".parse().unwrap());
+        assert!(parse_bind("8080").is_err());
+        assert!(parse_bind("example.com:80").is_err());
+        let open = Config::default();
+        assert!(refuse_bind("127.0.0.1:8080".parse().unwrap(), &open).is_none());
+        assert!(refuse_bind("[::1]:8080".parse().unwrap(), &open).is_none());
+        let reason = refuse_bind("0.0.0.0:8080".parse().unwrap(), &open).unwrap();
+        assert!(reason.contains("SANDBOX_HTTP_TOKEN"), "{reason}");
+        let mut closed = Config::default();
+        closed.http.token = Some(Secret::new(TOKEN));
+        assert!(refuse_bind("0.0.0.0:8080".parse().unwrap(), &closed).is_none());
+    }
+}

@@ -1,0 +1,330 @@
+"""MCP over streamable HTTP (`serve --http`): the real binary on a loopback port, driven by the
+official Python SDK's streamable HTTP client, and raw HTTP requests for the access rules.
+Every request goes to 127.0.0.1."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from conftest import BIN, sandboxes, text_of
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "test-token-" + "0123456789abcdef" * 2
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+class Server:
+    """A `serve --http` process on a free loopback port; its stderr is drained in a thread."""
+
+    def __init__(self, addr="127.0.0.1:0", **env):
+        merged = dict(os.environ)
+        merged.update({"LOG_LEVEL": "info", "SANDBOX_POOL_SIZE": "0"})
+        merged.update({k: str(v) for k, v in env.items()})
+        self.proc = subprocess.Popen(
+            [os.path.abspath(BIN), "serve", "--http", addr],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=merged, text=True,
+        )
+        self.log = []
+        self.url = None
+        ready = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                found = re.search(r"serving MCP over streamable HTTP at (http://\S+/mcp)", line)
+                if found:
+                    self.url = found.group(1)
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        ready.wait(timeout=30)
+        if self.url is None:
+            self.stop()
+            raise AssertionError("the server did not start:\n" + "".join(self.log))
+
+    def stop(self):
+        """SIGTERM, then wait (bounded) for the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@contextlib.contextmanager
+def http_server(**env):
+    server = Server(**env)
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        assert code == 0, "".join(server.log)
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url, token=TOKEN, **headers):
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with create_mcp_http_client(headers=headers) as http:
+        async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=180) as client:
+            yield client
+
+
+def leaves(error):
+    """The exceptions inside (nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
+
+
+def post(url, body=None, token=TOKEN, **headers):
+    """One raw POST; returns the response (its body read)."""
+    all_headers = dict(MCP_HEADERS)
+    if token is not None:
+        all_headers["Authorization"] = f"Bearer {token}"
+    all_headers.update(headers)
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body if body is not None else INITIALIZE)
+    with httpx2.Client(timeout=30) as http:
+        return http.post(url, content=content, headers=all_headers)
+
+
+async def test_hello_world_over_http():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        async with mcp_client(server.url) as client:
+            assert client.server_info.name == "python-code-sandbox-mcp"
+            result = await client.call_tool("run_python_ephemeral", {"code": "print('Hello MCP')"})
+            assert result.is_error is False, text_of(result)
+            assert result.structured_content["stdout"] == "Hello MCP\n"
+
+
+async def test_a_session_keeps_its_state_across_calls_and_ends_with_the_mcp_session():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        async with mcp_client(server.url) as client:
+            cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            for code in ("counter = 1", "counter += 1", "counter *= 21"):
+                step = await client.call_tool("run_python", {"container_id": cid, "code": code})
+                assert step.is_error is False, text_of(step)
+            shown = await client.call_tool("run_python", {"container_id": cid, "code": "print(counter)"})
+            assert shown.structured_content["stdout"] == "42\n"
+            listed = await client.call_tool("sandbox_list", {})
+            assert [s["container_id"] for s in listed.structured_content["sessions"]] == [cid]
+            assert cid in sandboxes()
+        # The client closed its MCP session (DELETE): its sandbox goes while the server runs on.
+        deadline = time.monotonic() + 60
+        while cid in sandboxes() and time.monotonic() < deadline:
+            await anyio.sleep(0.2)
+        assert cid not in sandboxes(), "the session's sandbox outlived its MCP session"
+        assert server.proc.poll() is None
+        assert any("an MCP session ended: stopping its 1 sandbox session(s)" in line for line in server.log)
+
+
+async def test_two_clients_at_once_cannot_touch_each_others_sessions():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        async with mcp_client(server.url) as alice, mcp_client(server.url) as bob:
+            a = (await alice.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            b = (await bob.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            await alice.call_tool("run_python", {"container_id": a, "code": "secret = 'alice'"})
+            await alice.call_tool("sandbox_write_file", {"container_id": a, "path": "note.txt", "content": "alice's"})
+
+            # Both run at once: each sees only its own state.
+            results = {}
+
+            async def run(name, client, cid):
+                code = "import time; time.sleep(1); print(globals().get('secret', 'none'))"
+                results[name] = await client.call_tool("run_python", {"container_id": cid, "code": code})
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(run, "alice", alice, a)
+                group.start_soon(run, "bob", bob, b)
+            assert results["alice"].structured_content["stdout"] == "alice\n"
+            assert results["bob"].structured_content["stdout"] == "none\n"
+
+            for cid in (a, a[:12]):
+                for tool, args in (
+                    ("run_python", {"code": "print(secret)"}),
+                    ("sandbox_exec", {"command": "cat note.txt"}),
+                    ("sandbox_write_file", {"path": "note.txt", "content": "bob was here"}),
+                    ("sandbox_read_file", {"path": "note.txt"}),
+                    ("sandbox_list_files", {}),
+                    ("sandbox_stop", {}),
+                ):
+                    refused = await bob.call_tool(tool, {"container_id": cid, **args})
+                    assert refused.is_error is True, (tool, text_of(refused))
+                    assert "no session" in text_of(refused), text_of(refused)
+                    assert "alice" not in text_of(refused)
+            bobs = await bob.call_tool("sandbox_list", {})
+            assert [s["container_id"] for s in bobs.structured_content["sessions"]] == [b]
+
+            # Alice's session is untouched.
+            after = await alice.call_tool("run_python", {"container_id": a, "code": "print(secret, open('note.txt').read())"})
+            assert after.structured_content["stdout"] == "alice alice's\n", text_of(after)
+            alices = await alice.call_tool("sandbox_list", {})
+            assert [s["container_id"] for s in alices.structured_content["sessions"]] == [a]
+            assert {a, b} <= set(sandboxes())
+
+
+async def test_a_client_pinned_to_the_sessionless_revision_is_told_what_is_supported():
+    """2026-07-28 has no MCP sessions to own sandboxes: the server serves the revisions that do,
+    and says so (the default client negotiates and falls back, as the other tests show)."""
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        with pytest.raises(BaseException) as raised:
+            with anyio.fail_after(60):
+                async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                    async with Client(streamable_http_client(server.url, http_client=http), mode="2026-07-28") as client:
+                        await client.call_tool("run_python_ephemeral", {"code": "print(1)"})
+        [error] = [e for e in leaves(raised.value) if isinstance(e, MCPError)]
+        assert error.error.code == -32022
+        assert "2025-11-25" in error.error.data["supported"]
+
+
+async def test_a_missing_or_wrong_token_is_401():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        for token in (None, "wrong-" + TOKEN, TOKEN[:-1]):
+            response = post(server.url, token=token)
+            assert response.status_code == 401, (token, response.text)
+            assert response.headers["www-authenticate"].startswith("Bearer")
+        # The official client with a wrong token gets nowhere.
+        with pytest.raises(Exception):
+            with anyio.fail_after(60):
+                async with mcp_client(server.url, token="wrong-" + TOKEN) as client:
+                    await client.call_tool("run_python_ephemeral", {"code": "print(1)"})
+        # With the token the same request is served.
+        assert post(server.url).status_code == 200
+    assert sandboxes() == []
+
+
+async def test_a_session_id_is_no_credential():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        opened = post(server.url)
+        assert opened.status_code == 200
+        session_id = opened.headers["mcp-session-id"]
+        assert len(session_id) >= 32
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        refused = post(server.url, call, token=None, **{"Mcp-Session-Id": session_id})
+        assert refused.status_code == 401
+        another = post(server.url)
+        assert another.headers["mcp-session-id"] != session_id
+
+
+async def test_a_token_in_the_query_string_is_refused():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        for query in (f"access_token={TOKEN}", f"token={TOKEN}"):
+            with_header = post(f"{server.url}?{query}")
+            assert with_header.status_code == 400, with_header.text
+            alone = post(f"{server.url}?{query}", token=None)
+            assert alone.status_code in (400, 401)
+        assert not any(TOKEN in line for line in server.log), "the token was logged"
+
+
+async def test_origins_and_hosts_are_checked():
+    allowed = "http://localhost:5173"
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_HTTP_ALLOWED_ORIGINS=allowed) as server:
+        assert post(server.url, Origin="https://evil.example").status_code == 403
+        assert post(server.url, Origin="null").status_code == 403
+        served = post(server.url, Origin=allowed)
+        assert served.status_code == 200
+        assert served.headers["access-control-allow-origin"] == allowed
+        with httpx2.Client(timeout=30) as http:
+            preflight = http.options(server.url, headers={
+                "Origin": allowed, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type, mcp-session-id"})
+        assert preflight.status_code == 204
+        assert "authorization" in preflight.headers["access-control-allow-headers"]
+        # DNS rebinding: a name that resolves to loopback is still not an allowed Host.
+        assert post(server.url, Host="attacker.example:8080").status_code == 403
+        # No Origin at all (a non-browser client) is fine.
+        async with mcp_client(server.url) as client:
+            result = await client.call_tool("run_python_ephemeral", {"code": "print('no origin')"})
+            assert result.structured_content["stdout"] == "no origin\n"
+
+
+async def test_an_oversized_body_is_413():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_HTTP_MAX_BODY="64k") as server:
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "run_python_ephemeral", "arguments": {"code": "#" * (100 << 10)}}}
+        assert post(server.url, call).status_code == 413
+        # Without Content-Length (chunked), the limit holds while the body streams in.
+        body = json.dumps(call).encode()
+
+        def chunks():
+            for start in range(0, len(body), 8192):
+                yield body[start:start + 8192]
+
+        headers = dict(MCP_HEADERS, Authorization=f"Bearer {TOKEN}")
+        with httpx2.Client(timeout=30) as http:
+            streamed = http.post(server.url, content=chunks(), headers=headers)
+        assert streamed.status_code == 413
+        # A body within the limit is served.
+        assert post(server.url).status_code == 200
+
+
+def test_a_non_loopback_address_without_a_token_is_refused():
+    env = dict(os.environ)
+    env.pop("SANDBOX_HTTP_TOKEN", None)
+    env.pop("SANDBOX_HTTP_TOKEN_FILE", None)
+    for addr in ("0.0.0.0:0", "[::]:0"):
+        done = subprocess.run([BIN, "serve", "--http", addr], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert "without a token" in done.stderr and "SANDBOX_HTTP_TOKEN" in done.stderr
+    bad = subprocess.run([BIN, "serve", "--http", "not-an-address"], env=env, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "invalid --http address" in bad.stderr
+
+
+def test_a_token_file_works(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with http_server(SANDBOX_HTTP_TOKEN_FILE=str(token_file)) as server:
+        assert post(server.url, token=None).status_code == 401
+        assert post(server.url).status_code == 200
+
+
+async def test_sigterm_cancels_calls_and_removes_every_sandbox():
+    server = Server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_TIMEOUT="300s")
+    try:
+        async with mcp_client(server.url) as client:
+            await client.call_tool("sandbox_initialize", {})
+            started = anyio.Event()
+
+            async def endless():
+                started.set()
+                with contextlib.suppress(Exception):
+                    await client.call_tool("run_python_ephemeral", {"code": "while True: pass"})
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(endless)
+                await started.wait()
+                # Wait (bounded) until both sandboxes exist: the session and the endless run.
+                for _ in range(300):
+                    if len(sandboxes()) >= 2:
+                        break
+                    await anyio.sleep(0.1)
+                assert len(sandboxes()) >= 2
+                server.proc.send_signal(signal.SIGTERM)
+                assert await anyio.to_thread.run_sync(lambda: server.proc.wait(timeout=90)) == 0
+                group.cancel_scope.cancel()
+        assert sandboxes() == []
+    finally:
+        server.stop()
