@@ -95,6 +95,8 @@ pub struct ExitInfo {
     pub exit_code: Option<i64>,
     /// The kernel killed a process of the sandbox for exceeding its memory limit.
     pub oom_killed: bool,
+    /// When the main process last started, as the engine reports it.
+    pub started_at: Option<String>,
 }
 
 /// A sandbox found by [`Backend::list`].
@@ -153,7 +155,8 @@ pub trait Backend: Send + Sync + 'static {
     /// only a new start brings a runner back.
     async fn kill(&self, id: &SandboxId) -> Result<(), BackendError>;
 
-    /// How the main process ended, if it did.
+    /// How the main process ended, if it did. Works for any container of the engine, not only
+    /// sandboxes (a server in a container asks it of its own).
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError>;
 
     /// Unpacks a tar archive into `dir` inside the sandbox (a directory of the workspace).

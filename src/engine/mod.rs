@@ -434,13 +434,43 @@ impl Engine {
             .await
     }
 
+    /// Finds whether this server runs in a container of the engine it uses, and labels what it
+    /// creates from now on with that container: then, if the server is killed outright, another
+    /// server can tell it is gone although its pid is in another namespace. Outside a container
+    /// this costs nothing; inside, one inspection.
+    pub async fn identify_server_container(&self) {
+        if self.owner.container.get().is_some() {
+            return;
+        }
+        let Some(id) = owner::own_container_id() else {
+            return;
+        };
+        match self.backend.exit_info(&SandboxId(id.clone())).await {
+            Ok(info) if info.running => {
+                if let Some(started_at) = info.started_at {
+                    tracing::debug!(container = %id, "this server runs in a container of its engine");
+                    let _ = self
+                        .owner
+                        .container
+                        .set(owner::ServerContainer { id, started_at });
+                }
+            }
+            // Another engine's container (the server uses a remote one): not ours to name.
+            Ok(_) | Err(BackendError::NotFound(_)) => {}
+            Err(e) => tracing::debug!("could not look up this server's own container: {e}"),
+        }
+    }
+
     /// Removes sandboxes left behind by server instances that are no longer running.
     pub async fn remove_leftovers(&self) -> Result<usize, EngineError> {
         let records = self.backend.list(LABEL_MANAGED, "true").await?;
+        let servers = self
+            .server_containers(records.iter().map(|r| &r.labels))
+            .await;
         let mut removed = 0;
         for record in records
             .into_iter()
-            .filter(|r| self.owner.is_leftover(&r.labels))
+            .filter(|r| self.owner.is_leftover(&r.labels, &servers))
         {
             tracing::info!(sandbox = %record.id, "removing a sandbox left by a server that is gone");
             self.backend.destroy(&record.id).await?;
@@ -449,9 +479,31 @@ impl Engine {
         let owner = &self.owner;
         removed += self
             .backend
-            .remove_orphaned_storage(LABEL_MANAGED, "true", &|labels| owner.is_leftover(labels))
+            .remove_orphaned_storage(LABEL_MANAGED, "true", &|labels| {
+                owner.is_leftover(labels, &servers)
+            })
             .await?;
         Ok(removed)
+    }
+
+    /// The state of every server container the labels name (other than this server's own).
+    async fn server_containers<'a>(
+        &self,
+        labels: impl Iterator<Item = &'a std::collections::BTreeMap<String, String>>,
+    ) -> owner::ServerContainers {
+        let ids: std::collections::BTreeSet<&String> = labels
+            .filter_map(|l| l.get(owner::LABEL_SERVER_CONTAINER))
+            .collect();
+        let mut servers = owner::ServerContainers::new();
+        for id in ids {
+            let state = match self.backend.exit_info(&SandboxId(id.clone())).await {
+                Ok(info) if info.running => Some(info.started_at.unwrap_or_default()),
+                Ok(_) | Err(BackendError::NotFound(_)) => None,
+                Err(_) => continue, // unknown: left alone
+            };
+            servers.insert(id.clone(), state);
+        }
+        servers
     }
 
     /// Removes everything carrying this instance's label. A request dropped mid-way (a signal,

@@ -22,6 +22,22 @@ pub const LABEL_PID_NAMESPACE: &str = "io.python-code-sandbox.pid-namespace";
 /// How Linux names the initial pid namespace (the host's): its inode number is fixed.
 const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 pub const LABEL_KIND: &str = "io.python-code-sandbox.kind";
+/// The container the owning server runs in (only when that container is on the same engine), and
+/// when that container started: a server in a container is dead when its container is gone,
+/// stopped, or started again since.
+pub const LABEL_SERVER_CONTAINER: &str = "io.python-code-sandbox.server-container";
+pub const LABEL_SERVER_CONTAINER_STARTED: &str = "io.python-code-sandbox.server-container-started";
+
+/// The container a server runs in, as its engine sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerContainer {
+    pub id: String,
+    pub started_at: String,
+}
+
+/// What the engine says of the containers sandboxes name as their server's: id → `Some(start
+/// time)` while it runs, `None` when it is stopped or gone. Ids missing here are unknown.
+pub type ServerContainers = std::collections::HashMap<String, Option<String>>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
@@ -33,6 +49,9 @@ pub struct Owner {
     pub pid_start: u64,
     /// The pid namespace the pid belongs to (`pid:[inode]`), when it can be read.
     pub pid_namespace: Option<String>,
+    /// Set once the server has found itself in a container of the engine it uses (shared by the
+    /// clones the engine's parts hold).
+    pub container: std::sync::Arc<std::sync::OnceLock<ServerContainer>>,
 }
 
 impl Owner {
@@ -47,6 +66,7 @@ impl Owner {
             pid,
             pid_start: process_start_time(pid).unwrap_or(0),
             pid_namespace: pid_namespace(),
+            container: Default::default(),
         }
     }
 
@@ -63,23 +83,51 @@ impl Owner {
         if let Some(namespace) = &self.pid_namespace {
             labels.insert(LABEL_PID_NAMESPACE.to_string(), namespace.clone());
         }
+        if let Some(container) = self.container.get() {
+            labels.insert(LABEL_SERVER_CONTAINER.to_string(), container.id.clone());
+            labels.insert(
+                LABEL_SERVER_CONTAINER_STARTED.to_string(),
+                container.started_at.clone(),
+            );
+        }
         labels
     }
 
     /// Whether a sandbox with these labels belongs to a server that no longer runs.
-    pub fn is_leftover(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.is_leftover_with(labels, |pid, start| process_start_time(pid) == Some(start))
+    pub fn is_leftover(
+        &self,
+        labels: &BTreeMap<String, String>,
+        servers: &ServerContainers,
+    ) -> bool {
+        self.is_leftover_with(labels, servers, |pid, start| {
+            process_start_time(pid) == Some(start)
+        })
     }
 
     /// [`Owner::is_leftover`] with the liveness check supplied (for tests).
     pub fn is_leftover_with(
         &self,
         labels: &BTreeMap<String, String>,
+        servers: &ServerContainers,
         alive: impl Fn(u32, u64) -> bool,
     ) -> bool {
         let get = |key: &str| labels.get(key).map(String::as_str);
         if get(LABEL_INSTANCE) == Some(self.instance.as_str()) {
             return false; // ours
+        }
+        if let Some(container) = get(LABEL_SERVER_CONTAINER) {
+            let started = get(LABEL_SERVER_CONTAINER_STARTED);
+            match servers.get(container) {
+                None => return false,      // not asked of the engine: we cannot know
+                Some(None) => return true, // its container is stopped or gone
+                Some(Some(now)) if Some(now.as_str()) != started => return true, // restarted since
+                // Still running: only a server in that same container can judge the pid below.
+                Some(Some(_)) => {
+                    if self.container.get().map(|c| c.id.as_str()) != Some(container) {
+                        return false;
+                    }
+                }
+            }
         }
         if get(LABEL_HOST) != Some(self.host.as_str()) {
             return false; // another host's server: we cannot know, so we leave it
@@ -104,6 +152,22 @@ impl Owner {
             _ => false, // unreadable labels: not provably ours to remove
         }
     }
+}
+
+/// The id of the Docker container this process runs in, read from the bind mounts Docker makes of
+/// the container's own `hostname`, `hosts` and `resolv.conf` files; `None` outside one.
+pub fn own_container_id() -> Option<String> {
+    container_id_in(&std::fs::read_to_string("/proc/self/mountinfo").ok()?)
+}
+
+fn container_id_in(mountinfo: &str) -> Option<String> {
+    mountinfo.lines().find_map(|line| {
+        let root = line.split_whitespace().nth(3)?;
+        let (before, file) = root.rsplit_once('/')?;
+        let id = before.rsplit_once("/containers/")?.1;
+        let is_id = id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        (is_id && matches!(file, "hostname" | "hosts" | "resolv.conf")).then(|| id.to_string())
+    })
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
@@ -141,8 +205,12 @@ mod tests {
             pid: 10,
             pid_start: 100,
             pid_namespace: Some(INITIAL_PID_NAMESPACE.into()),
+            container: Default::default(),
         }
     }
+
+    static NONE: std::sync::LazyLock<ServerContainers> =
+        std::sync::LazyLock::new(ServerContainers::new);
 
     fn labels_of(
         instance: &str,
@@ -166,31 +234,31 @@ mod tests {
         let me = owner();
         let alive = |pid: u32, start: u64| pid == 20 && start == 200;
         assert!(
-            !me.is_leftover_with(&labels_of("me", "h", "b", "1", "1"), alive),
+            !me.is_leftover_with(&labels_of("me", "h", "b", "1", "1"), &NONE, alive),
             "ours"
         );
         assert!(
-            !me.is_leftover_with(&labels_of("x", "other", "b", "1", "1"), alive),
+            !me.is_leftover_with(&labels_of("x", "other", "b", "1", "1"), &NONE, alive),
             "other host"
         );
         assert!(
-            me.is_leftover_with(&labels_of("x", "h", "old", "20", "200"), alive),
+            me.is_leftover_with(&labels_of("x", "h", "old", "20", "200"), &NONE, alive),
             "old boot"
         );
         assert!(
-            !me.is_leftover_with(&labels_of("x", "h", "b", "20", "200"), alive),
+            !me.is_leftover_with(&labels_of("x", "h", "b", "20", "200"), &NONE, alive),
             "alive"
         );
         assert!(
-            me.is_leftover_with(&labels_of("x", "h", "b", "20", "999"), alive),
+            me.is_leftover_with(&labels_of("x", "h", "b", "20", "999"), &NONE, alive),
             "pid reused"
         );
         assert!(
-            me.is_leftover_with(&labels_of("x", "h", "b", "21", "200"), alive),
+            me.is_leftover_with(&labels_of("x", "h", "b", "21", "200"), &NONE, alive),
             "dead"
         );
         assert!(
-            !me.is_leftover_with(&labels_of("x", "h", "b", "junk", "200"), alive),
+            !me.is_leftover_with(&labels_of("x", "h", "b", "junk", "200"), &NONE, alive),
             "unreadable"
         );
     }
@@ -201,12 +269,18 @@ mod tests {
         let dead = |_: u32, _: u64| false;
         let mut theirs = labels_of("x", "h", "b", "1", "1");
         theirs.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
-        assert!(!me.is_leftover_with(&theirs, dead), "another namespace");
+        assert!(
+            !me.is_leftover_with(&theirs, &NONE, dead),
+            "another namespace"
+        );
         theirs.insert(LABEL_PID_NAMESPACE.into(), INITIAL_PID_NAMESPACE.into());
-        assert!(me.is_leftover_with(&theirs, dead), "same namespace, dead");
+        assert!(
+            me.is_leftover_with(&theirs, &NONE, dead),
+            "same namespace, dead"
+        );
         theirs.remove(LABEL_PID_NAMESPACE);
         assert!(
-            me.is_leftover_with(&theirs, dead),
+            me.is_leftover_with(&theirs, &NONE, dead),
             "unlabelled, from the host: judged"
         );
         let in_container = Owner {
@@ -214,12 +288,12 @@ mod tests {
             ..owner()
         };
         assert!(
-            !in_container.is_leftover_with(&theirs, dead),
+            !in_container.is_leftover_with(&theirs, &NONE, dead),
             "unlabelled, judged from a container: left alone"
         );
         let mut old_boot = labels_of("x", "h", "old", "1", "1");
         old_boot.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
-        assert!(me.is_leftover_with(&old_boot, dead), "another boot");
+        assert!(me.is_leftover_with(&old_boot, &NONE, dead), "another boot");
     }
 
     #[test]
@@ -240,5 +314,66 @@ mod tests {
         let start = process_start_time(std::process::id());
         assert!(start.is_some());
         assert_eq!(start, process_start_time(std::process::id()));
+    }
+
+    #[test]
+    fn a_server_in_a_container_is_dead_when_its_container_is() {
+        let me = owner();
+        let alive = |_: u32, _: u64| true;
+        let mut theirs = labels_of("x", "other-host", "b", "1", "1");
+        theirs.insert(LABEL_PID_NAMESPACE.into(), "pid:[2]".into());
+        theirs.insert(LABEL_SERVER_CONTAINER.into(), "c1".into());
+        theirs.insert(LABEL_SERVER_CONTAINER_STARTED.into(), "t1".into());
+        let engine_says = |state: Option<&str>| {
+            ServerContainers::from([("c1".to_string(), state.map(str::to_string))])
+        };
+        assert!(
+            !me.is_leftover(&theirs, &NONE),
+            "not asked of the engine: left alone"
+        );
+        assert!(
+            me.is_leftover(&theirs, &engine_says(None)),
+            "container stopped or gone"
+        );
+        assert!(
+            me.is_leftover(&theirs, &engine_says(Some("t2"))),
+            "container restarted since"
+        );
+        assert!(
+            !me.is_leftover(&theirs, &engine_says(Some("t1"))),
+            "container running"
+        );
+        let beside = Owner {
+            pid_namespace: Some("pid:[2]".into()),
+            host: "other-host".into(),
+            ..owner()
+        };
+        beside.container.get_or_init(|| ServerContainer {
+            id: "c1".into(),
+            started_at: "t1".into(),
+        });
+        assert!(
+            !beside.is_leftover_with(&theirs, &engine_says(Some("t1")), alive),
+            "same container, pid alive"
+        );
+        assert!(
+            beside.is_leftover_with(&theirs, &engine_says(Some("t1")), |_, _| false),
+            "same container, pid dead"
+        );
+    }
+
+    #[test]
+    fn finds_its_container_in_the_mount_table() {
+        let id = "a".repeat(64);
+        let line = format!("1226 1207 254:0 /var/lib/docker/containers/{id}/hostname /etc/hostname rw,relatime - ext4 /dev/vda rw");
+        assert_eq!(
+            container_id_in(&format!("1 0 0:1 / / rw - overlay overlay rw\n{line}\n")),
+            Some(id)
+        );
+        assert_eq!(container_id_in("1 0 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            container_id_in("1 0 0:1 /containers/short/hostname /etc/hostname rw - ext4 x rw\n"),
+            None
+        );
     }
 }

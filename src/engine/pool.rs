@@ -82,6 +82,12 @@ pub(crate) fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHand
     }
     let weak: Weak<Engine> = Arc::downgrade(engine);
     Some(tokio::spawn(async move {
+        // Pooled sandboxes must carry the server's container label, if it has one.
+        if let Some(engine) = weak.upgrade() {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), engine.identify_server_container())
+                    .await;
+        }
         let mut backoff = Duration::from_millis(500);
         loop {
             let Some(engine) = weak.upgrade() else { return };

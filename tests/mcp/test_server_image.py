@@ -127,6 +127,29 @@ async def test_a_server_in_a_container_leaves_a_live_host_servers_sandboxes_alon
         assert alive.structured_content["stdout"] == "still here\n", text_of(alive)
 
 
+async def test_a_containerized_server_killed_outright_is_cleaned_up_by_the_next_one():
+    """SIGKILL leaves the server no chance to clean up, and its pid is in a namespace no other
+    server can look into: its sandboxes name its container, which the engine says is gone."""
+    name = f"pcs-server-test-{uuid.uuid4().hex[:12]}"
+    params = StdioServerParameters(command="docker", args=docker_run(name=name) + [IMAGE, "stdio"])
+    cid = None
+    with contextlib.suppress(Exception):  # the server dies under the client
+        async with Client(params, read_timeout_seconds=600) as client:
+            cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            server = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+            named = subprocess.run(
+                ["docker", "inspect", "-f", '{{index .Config.Labels "io.python-code-sandbox.server-container"}}', cid],
+                capture_output=True, text=True, check=True).stdout.strip()
+            assert named == server, "the session does not name the server's container"
+            subprocess.run(["docker", "kill", name], capture_output=True, check=True)
+    assert cid is not None, "the session did not start"
+    assert cid in sandboxes(), "the killed server's session should still be there"
+    done = subprocess.run(["docker"] + docker_run() + [IMAGE, "cleanup"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert cid not in sandboxes(), "the next server's clean-up left the dead server's session"
+
+
 async def test_streamable_http_from_the_container():
     token = uuid.uuid4().hex
     name = f"pcs-server-test-{uuid.uuid4().hex[:12]}"

@@ -367,6 +367,7 @@ impl Backend for DockerBackend {
             running: state.running.unwrap_or(false),
             exit_code: state.exit_code,
             oom_killed: state.oom_killed.unwrap_or(false),
+            started_at: state.started_at,
         })
     }
 
