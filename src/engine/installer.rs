@@ -504,7 +504,9 @@ impl super::Engine {
 
     /// The installed dependency sets (`cache list`).
     pub async fn cached_dependency_sets(&self) -> Result<Vec<CachedSet>, EngineError> {
-        let base = self.base_spec(self.config.image.clone(), "maintenance");
+        let base = self
+            .base_spec(self.config.image.clone(), "maintenance")
+            .await;
         self.backend.ensure_image(&base.image).await?;
         self.maintain(&base, &[]).await
     }
@@ -532,7 +534,9 @@ impl super::Engine {
             deps::select_evictions(&entries, self.config.deps.cache_max_bytes)
         };
         if !remove.is_empty() {
-            let base = self.base_spec(self.config.image.clone(), "maintenance");
+            let base = self
+                .base_spec(self.config.image.clone(), "maintenance")
+                .await;
             self.maintain(&base, &remove).await?;
         }
         Ok(sets

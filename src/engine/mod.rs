@@ -147,6 +147,8 @@ pub struct Engine {
     pub(crate) pool: pool::Pool,
     /// Sandbox removals running after their result was returned.
     background: tokio_util::task::TaskTracker,
+    /// Set once the server has looked for its own container (see `identified`).
+    identified: tokio::sync::OnceCell<()>,
     /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
     pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -159,6 +161,7 @@ impl Engine {
             deps,
             pool: pool::Pool::new(config.pool_size),
             background: tokio_util::task::TaskTracker::new(),
+            identified: tokio::sync::OnceCell::new(),
             pool_task: std::sync::Mutex::new(None),
             backend,
             config,
@@ -203,7 +206,10 @@ impl Engine {
         })
     }
 
-    pub(crate) fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
+    /// What every sandbox of this server is made from. Waits, once, for the server to find its
+    /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]).
+    pub(crate) async fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
+        self.identified().await;
         SandboxSpec {
             image,
             limits: self.config.limits.clone(),
@@ -225,7 +231,8 @@ impl Engine {
         options: &RunOptions,
         requirements: &[deps::Requirement],
     ) -> Result<(Sandbox, Option<installer::DependencyReport>), EngineError> {
-        let spec = self.base_spec(self.check_image(options.image.as_deref())?, kind);
+        let image = self.check_image(options.image.as_deref())?;
+        let spec = self.base_spec(image, kind).await;
         let mut sandbox = match self.take_pooled(&spec.image).await {
             Some(sandbox) => sandbox,
             None => {
@@ -270,7 +277,7 @@ impl Engine {
 
     /// Starts a sandbox for the pool (the default image and configuration).
     pub(crate) async fn launch_pooled(&self) -> Result<Sandbox, EngineError> {
-        let spec = self.base_spec(self.config.image.clone(), "pool");
+        let spec = self.base_spec(self.config.image.clone(), "pool").await;
         self.backend.ensure_image(&spec.image).await?;
         Sandbox::launch(self.backend.clone(), &spec).await
     }
@@ -289,7 +296,7 @@ impl Engine {
 
     /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
     pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
-        let spec = self.base_spec(self.config.image.clone(), "ephemeral");
+        let spec = self.base_spec(self.config.image.clone(), "ephemeral").await;
         self.backend.ensure_image(&spec.image).await?;
         let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
         let mut samples = Vec::with_capacity(count);
@@ -438,10 +445,18 @@ impl Engine {
     /// creates from now on with that container: then, if the server is killed outright, another
     /// server can tell it is gone although its pid is in another namespace. Outside a container
     /// this costs nothing; inside, one inspection.
-    pub async fn identify_server_container(&self) {
-        if self.owner.container.get().is_some() {
-            return;
-        }
+    async fn identified(&self) {
+        self.identified
+            .get_or_init(|| async {
+                // Bounded: an engine that does not answer must not hold up the first sandbox.
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), self.identify_server_container())
+                        .await;
+            })
+            .await;
+    }
+
+    async fn identify_server_container(&self) {
         let Some(id) = owner::own_container_id() else {
             return;
         };
@@ -463,6 +478,7 @@ impl Engine {
 
     /// Removes sandboxes left behind by server instances that are no longer running.
     pub async fn remove_leftovers(&self) -> Result<usize, EngineError> {
+        self.identified().await;
         let records = self.backend.list(LABEL_MANAGED, "true").await?;
         let servers = self
             .server_containers(records.iter().map(|r| &r.labels))

@@ -380,7 +380,7 @@ impl Engine {
             .collect();
         entries.extend(requested.iter().map(deps::Requirement::canonical));
         let union = self.requirements(&entries)?;
-        let base = self.base_spec(session.image.clone(), "session");
+        let base = self.base_spec(session.image.clone(), "session").await;
         let previous = current
             .key
             .as_ref()

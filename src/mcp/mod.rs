@@ -783,7 +783,6 @@ pub(crate) fn start(config: Config) -> Result<Running, ExitCode> {
     let cleanup = {
         let engine = engine.clone();
         tokio::spawn(async move {
-            engine.identify_server_container().await;
             match engine.remove_leftovers().await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("removed {n} sandbox(es) left by servers that are gone"),
