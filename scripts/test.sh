@@ -36,6 +36,8 @@ trap cleanup_volumes EXIT
 # gVisor, for the tests that run sandboxes under another runtime.
 bash scripts/runsc.sh
 export PCS_TEST_RUNTIME=runsc
+# Tests that need the engine fail, rather than skip, when it does not answer.
+export PCS_REQUIRE_ENGINE=1
 
 echo "== build" >&2
 cargo build --locked --all-targets

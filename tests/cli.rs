@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::skip_without_engine;
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
@@ -41,6 +43,9 @@ fn text(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn run_prints_the_example_output_and_leaves_nothing() {
+    if skip_without_engine() {
+        return;
+    }
     let (out, pid) = cli(&["run", "examples/hello.py"], "", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
@@ -53,6 +58,9 @@ async fn run_prints_the_example_output_and_leaves_nothing() {
 
 #[tokio::test]
 async fn run_passes_the_exit_status_through() {
+    if skip_without_engine() {
+        return;
+    }
     let (out, pid) = cli(&["run", "-"], "import sys\nsys.exit(3)", &[]);
     assert_eq!(out.status.code(), Some(3));
     let (out, _) = cli(&["run", "-"], "raise RuntimeError('bad')", &[]);
@@ -63,6 +71,9 @@ async fn run_passes_the_exit_status_through() {
 
 #[tokio::test]
 async fn run_exits_124_on_timeout() {
+    if skip_without_engine() {
+        return;
+    }
     let (out, pid) = cli(&["run", "--timeout", "1s", "-"], "while True: pass", &[]);
     assert_eq!(out.status.code(), Some(124));
     assert!(
@@ -75,6 +86,9 @@ async fn run_exits_124_on_timeout() {
 
 #[tokio::test]
 async fn endless_output_is_cut_and_the_host_process_stays_small() {
+    if skip_without_engine() {
+        return;
+    }
     let mut child = Command::new(BIN)
         .args(["run", "--timeout", "4s", "-"])
         .env("SANDBOX_MAX_OUTPUT", "1m")
@@ -137,6 +151,9 @@ async fn an_invalid_setting_stops_start_up_with_exit_2() {
 
 #[tokio::test]
 async fn doctor_reports_every_check_ok() {
+    if skip_without_engine() {
+        return;
+    }
     let (out, pid) = cli(&["doctor"], "", &[]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
@@ -162,6 +179,9 @@ async fn doctor_reports_every_check_ok() {
 
 #[tokio::test]
 async fn sigterm_during_a_run_removes_the_sandbox() {
+    if skip_without_engine() {
+        return;
+    }
     let mut child = Command::new(BIN)
         .args(["run", "-"])
         .stdin(Stdio::piped())

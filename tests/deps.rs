@@ -26,6 +26,9 @@ async fn run_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numpy_is_installed_once_then_comes_from_the_cache() {
+    if skip_without_engine() {
+        return;
+    }
     let volume = fresh_deps_volume();
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
@@ -66,6 +69,9 @@ async fn numpy_is_installed_once_then_comes_from_the_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pins_and_extras_are_honoured() {
+    if skip_without_engine() {
+        return;
+    }
     let volume = fresh_deps_volume();
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
@@ -91,6 +97,9 @@ async fn pins_and_extras_are_honoured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_package_fails_clearly_and_leaves_nothing_in_the_cache() {
+    if skip_without_engine() {
+        return;
+    }
     let volume = fresh_deps_volume();
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
@@ -123,6 +132,9 @@ async fn an_unknown_package_fails_clearly_and_leaves_nothing_in_the_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injection_attempts_are_refused_before_anything_starts() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         for entry in [
@@ -151,6 +163,9 @@ async fn injection_attempts_are_refused_before_anything_starts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_for_a_new_set_install_it_once() {
+    if skip_without_engine() {
+        return;
+    }
     let volume = fresh_deps_volume();
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
@@ -172,6 +187,9 @@ async fn concurrent_requests_for_a_new_set_install_it_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_gains_dependencies_after_it_started_and_keeps_them() {
+    if skip_without_engine() {
+        return;
+    }
     let volume = fresh_deps_volume();
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
@@ -223,6 +241,9 @@ async fn a_session_gains_dependencies_after_it_started_and_keeps_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_removes_cached_sets() {
+    if skip_without_engine() {
+        return;
+    }
     let volume = fresh_deps_volume();
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {

@@ -14,6 +14,9 @@ use python_code_sandbox::engine::{EngineError, RunOptions, Task};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_world() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let result = run(&engine, "print('hello world')").await;
@@ -28,6 +31,9 @@ async fn hello_world() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exception_gives_its_traceback_and_status_1() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let result = run(
@@ -62,6 +68,9 @@ async fn an_exception_gives_its_traceback_and_status_1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sys_exit_sets_the_status_and_a_session_survives_it() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let result = run(&engine, "import sys\nprint('bye')\nsys.exit(3)").await;
@@ -92,6 +101,9 @@ async fn sys_exit_sets_the_status_and_a_session_survives_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_persists_across_executions_in_a_session() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let session = engine
@@ -123,6 +135,9 @@ async fn state_persists_across_executions_in_a_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(2));
     no_hang(async {
         let result = run(&engine, "print('started', flush=True)\nwhile True: pass").await;
@@ -152,6 +167,9 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(1));
     no_hang(async {
         let session = engine
@@ -189,6 +207,9 @@ async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_output_is_cut_at_the_cap() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| {
         c.limits.max_output_bytes = 64 * 1024;
         c.limits.timeout = Duration::from_secs(3);
@@ -213,6 +234,9 @@ async fn endless_output_is_cut_at_the_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_code_runs_unprivileged_without_capabilities() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let code = r#"
@@ -229,6 +253,9 @@ print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapPrm'].strip
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sandbox_has_no_network_but_loopback() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let code = r#"
@@ -256,6 +283,9 @@ except OSError:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_root_filesystem_is_read_only_and_tmp_and_workspace_are_bounded() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| {
         c.limits.tmp_bytes = 8 << 20;
         c.limits.workspace_bytes = 8 << 20;
@@ -297,6 +327,9 @@ except OSError as e:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_bomb_is_reported_as_out_of_memory() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| c.limits.memory_bytes = 128 << 20);
     no_hang(async {
         let result = run(
@@ -338,6 +371,9 @@ async fn a_memory_bomb_is_reported_as_out_of_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_bomb_is_contained() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| {
         c.limits.pids = 64;
         c.limits.timeout = Duration::from_secs(3);
@@ -364,6 +400,9 @@ async fn a_fork_bomb_is_contained() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unicode_and_invalid_utf8_output_come_back_byte_for_byte() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let code = "import sys\nprint('héllo ☃ 你好 🐍')\nsys.stdout.flush()\nsys.stdout.buffer.write(b'raw \\xff\\xfe end\\n')\nsys.stderr.buffer.write(b'\\x80err\\n')";
@@ -379,6 +418,9 @@ async fn unicode_and_invalid_utf8_output_come_back_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_kilobytes_of_code_run() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let mut code = String::new();
@@ -404,6 +446,9 @@ async fn a_hundred_kilobytes_of_code_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_runs_in_parallel_are_all_correct() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let codes: Vec<String> = (0..10).map(|i| format!("print({i} * {i})")).collect();
@@ -423,6 +468,9 @@ async fn ten_runs_in_parallel_are_all_correct() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let result = run(&engine, "import os\nos._exit(5)").await;
@@ -456,6 +504,9 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forked_children_cannot_speak_the_protocol() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let session = engine.create_session(&RunOptions::default()).await.expect("session");
@@ -472,6 +523,9 @@ async fn forked_children_cannot_speak_the_protocol() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_commands_run_with_the_same_capture() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let session = engine
@@ -502,6 +556,9 @@ async fn shell_commands_run_with_the_same_capture() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_sandbox_carries_every_hardening_field() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let session = engine
@@ -586,6 +643,9 @@ async fn a_live_sandbox_carries_every_hardening_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_copy_in_and_out_of_a_session() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let session = engine
@@ -644,6 +704,9 @@ async fn files_copy_in_and_out_of_a_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     let backend = DockerBackend::new();
     no_hang(async {
@@ -693,6 +756,9 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_removes_every_sandbox_of_the_instance() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine();
     no_hang(async {
         let a = engine
@@ -714,6 +780,9 @@ async fn shutdown_removes_every_sandbox_of_the_instance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_sandbox_killed_from_outside_is_not_handed_out() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = std::sync::Arc::new(engine_with(|c| c.pool_size = 1));
     engine.start_pool();
     no_hang(async {
@@ -750,6 +819,9 @@ async fn a_pooled_sandbox_killed_from_outside_is_not_handed_out() {
 /// gVisor's, not the host's. The test script registers runsc and sets `PCS_TEST_RUNTIME`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_run_under_another_runtime() {
+    if skip_without_engine() {
+        return;
+    }
     let Ok(runtime) = std::env::var("PCS_TEST_RUNTIME") else {
         eprintln!("not run: PCS_TEST_RUNTIME is not set (scripts/test.sh sets it after registering runsc)");
         return;

@@ -53,6 +53,9 @@ fn assert_no_system_content(files: &[(String, Vec<u8>)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn created_files_come_back_and_are_saved_below_the_run_directory() {
+    if skip_without_engine() {
+        return;
+    }
     let root = temp_dir();
     let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
     no_hang(async {
@@ -76,6 +79,9 @@ async fn created_files_come_back_and_are_saved_below_the_run_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn links_fifos_and_system_files_never_leave_the_sandbox() {
+    if skip_without_engine() {
+        return;
+    }
     let root = temp_dir();
     let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
     no_hang(async {
@@ -134,6 +140,9 @@ open('..hidden', 'w').write('dots too')
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_lies_about_paths_is_stopped_and_nothing_is_written() {
+    if skip_without_engine() {
+        return;
+    }
     let root = temp_dir();
     let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
     no_hang(async {
@@ -161,6 +170,9 @@ open('x.txt', 'w').write('x')
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_over_the_cap_is_listed_not_copied() {
+    if skip_without_engine() {
+        return;
+    }
     let root = temp_dir();
     let engine = engine_with(|c| {
         c.files.persist_dir = Some(root.clone());
@@ -189,6 +201,9 @@ async fn a_file_over_the_cap_is_listed_not_copied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_tiny_files_are_bounded() {
+    if skip_without_engine() {
+        return;
+    }
     let root = temp_dir();
     let engine = engine_with(|c| {
         c.files.persist_dir = Some(root.clone());
@@ -213,6 +228,9 @@ async fn a_hundred_thousand_tiny_files_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_persistence_nothing_is_written_on_the_host() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| c.files.persist_dir = None);
     no_hang(async {
         let result = run(&engine, "open('a.txt', 'w').write('only returned')").await;
@@ -229,6 +247,9 @@ async fn without_persistence_nothing_is_written_on_the_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_report_only_what_each_execution_changed() {
+    if skip_without_engine() {
+        return;
+    }
     let engine = engine_with(|c| c.files.persist_dir = None);
     no_hang(async {
         let session = engine
@@ -250,6 +271,9 @@ async fn sessions_report_only_what_each_execution_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_mounts_are_visible_and_read_only() {
+    if skip_without_engine() {
+        return;
+    }
     let data = temp_dir();
     std::fs::write(data.join("input.txt"), "operator data").expect("write");
     let mounts = format!("{}:/data", data.display());

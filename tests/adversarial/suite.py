@@ -173,10 +173,29 @@ def case(name, kind="attack"):
 
 
 def host_gateway():
-    """The host's own address on Docker's default bridge (on this machine, not a remote one)."""
-    out = docker("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}").strip()
-    check(out, "no gateway on the bridge network")
-    return out
+    """The host's own address on Docker's default bridge (on this machine, not a remote one).
+
+    Read from the bridge interface itself: the network's IPAM `Gateway` field is missing on an
+    engine started for the first time (it appears only after a daemon restart)."""
+    name = docker("network", "inspect", "bridge", "--format",
+                  '{{index .Options "com.docker.network.bridge.name"}}').strip() or "docker0"
+    address = interface_ipv4(name)
+    check(address, f"the bridge interface {name} has no IPv4 address")
+    return address
+
+
+def interface_ipv4(name):
+    """The IPv4 address of a local network interface (SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+    finally:
+        s.close()
 
 
 class Listener:

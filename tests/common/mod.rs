@@ -145,3 +145,51 @@ pub async fn no_hang<T>(future: impl std::future::Future<Output = T>) -> T {
         .await
         .expect("the test hung")
 }
+
+/// Whether this test must be skipped because no Docker engine answers. Call it first in every
+/// test that needs the engine: `if skip_without_engine() { return; }`.
+///
+/// Without an engine, `cargo test` still runs every test that needs none and names each skipped
+/// one on stderr with the reason. With `PCS_REQUIRE_ENGINE=1` (set by `scripts/test.sh`, so CI
+/// never skips silently) a missing engine fails the test instead.
+pub fn skip_without_engine() -> bool {
+    use std::io::Write as _;
+    static ANSWER: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let answer = ANSWER.get_or_init(|| {
+        // A runtime of its own, on a thread of its own: the caller may be inside a runtime.
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let docker = Docker::connect_with_defaults().map_err(|e| e.to_string())?;
+                match tokio::time::timeout(Duration::from_secs(10), docker.ping()).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("no answer within 10 s".to_string()),
+                }
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the engine check panicked".to_string()))
+    });
+    let Err(reason) = answer else {
+        return false;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test that needs the engine")
+        .to_string();
+    if std::env::var("PCS_REQUIRE_ENGINE").is_ok_and(|v| v == "1") {
+        panic!(
+            "{test}: no Docker engine answers ({reason}), and PCS_REQUIRE_ENGINE=1 requires one"
+        );
+    }
+    // Written to stderr directly, past the test harness's capture, so the skip is visible.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: no Docker engine answers ({reason}); start one with scripts/dev-env.sh"
+    );
+    true
+}
