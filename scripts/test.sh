@@ -8,13 +8,29 @@
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine),
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
 #      over stdio and streamable HTTP, and the server image driven the same way through `docker run`,
-#   5. a smoke call through the MCP Inspector CLI, a second real client,
+#   5. a smoke call through the MCP Inspector CLI, a second real client, and MCP conformance
+#      (scripts/conformance.sh: the official server conformance suite over HTTP against
+#      tests/conformance/expected-failures.yml, and mcp-conform over stdio and HTTP),
 #   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks under runc and gVisor,
 #      faults (one restarts dockerd),
 #   7. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage's wall-clock time, printed as a table at the end (and so in CI's log).
+STAGES=()
+stage_name=""
+stage_start=$SECONDS
+stage() {
+  if [ -n "$stage_name" ]; then
+    STAGES+=("$(printf '%5d s  %s' $((SECONDS - stage_start)) "$stage_name")")
+  fi
+  stage_name=$1
+  stage_start=$SECONDS
+  [ -z "$stage_name" ] || echo "== $stage_name" >&2
+}
+
+stage "engine and host tools (scripts/dev-env.sh)"
 bash scripts/dev-env.sh
 
 # PyPI is reachable from containers here only through the host's CA bundle (an intercepting
@@ -34,28 +50,29 @@ cleanup_volumes() {
 trap cleanup_volumes EXIT
 
 # gVisor, for the tests that run sandboxes under another runtime.
+stage "gVisor (scripts/runsc.sh)"
 bash scripts/runsc.sh
 export PCS_TEST_RUNTIME=runsc
 # Tests that need the engine fail, rather than skip, when it does not answer.
 export PCS_REQUIRE_ENGINE=1
 
-echo "== build" >&2
+stage "build"
 cargo build --locked --all-targets
 
-echo "== sandbox image" >&2
+stage "sandbox image"
 ./target/debug/python-code-sandbox image build
 
-echo "== server image" >&2
+stage "server image"
 bash scripts/server-image.sh --offline
 
-echo "== format and lints" >&2
+stage "format and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
 
-echo "== tests" >&2
+stage "tests"
 cargo test --locked -- --test-threads=2
 
-echo "== MCP integration tests (official Python SDK)" >&2
+stage "MCP integration tests (official Python SDK)"
 venv=.cache/venv-mcp
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
@@ -63,7 +80,7 @@ fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
 PCS_BIN="$PWD/target/debug/python-code-sandbox" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp
 
-echo "== MCP Inspector CLI smoke test" >&2
+stage "MCP Inspector CLI smoke test"
 inspector=.cache/inspector
 if [ ! -x "$inspector/node_modules/.bin/mcp-inspector" ]; then
   mkdir -p "$inspector"
@@ -79,11 +96,14 @@ if ! printf '%s' "$smoke" | grep -q '"stdout": "42\\n"'; then
 fi
 echo "inspector: ok" >&2
 
-echo "== adversarial and fault suite (official Python SDK; runc, then the attack list under gVisor)" >&2
+stage "MCP conformance (the official suite, mcp-conform)"
+bash scripts/conformance.sh "$PWD/target/debug/python-code-sandbox"
+
+stage "adversarial and fault suite (official Python SDK; runc, then the attack list under gVisor)"
 # It restarts dockerd (a fault case): it runs last, alone.
 "$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runsc
 
-echo "== leftovers" >&2
+stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.
 left_containers=$(docker ps -aq --filter label=io.python-code-sandbox.managed=true | wc -l)
 left_volumes=$(docker volume ls -q --filter label=io.python-code-sandbox.managed=true | wc -l)
@@ -93,3 +113,7 @@ if [ "$left_containers" != 0 ] || [ "$left_volumes" != 0 ]; then
   exit 1
 fi
 echo "no sandbox left behind" >&2
+stage ""
+echo "== stage times" >&2
+printf '%s\n' "${STAGES[@]}" >&2
+echo "total: $SECONDS s" >&2

@@ -2,11 +2,17 @@
 //! one gate that every request passes, in this order:
 //!
 //! 1. `Host` must be allowed (DNS-rebinding protection): 403;
-//! 2. `Origin`, when present, must be allowed (browsers): 403;
+//! 2. `Origin`, when present, must be allowed (browsers): 403. Allowed are the origins in
+//!    `SANDBOX_HTTP_ALLOWED_ORIGINS` and the server's own (an allowed host on the bound port);
 //! 3. no credential in the query string: 400;
 //! 4. with a token configured, `Authorization: Bearer <token>` (compared in constant time): 401
 //!    with `WWW-Authenticate: Bearer`, on every request, whatever its MCP session id;
 //! 5. the body within `SANDBOX_HTTP_MAX_BODY`: 413 (announced sizes here, streamed ones in rmcp).
+//!
+//! Behind the gate, answers rmcp gives in a form some clients cannot read are mended: a body that
+//! is not JSON gets a JSON-RPC parse error (-32700) and one that is JSON but no JSON-RPC message an
+//! invalid-request error (-32600), both with HTTP 400; SSE priming events go only to clients of
+//! revision 2025-11-25 and later ([`super::priming`]).
 //!
 //! Each MCP session gets its own [`SandboxServer`] with a fresh client id, so the sandbox sessions
 //! it creates are its own; when the MCP session ends (DELETE, idle expiry, shutdown) they are
@@ -28,7 +34,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::SandboxServer;
+use super::{priming, SandboxServer};
 use crate::config::{normalize_origin, parse_host, Config, HostPattern, Secret};
 
 /// The path the MCP endpoint is served at.
@@ -57,6 +63,9 @@ pub struct Gate {
     token: Option<Secret>,
     hosts: Vec<HostPattern>,
     origins: Vec<String>,
+    /// The port the server listens on: an `Origin` naming an allowed host on it is the server's
+    /// own page, not a rebinding attack.
+    bound_port: u16,
     max_body: u64,
 }
 
@@ -72,6 +81,7 @@ impl Gate {
             token: http.token.clone(),
             hosts,
             origins: http.allowed_origins.clone(),
+            bound_port: bound.port(),
             max_body: http.max_body_bytes,
         }
     }
@@ -158,10 +168,17 @@ impl Gate {
         Ok(())
     }
 
-    /// The request's origin, when it is present and allowed.
+    /// The request's origin, when it is present and allowed: one of SANDBOX_HTTP_ALLOWED_ORIGINS,
+    /// or the server's own origin (an allowed host on the port the server listens on).
     fn allowed_origin<'h>(&self, origin: &'h HeaderValue) -> Option<&'h HeaderValue> {
         let normalized = normalize_origin(origin.to_str().ok()?)?;
-        self.origins.contains(&normalized).then_some(origin)
+        if self.origins.contains(&normalized) {
+            return Some(origin);
+        }
+        let authority = normalized.split_once("://")?.1;
+        let (host, port) = parse_host(authority)?;
+        (port == Some(self.bound_port) && self.hosts.iter().any(|p| p.matches(&host, port)))
+            .then_some(origin)
     }
 
     /// Adds the CORS headers an allowed browser origin needs.
@@ -341,18 +358,117 @@ async fn gatekeeper(State(gate): State<Arc<Gate>>, request: Request, next: Next)
         *response.status_mut() = StatusCode::NO_CONTENT;
         response
     } else {
-        let deleting = request.method() == Method::DELETE;
-        let mut response = next.run(request).await;
+        match gate.forward(request, next).await {
+            Ok(response) | Err(response) => response,
+        }
+    };
+    if let Some(origin) = origin {
+        gate.add_cors(&origin, preflight, &mut response);
+    }
+    response
+}
+
+impl Gate {
+    /// Hands a request that passed the gate to rmcp, and mends what rmcp answers in a way
+    /// clients of some revisions cannot read: JSON-RPC errors for unparsable bodies (rmcp says
+    /// 415 in text), no SSE priming events before 2025-11-25, 204 for a session's DELETE.
+    async fn forward(&self, request: Request, next: Next) -> Result<Response, Response> {
+        let (parts, body) = request.into_parts();
+        let json_post = parts.method == Method::POST && is_json(&parts.headers);
+        let deleting = parts.method == Method::DELETE;
+        let mut asked_revision = None;
+        let body = if json_post {
+            let limit = usize::try_from(self.max_body).unwrap_or(usize::MAX);
+            let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+                Refusal::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!(
+                        "Payload Too Large: the request body is limited to {} bytes (SANDBOX_HTTP_MAX_BODY)",
+                        self.max_body
+                    ),
+                )
+                .into_response()
+            })?;
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+                return Err(json_rpc_error(-32700, &format!("Parse error: {e}")));
+            }
+            asked_revision = serde_json::from_slice::<InitializeProbe>(&bytes)
+                .ok()
+                .filter(|probe| probe.method.as_deref() == Some("initialize"))
+                .and_then(|probe| probe.params)
+                .and_then(|params| params.protocol_version);
+            Body::from(bytes)
+        } else {
+            body
+        };
+        let revision = priming::request_revision(
+            parts
+                .headers
+                .get("mcp-protocol-version")
+                .and_then(|v| v.to_str().ok()),
+            asked_revision.as_deref(),
+        );
+        let mut response = next.run(Request::from_parts(parts, body)).await;
+        // rmcp checks the Content-Type first: a 415 for a JSON body means it is no JSON-RPC message.
+        if json_post && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            return Err(json_rpc_error(
+                -32600,
+                "Invalid Request: the body is JSON but not a JSON-RPC 2.0 request, notification or response",
+            ));
+        }
         // rmcp accepts a session's DELETE with 202, which clients log as a failed termination;
         // the session is gone by then, so say so.
         if deleting && response.status() == StatusCode::ACCEPTED {
             *response.status_mut() = StatusCode::NO_CONTENT;
         }
-        response
-    };
-    if let Some(origin) = origin {
-        gate.add_cors(&origin, preflight, &mut response);
+        let event_stream = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if event_stream && !priming::expects_priming(&revision) {
+            let (parts, body) = response.into_parts();
+            let filtered = priming::without_priming(body.into_data_stream());
+            response = Response::from_parts(parts, Body::from_stream(filtered));
+        }
+        Ok(response)
     }
+}
+
+/// The part of an `initialize` request that names the revision the client asks for.
+#[derive(serde::Deserialize)]
+struct InitializeProbe {
+    method: Option<String>,
+    params: Option<InitializeProbeParams>,
+}
+
+#[derive(serde::Deserialize)]
+struct InitializeProbeParams {
+    #[serde(rename = "protocolVersion")]
+    protocol_version: Option<String>,
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// A JSON-RPC error response for a request that could not be read (so it has no id): HTTP 400.
+fn json_rpc_error(code: i32, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": code, "message": message },
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = StatusCode::BAD_REQUEST;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -646,11 +762,30 @@ mod tests {
             );
         }
         let none = gate(&[], "127.0.0.1:8080");
-        assert_eq!(
-            status(&none, "/mcp", &[host, ("origin", "http://localhost:8080")]),
-            StatusCode::FORBIDDEN,
-            "no origin is allowed by default"
-        );
+        for own in [
+            "http://localhost:8080",
+            "http://127.0.0.1:8080",
+            "http://[::1]:8080",
+        ] {
+            assert_eq!(
+                status(&none, "/mcp", &[host, ("origin", own)]),
+                StatusCode::OK,
+                "the server's own origin ({own}) is allowed by default"
+            );
+        }
+        for other in [
+            "http://localhost:9090",
+            "http://localhost",
+            "http://evil.example:8080",
+            "http://127.0.0.1.nip.io:8080",
+            "null",
+        ] {
+            assert_eq!(
+                status(&none, "/mcp", &[host, ("origin", other)]),
+                StatusCode::FORBIDDEN,
+                "{other} is no origin of the server's"
+            );
+        }
     }
 
     #[test]

@@ -9,8 +9,13 @@
 //! MCP session is a client of its own: its tools reach only the sandbox sessions it created.
 
 pub mod http;
+mod logging;
 mod oversize;
+mod priming;
+mod prompts;
 mod render;
+pub mod resources;
+mod schema;
 
 use std::borrow::Cow;
 use std::process::ExitCode;
@@ -19,9 +24,13 @@ use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
+#[allow(deprecated)] // see `logging`
+use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ProtocolVersion,
-    ServerCapabilities, ServerConfig,
+    CallToolResult, CompleteRequestParams, CompleteResult, ContentBlock, GetPromptRequestParams,
+    GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, Reference, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -187,6 +196,8 @@ pub struct SandboxServer {
     /// The client this server speaks for, when the engine has several (HTTP); `None`: the only
     /// client (stdio), which reaches every session.
     client: Option<Arc<Client>>,
+    /// The log level the client set.
+    log: Arc<logging::ClientLog>,
 }
 
 /// One client of a server with several: an MCP session over HTTP. Dropped when the MCP session
@@ -219,6 +230,7 @@ impl SandboxServer {
             pypi,
             tool_router,
             client: None,
+            log: Arc::default(),
         }
     }
 
@@ -251,14 +263,14 @@ impl SandboxServer {
         Parameters(params): Parameters<RunEphemeralParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let options = options_for(&context, params.image, params.dependencies);
+        let options = self.options_for(&context, params.image, params.dependencies);
         Ok(
             match self
                 .engine
                 .run_ephemeral(Task::Python(&params.code), &options)
                 .await
             {
-                Ok(execution) => render::execution(&execution, &self.engine.config().limits, None),
+                Ok(execution) => self.execution_result(&context, &execution, None),
                 Err(e) => render::error(&e),
             },
         )
@@ -270,7 +282,7 @@ impl SandboxServer {
         Parameters(params): Parameters<InitializeParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let options = options_for(&context, params.image, None);
+        let options = self.options_for(&context, params.image, None);
         let id = match self.engine.create_session_for(self.scope(), &options).await {
             Ok(id) => id,
             Err(e) => return Ok(render::error(&e)),
@@ -301,9 +313,14 @@ impl SandboxServer {
         Parameters(params): Parameters<RunPythonParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let options = options_for(&context, None, params.dependencies);
+        let options = self.options_for(&context, None, params.dependencies);
         Ok(self
-            .in_session(&params.container_id, Task::Python(&params.code), &options)
+            .in_session(
+                &context,
+                &params.container_id,
+                Task::Python(&params.code),
+                &options,
+            )
             .await)
     }
 
@@ -313,9 +330,14 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let options = options_for(&context, None, None);
+        let options = self.options_for(&context, None, None);
         Ok(self
-            .in_session(&params.container_id, Task::Shell(&params.command), &options)
+            .in_session(
+                &context,
+                &params.container_id,
+                Task::Shell(&params.command),
+                &options,
+            )
             .await)
     }
 
@@ -524,8 +546,73 @@ impl SandboxServer {
 }
 
 impl SandboxServer {
+    /// Run options for one request: cancellation follows the client's `notifications/cancelled`;
+    /// the steps of preparing the sandbox go to the client as progress when it sent a progress
+    /// token, and as `info` log messages when it asked for them.
+    fn options_for(
+        &self,
+        context: &RequestContext<RoleServer>,
+        image: Option<String>,
+        dependencies: Option<Vec<String>>,
+    ) -> RunOptions {
+        let token = context.meta.get_progress_token();
+        let log = self.log.for_request(context);
+        let progress: Option<ProgressSink> = (token.is_some() || log.wants_info()).then(|| {
+            let peer = context.peer.clone();
+            let step = Arc::new(AtomicU32::new(0));
+            let sink: ProgressSink = Arc::new(move |message: &str| {
+                log.info(message);
+                let Some(token) = &token else {
+                    return;
+                };
+                let n = step.fetch_add(1, Ordering::Relaxed) + 1;
+                let param = ProgressNotificationParam::new(token.clone(), f64::from(n))
+                    .with_message(message.to_string());
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let _ = peer.notify_progress(param).await;
+                });
+            });
+            sink
+        });
+        RunOptions {
+            timeout: None,
+            image,
+            cancel: Some(context.ct.clone()),
+            progress,
+            dependencies: dependencies.unwrap_or_default(),
+        }
+    }
+
+    /// A tool result for an execution, with a warning logged to the client when it lost state.
+    fn execution_result(
+        &self,
+        context: &RequestContext<RoleServer>,
+        execution: &crate::engine::Execution,
+        container_id: Option<&str>,
+    ) -> CallToolResult {
+        let lost = if execution.workspace_lost {
+            Some("the sandbox restarted: the session's variables and /workspace files are gone")
+        } else if execution.state_lost && container_id.is_some() {
+            Some("the interpreter restarted: the session's variables are gone (files are kept)")
+        } else {
+            None
+        };
+        if let Some(lost) = lost {
+            self.log.for_request(context).warning(lost);
+        }
+        let config = self.engine.config();
+        render::execution(
+            execution,
+            &config.limits,
+            container_id,
+            config.files.return_max_file_bytes,
+        )
+    }
+
     async fn in_session(
         &self,
+        context: &RequestContext<RoleServer>,
         container_id: &str,
         task: Task<'_>,
         options: &RunOptions,
@@ -535,9 +622,7 @@ impl SandboxServer {
             .execute_in_session_for(self.scope(), container_id, task, options)
             .await
         {
-            Ok(execution) => {
-                render::execution(&execution, &self.engine.config().limits, Some(container_id))
-            }
+            Ok(execution) => self.execution_result(context, &execution, Some(container_id)),
             Err(e) => render::error(&e),
         }
     }
@@ -546,7 +631,16 @@ impl SandboxServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        #[allow(deprecated)]
+        // logging: deprecated from revision 2026-07-28, which HTTP does not offer
+        let capabilities = ServerCapabilities::builder()
+            .enable_logging()
+            .enable_completions()
+            .enable_prompts()
+            .enable_resources()
+            .enable_tools()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
                     .with_title("Python code sandbox"),
@@ -556,6 +650,70 @@ impl ServerHandler for SandboxServer {
                  one-off code; sandbox_initialize + run_python to keep variables across calls \
                  (stop it with sandbox_stop when done).",
             )
+    }
+
+    #[allow(deprecated)] // see `logging`
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.log.set(request.level);
+        Ok(())
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let cursor = request.as_ref().and_then(|r| r.cursor.as_deref());
+        resources::list(&self.engine, self.scope(), cursor).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        resources::read(&self.engine, self.scope(), &request.uri)
+            .await
+            .map(Into::into)
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        match &request.r#ref {
+            Reference::Prompt(prompt) => prompts::complete(&prompt.name),
+            _ => resources::complete(&self.engine, self.scope(), &request).await,
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Ok(prompts::list())
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        prompts::get(&request.name, request.arguments.as_ref()).map(GetPromptResponse::Complete)
     }
 
     /// A client of a server with several keeps its sessions through an MCP session, so it must
@@ -576,36 +734,6 @@ fn structured<T: Serialize>(text: String, value: &T) -> CallToolResult {
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = serde_json::to_value(value).ok();
     result
-}
-
-/// Run options for one request: cancellation follows the client's `notifications/cancelled`, and
-/// progress goes to the client when it sent a progress token.
-fn options_for(
-    context: &RequestContext<RoleServer>,
-    image: Option<String>,
-    dependencies: Option<Vec<String>>,
-) -> RunOptions {
-    let progress: Option<ProgressSink> = context.meta.get_progress_token().map(|token| {
-        let peer = context.peer.clone();
-        let step = Arc::new(AtomicU32::new(0));
-        let sink: ProgressSink = Arc::new(move |message: &str| {
-            let n = step.fetch_add(1, Ordering::Relaxed) + 1;
-            let param = ProgressNotificationParam::new(token.clone(), f64::from(n))
-                .with_message(message.to_string());
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                let _ = peer.notify_progress(param).await;
-            });
-        });
-        sink
-    });
-    RunOptions {
-        timeout: None,
-        image,
-        cancel: Some(context.ct.clone()),
-        progress,
-        dependencies: dependencies.unwrap_or_default(),
-    }
 }
 
 fn limits_line(config: &Config) -> String {
@@ -750,6 +878,12 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
         if let Some(route) = router.map.get_mut(name) {
             route.attr.description = Some(description.into());
             route.attr.output_schema = schema;
+        }
+    }
+    for route in router.map.values_mut() {
+        schema::standardize(Arc::make_mut(&mut route.attr.input_schema));
+        if let Some(output) = route.attr.output_schema.as_mut() {
+            schema::standardize(Arc::make_mut(output));
         }
     }
 }

@@ -2,7 +2,7 @@
 //! as `structuredContent` matching the tool's declared `outputSchema`.
 
 use base64::Engine as _;
-use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
+use rmcp::model::{CallToolResult, ContentBlock, Resource, ResourceContents};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -69,6 +69,10 @@ pub struct FileOutput {
     pub note: Option<String>,
     /// A matplotlib figure (shown or left open), not a workspace file.
     pub figure: bool,
+    /// A `sandbox://` resource to read the file with `resources/read` while the session lives,
+    /// given (as a `resource_link`) instead of the file's content when it is large or over the
+    /// result's limits.
+    pub resource_uri: Option<String>,
 }
 
 impl FileOutput {
@@ -81,7 +85,36 @@ impl FileOutput {
             saved_to: a.saved_to.as_ref().map(|p| p.display().to_string()),
             note: a.note.clone(),
             figure: a.figure,
+            resource_uri: None,
         }
+    }
+}
+
+/// Files in a session larger than this come back as a link to read them, not inline, except
+/// images, which a client shows (a model reads text and blobs, and a large one fills its context).
+pub const LINK_ABOVE_BYTES: u64 = 256 << 10;
+
+/// How one file of an execution comes back.
+enum Delivery {
+    Inline,
+    Link(String),
+    Listed,
+}
+
+/// Inline when its content is returned and it is not a large non-image of a session; a link when
+/// it is a regular workspace file of a live session that `resources/read` can return; otherwise
+/// only listed.
+fn delivery(a: &Artifact, session: Option<&str>, readable_max: u64) -> Delivery {
+    let large = a.size > LINK_ABOVE_BYTES && !is_displayable_image(&a.mime_type);
+    let regular_file = !a.figure && !a.mime_type.is_empty();
+    match session {
+        Some(session)
+            if regular_file && a.size <= readable_max && (a.content.is_none() || large) =>
+        {
+            Delivery::Link(super::resources::uri(session, &a.path))
+        }
+        _ if a.content.is_some() => Delivery::Inline,
+        _ => Delivery::Listed,
     }
 }
 
@@ -120,14 +153,16 @@ pub fn file_uri(path: &str) -> String {
     uri
 }
 
-fn files_summary(files: &[Artifact]) -> String {
+fn files_summary(files: &[Artifact], deliveries: &[Delivery]) -> String {
     let mut text = String::new();
-    for a in files {
+    for (a, delivery) in files.iter().zip(deliveries) {
         let what = if a.figure { "figure" } else { "file" };
         let size = bytes(a.size);
         let mut line = format!("- {what} {} ({size}, {})", a.path, a.mime_type);
-        if a.content.is_some() {
-            line.push_str(", attached");
+        match delivery {
+            Delivery::Inline => line.push_str(", attached"),
+            Delivery::Link(uri) => line.push_str(&format!(", read it as resource {uri}")),
+            Delivery::Listed => {}
         }
         if let Some(saved) = &a.saved_to {
             line.push_str(&format!(", saved to {}", saved.display()));
@@ -148,14 +183,22 @@ pub struct ErrorOutput {
     pub message: String,
 }
 
+/// An execution as a tool result. `container_id` names the session it ran in; its files that
+/// `resources/read` can return (up to `readable_max`) may come back as links instead of content.
 pub fn execution(
     execution: &Execution,
     limits: &Limits,
     container_id: Option<&str>,
+    readable_max: u64,
 ) -> CallToolResult {
     let stdout = String::from_utf8_lossy(&execution.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&execution.stderr).into_owned();
-    let text = summary(execution, limits, &stdout, &stderr);
+    let deliveries: Vec<Delivery> = execution
+        .files
+        .iter()
+        .map(|a| delivery(a, container_id, readable_max))
+        .collect();
+    let text = summary(execution, limits, &stdout, &stderr, &deliveries);
     let output = ExecutionOutput {
         stdout,
         stderr,
@@ -173,14 +216,36 @@ pub fn execution(
             message: e.message.clone(),
         }),
         container_id: container_id.map(str::to_string),
-        files: execution.files.iter().map(FileOutput::of).collect(),
+        files: execution
+            .files
+            .iter()
+            .zip(&deliveries)
+            .map(|(a, delivery)| {
+                let mut file = FileOutput::of(a);
+                if let Delivery::Link(uri) = delivery {
+                    file.returned = false;
+                    file.resource_uri = Some(uri.clone());
+                }
+                file
+            })
+            .collect(),
         dependencies: execution.dependencies.as_ref().map(|d| DependenciesOutput {
             requirements: d.requirements.clone(),
             installed: d.installed,
         }),
     };
     let mut content = vec![ContentBlock::text(text)];
-    content.extend(execution.files.iter().filter_map(file_block));
+    for (a, delivery) in execution.files.iter().zip(&deliveries) {
+        match delivery {
+            Delivery::Inline => content.extend(file_block(a)),
+            Delivery::Link(uri) => content.push(ContentBlock::resource_link(
+                Resource::new(uri.clone(), a.path.clone())
+                    .with_mime_type(a.mime_type.clone())
+                    .with_size(a.size),
+            )),
+            Delivery::Listed => {}
+        }
+    }
     let mut result = if execution.succeeded() {
         CallToolResult::success(content)
     } else {
@@ -190,7 +255,13 @@ pub fn execution(
     result
 }
 
-fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -> String {
+fn summary(
+    execution: &Execution,
+    limits: &Limits,
+    stdout: &str,
+    stderr: &str,
+    deliveries: &[Delivery],
+) -> String {
     let mut text = String::new();
     let status = if execution.timed_out {
         format!("timed out after {}", human(limits.timeout))
@@ -249,7 +320,7 @@ fn summary(execution: &Execution, limits: &Limits, stdout: &str, stderr: &str) -
     }
     if !execution.files.is_empty() {
         text.push_str("--- files ---\n");
-        text.push_str(&files_summary(&execution.files));
+        text.push_str(&files_summary(&execution.files, deliveries));
     }
     if execution.workspace_lost {
         text.push_str("[the sandbox was restarted: variables from earlier calls and files in /workspace are gone]\n");
@@ -307,7 +378,7 @@ mod tests {
     #[test]
     fn success_has_text_and_structured_content() {
         let limits = crate::config::Config::default().limits;
-        let result = execution(&sample(), &limits, None);
+        let result = execution(&sample(), &limits, None, 5 << 20);
         assert_eq!(result.is_error, Some(false));
         let text = result.content[0]
             .as_text()
@@ -330,7 +401,7 @@ mod tests {
         e.exit_code = 130;
         e.timed_out = true;
         e.truncated_bytes = 5;
-        let result = execution(&e, &limits, Some("abc"));
+        let result = execution(&e, &limits, Some("abc"), 5 << 20);
         assert_eq!(result.is_error, Some(true));
         let text = result.content[0]
             .as_text()
@@ -339,6 +410,78 @@ mod tests {
         assert!(text.starts_with("timed out after 1m"), "{text}");
         assert!(text.contains("5 more bytes were discarded"));
         assert_eq!(result.structured_content.unwrap()["container_id"], "abc");
+    }
+
+    fn file(path: &str, size: u64, mime: &str, returned: bool) -> Artifact {
+        Artifact {
+            path: path.to_string(),
+            size,
+            mime_type: mime.to_string(),
+            content: returned.then(|| vec![b'x'; size as usize]),
+            saved_to: None,
+            note: None,
+            figure: false,
+        }
+    }
+
+    #[test]
+    fn session_files_that_are_large_or_held_back_come_back_as_links() {
+        let limits = crate::config::Config::default().limits;
+        let mut e = sample();
+        let big = LINK_ABOVE_BYTES + 1;
+        e.files = vec![
+            file("small.txt", 10, "text/plain", true),
+            file("big.csv", big, "text/csv", true),
+            file("big.png", big, "image/png", true),
+            file("held back.txt", 10, "text/plain", false),
+            file("too big.bin", 6 << 20, "application/octet-stream", false),
+            file("link", 0, "", false),
+            Artifact {
+                figure: true,
+                ..file("figures/figure-1.png", 10, "image/png", true)
+            },
+        ];
+        let kinds = |result: &CallToolResult| -> Vec<&'static str> {
+            result.content[1..]
+                .iter()
+                .map(|block| match block {
+                    ContentBlock::Image(_) => "image",
+                    ContentBlock::Resource(_) => "resource",
+                    ContentBlock::ResourceLink(_) => "link",
+                    _ => "other",
+                })
+                .collect()
+        };
+        let in_session = execution(&e, &limits, Some("abc123"), 5 << 20);
+        assert_eq!(
+            kinds(&in_session),
+            ["resource", "link", "image", "link", "image"]
+        );
+        let files = &in_session.structured_content.unwrap()["files"];
+        assert_eq!(files[1]["resource_uri"], "sandbox://abc123/big.csv");
+        assert_eq!(files[1]["returned"], false);
+        assert_eq!(files[3]["resource_uri"], "sandbox://abc123/held%20back.txt");
+        assert!(
+            files[4]["resource_uri"].is_null(),
+            "over what resources/read returns"
+        );
+        assert!(
+            files[6]["resource_uri"].is_null(),
+            "figures are not in the workspace"
+        );
+        let text = in_session.content[0].as_text().unwrap().text.clone();
+        assert!(
+            text.contains(
+                "big.csv (256.0 KiB, text/csv), read it as resource sandbox://abc123/big.csv"
+            ),
+            "{text}"
+        );
+        // Without a session nothing can be read later: content inline, nothing linked.
+        let ephemeral = execution(&e, &limits, None, 5 << 20);
+        assert_eq!(
+            kinds(&ephemeral),
+            ["resource", "resource", "image", "image"]
+        );
     }
 
     #[test]

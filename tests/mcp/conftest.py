@@ -26,9 +26,10 @@ def server_params(**env):
 
 
 @contextlib.asynccontextmanager
-async def connect(**env):
-    """A client connected to a fresh server process with extra environment variables."""
-    async with Client(server_params(**env), read_timeout_seconds=180) as client:
+async def connect(_client=None, **env):
+    """A client connected to a fresh server process with extra environment variables; `_client`
+    holds extra arguments of the client (callbacks, the revision to negotiate)."""
+    async with Client(server_params(**env), read_timeout_seconds=180, **(_client or {})) as client:
         yield client
 
 

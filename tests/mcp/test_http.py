@@ -14,7 +14,7 @@ import time
 import anyio
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -259,6 +259,89 @@ async def test_origins_and_hosts_are_checked():
         async with mcp_client(server.url) as client:
             result = await client.call_tool("run_python_ephemeral", {"code": "print('no origin')"})
             assert result.structured_content["stdout"] == "no origin\n"
+
+
+async def test_the_servers_own_origin_is_allowed_by_default_and_no_other():
+    """A page the server itself serves (same host and port) is no rebinding attack."""
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        port = server.url.split(":")[2].split("/")[0]
+        for own in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+            assert post(server.url, Origin=own, Host=f"127.0.0.1:{port}").status_code == 200, own
+        other_port = "1" if port != "1" else "2"
+        for other in (f"http://127.0.0.1:{other_port}", "http://localhost", f"http://evil.example:{port}"):
+            assert post(server.url, Origin=other, Host=f"127.0.0.1:{port}").status_code == 403, other
+
+
+async def test_unreadable_bodies_get_json_rpc_errors_with_400():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        for body, code in (("{not json", -32700), ('{"jsonrpc": "2.0", "id": 1', -32700),
+                           ('{"hello": "world"}', -32600), ("[1, 2]", -32600)):
+            response = post(server.url, body)
+            assert response.status_code == 400, (body, response.status_code, response.text)
+            assert response.headers["content-type"].startswith("application/json")
+            answer = response.json()
+            assert answer["jsonrpc"] == "2.0" and answer["id"] is None, answer
+            assert answer["error"]["code"] == code, (body, answer)
+        # The server still serves.
+        assert post(server.url).status_code == 200
+
+
+def sse_events(text):
+    """The events of an SSE body, each as a dict of its fields (data lines joined)."""
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            fields[name] = fields[name] + "\n" + value if name in fields and name == "data" else value
+        if fields:
+            events.append(fields)
+    return events
+
+
+@pytest.mark.parametrize("revision", ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"])
+async def test_sse_priming_events_only_for_2025_11_25(revision):
+    """An event with an empty `data` (SEP-1699) breaks clients of earlier revisions."""
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        hello = dict(INITIALIZE, params=dict(INITIALIZE["params"], protocolVersion=revision))
+        response = post(server.url, hello)
+        assert response.status_code == 200, response.text
+        events = sse_events(response.text)
+        assert [json.loads(e["data"])["result"]["protocolVersion"] for e in events if e.get("data")] == [revision]
+        priming = [e for e in events if e.get("data", "") == ""]
+        headers = {"mcp-session-id": response.headers["mcp-session-id"]}
+        if revision >= "2025-06-18":
+            headers["mcp-protocol-version"] = revision
+        post(server.url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, **headers)
+        listed = post(server.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, **headers)
+        later = sse_events(listed.text)
+        assert len([e for e in later if e.get("data")]) == 1
+        priming += [e for e in later if e.get("data", "") == ""]
+        if revision >= "2025-11-25":
+            assert priming and all("id" in e for e in priming), events + later
+        else:
+            assert priming == [], f"{revision} got priming events: {events + later}"
+
+
+async def test_workspace_resources_are_scoped_to_their_mcp_session():
+    template = "sandbox://{session}/{path}"
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        async with mcp_client(server.url) as alice, mcp_client(server.url) as bob:
+            a = (await alice.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            await alice.call_tool("sandbox_write_file", {"container_id": a, "path": "secret.txt", "content": "alice's"})
+            uri = f"sandbox://{a}/secret.txt"
+            assert [r.uri for r in (await alice.list_resources()).resources] == [uri]
+            assert (await alice.read_resource(uri)).contents[0].text == "alice's"
+            assert (await bob.list_resources()).resources == []
+            with pytest.raises(MCPError) as refused:
+                await bob.read_resource(uri)
+            assert "alice's" not in str(refused.value.error)
+            ref = types.ResourceTemplateReference(type="ref/resource", uri=template)
+            assert (await bob.complete(ref, {"name": "session", "value": ""})).completion.values == []
+            assert (await alice.complete(ref, {"name": "session", "value": ""})).completion.values == [a]
 
 
 async def test_an_oversized_body_is_413():
