@@ -2,8 +2,9 @@
 //!
 //! Every sandbox carries labels naming its server instance, host, boot and process. Several servers
 //! may share one engine (Claude Desktop and an editor each start one), so a server removes only
-//! sandboxes whose owner is provably dead: same host, and either another boot or no live process
-//! with that pid and start time. Sandboxes of other hosts are never touched.
+//! sandboxes whose owner is provably dead: same machine (host name and machine id: machines that
+//! share a remote engine may share a host name), and either another boot or no live process with
+//! that pid and start time. Sandboxes of other machines are never touched.
 //!
 //! A pid means something only in its pid namespace: a server in a container (with the host's
 //! Docker socket) is pid 1 of its own. So the namespace is a label too, and a pid is checked only
@@ -15,6 +16,9 @@ use std::collections::BTreeMap;
 pub const LABEL_MANAGED: &str = "io.python-code-sandbox.managed";
 pub const LABEL_INSTANCE: &str = "io.python-code-sandbox.instance";
 pub const LABEL_HOST: &str = "io.python-code-sandbox.host";
+/// The machine's id (`/etc/machine-id`): host names repeat across machines that share a remote
+/// engine; machine ids do not.
+pub const LABEL_MACHINE: &str = "io.python-code-sandbox.machine";
 pub const LABEL_BOOT: &str = "io.python-code-sandbox.boot";
 pub const LABEL_PID: &str = "io.python-code-sandbox.pid";
 pub const LABEL_PID_START: &str = "io.python-code-sandbox.pid-start";
@@ -43,6 +47,8 @@ pub type ServerContainers = std::collections::HashMap<String, Option<String>>;
 pub struct Owner {
     pub instance: String,
     pub host: String,
+    /// The machine's id, or the host name where the machine has none.
+    pub machine: String,
     pub boot: String,
     pub pid: u32,
     /// The process's start time in clock ticks since boot: tells a reused pid apart.
@@ -61,6 +67,17 @@ impl Owner {
         Owner {
             instance: uuid::Uuid::new_v4().simple().to_string(),
             host: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
+            machine: ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+                .into_iter()
+                .find_map(read_trimmed)
+                .filter(|id| !id.is_empty())
+                .map(|id| format!("machine-id:{id}"))
+                .unwrap_or_else(|| {
+                    format!(
+                        "host:{}",
+                        read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default()
+                    )
+                }),
             boot: read_trimmed("/proc/sys/kernel/random/boot_id")
                 .unwrap_or_else(|| "unknown".into()),
             pid,
@@ -75,6 +92,7 @@ impl Owner {
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_INSTANCE.to_string(), self.instance.clone()),
             (LABEL_HOST.to_string(), self.host.clone()),
+            (LABEL_MACHINE.to_string(), self.machine.clone()),
             (LABEL_BOOT.to_string(), self.boot.clone()),
             (LABEL_PID.to_string(), self.pid.to_string()),
             (LABEL_PID_START.to_string(), self.pid_start.to_string()),
@@ -131,6 +149,11 @@ impl Owner {
         }
         if get(LABEL_HOST) != Some(self.host.as_str()) {
             return false; // another host's server: we cannot know, so we leave it
+        }
+        // Same host name, but maybe another machine sharing this engine: its boot and pids mean
+        // nothing here. (A sandbox without the label comes from an older server.)
+        if get(LABEL_MACHINE).is_some_and(|machine| machine != self.machine) {
+            return false;
         }
         if get(LABEL_BOOT) != Some(self.boot.as_str()) {
             return true; // made before this boot: its server is gone
@@ -201,6 +224,7 @@ mod tests {
         Owner {
             instance: "me".into(),
             host: "h".into(),
+            machine: "machine-id:m".into(),
             boot: "b".into(),
             pid: 10,
             pid_start: 100,
@@ -227,6 +251,33 @@ mod tests {
         l.insert(LABEL_PID.into(), pid.into());
         l.insert(LABEL_PID_START.into(), start.into());
         l
+    }
+
+    #[test]
+    fn another_machine_with_the_same_host_name_is_never_judged() {
+        let me = owner();
+        let dead = |_: u32, _: u64| false;
+        let mut theirs = labels_of("x", "h", "another-boot", "1", "1");
+        theirs.insert(LABEL_MACHINE.into(), "machine-id:other".into());
+        assert!(
+            !me.is_leftover_with(&theirs, &NONE, dead),
+            "another boot of another machine"
+        );
+        theirs.insert(LABEL_BOOT.into(), "b".into());
+        assert!(
+            !me.is_leftover_with(&theirs, &NONE, dead),
+            "a dead pid of another machine"
+        );
+        theirs.insert(LABEL_MACHINE.into(), "machine-id:m".into());
+        assert!(
+            me.is_leftover_with(&theirs, &NONE, dead),
+            "this machine's dead server"
+        );
+        theirs.remove(LABEL_MACHINE);
+        assert!(
+            me.is_leftover_with(&theirs, &NONE, dead),
+            "an older server's label set"
+        );
     }
 
     #[test]
