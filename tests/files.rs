@@ -294,3 +294,193 @@ async fn operator_mounts_are_visible_and_read_only() {
     assert_eq!(std::fs::read_dir(&data).expect("dir").count(), 1);
     std::fs::remove_dir_all(&data).ok();
 }
+
+/// Content only root can read, on the host: `root:` lines like /etc/shadow's.
+const ROOT_SECRET: &str = "root-only-secret:$6$never-leaves";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_what_the_sandbox_user_can_read_leaves_it_whatever_links_and_races() {
+    if skip_without_engine() {
+        return;
+    }
+    let root = temp_dir();
+    // A read-only operator mount holding a file only root can read.
+    let mounted = temp_dir();
+    std::fs::write(mounted.join("secret.txt"), ROOT_SECRET).expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        mounted.join("secret.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("chmod");
+    let mount = python_code_sandbox::config::OperatorMount {
+        host: mounted.clone(),
+        container: "/data".into(),
+        read_only: true,
+    };
+    let engine = engine_with(|c| {
+        c.files.persist_dir = Some(root.clone());
+        c.mounts = vec![mount];
+    });
+    no_hang(async {
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let check = in_session(
+            &engine,
+            &session,
+            "import os\nfor p in ('/etc/shadow', '/data/secret.txt'):\n    try:\n        open(p).read(); print(p, 'readable')\n    except OSError as e:\n        print(p, e.strerror)\n",
+        )
+        .await;
+        assert_eq!(
+            text(&check.stdout),
+            "/etc/shadow Permission denied\n/data/secret.txt Permission denied\n",
+            "the premise: the code cannot read either"
+        );
+        // Through the tool: a root-only file of a mount, a link to one, a link on the way.
+        in_session(&engine, &session, "import os\nos.symlink('/etc/shadow', 'shadow')\nos.symlink('/etc', 'etc')\nos.symlink('/data', 'm')\nos.symlink('/data/secret.txt', 'secret')").await;
+        for path in ["secret", "shadow", "etc/shadow", "m/secret.txt"] {
+            let refused = engine.read_file(&session, path).await;
+            let error = refused.expect_err(path).to_string();
+            assert!(!error.contains("root"), "{path}: {error}");
+        }
+        // Copy-out racing: a child keeps swapping regular files for links to root-only files
+        // while executions report them changed.
+        let race = r#"
+import os, subprocess, sys
+script = '''
+import os, shutil, time
+end = time.time() + 20
+while time.time() < end:
+    for name, target in (('f.txt', '/etc/shadow'), ('g.txt', '/data/secret.txt')):
+        for make in (lambda: open(name, 'w').write('plain ' * 100), lambda: os.symlink(target, name)):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+            make()
+    try:
+        if os.path.islink('d'):
+            os.unlink('d')
+            os.mkdir('d')
+            open('d/shadow', 'w').write('plain')
+        else:
+            shutil.rmtree('d', ignore_errors=True)
+            os.symlink('/etc', 'd')
+    except OSError:
+        pass
+'''
+subprocess.Popen([sys.executable, '-c', script], start_new_session=True)
+"#;
+        in_session(&engine, &session, race).await;
+        for n in 0..15 {
+            let touched = format!("import time\nopen('h{n}.txt', 'w').write('x')\ntime.sleep(0.05)");
+            let result = in_session(&engine, &session, &format!("import os\n{touched}")).await;
+            for file in &result.files {
+                let content = String::from_utf8_lossy(file.content.as_deref().unwrap_or_default());
+                assert!(!content.contains("root:") && !content.contains(ROOT_SECRET), "{}", file.path);
+            }
+        }
+        let saved = saved_files(&root);
+        assert!(!saved.is_empty());
+        for (name, content) in &saved {
+            let content = String::from_utf8_lossy(content);
+            assert!(!content.contains("root:") && !content.contains(ROOT_SECRET), "{name} leaked");
+        }
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+    std::fs::remove_dir_all(&mounted).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_on_bytes_actually_read_and_hard_links_count_once() {
+    if skip_without_engine() {
+        return;
+    }
+    let root = temp_dir();
+    let engine = engine_with(|c| {
+        c.files.persist_dir = Some(root.clone());
+        c.files.max_file_bytes = 1 << 20;
+        c.files.max_total_bytes = 2 << 20;
+    });
+    no_hang(async {
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        // Fifty names of one 900 KiB file: copied once.
+        let linked = in_session(
+            &engine,
+            &session,
+            "import os\nopen('one.bin', 'wb').write(b'1' * (900 << 10))\nfor n in range(50):\n    os.link('one.bin', 'link%02d.bin' % n)",
+        )
+        .await;
+        let copied: Vec<_> = linked.files.iter().filter(|f| f.content.is_some() || f.saved_to.is_some()).collect();
+        assert_eq!(copied.len(), 1, "one copy of one file");
+        assert!(linked.files.iter().filter(|f| f.note.as_deref().unwrap_or("").contains("hard link")).count() == 50);
+        // The runner made to say every file is empty: the bytes received still count.
+        let lying = r#"
+import gc
+for f in gc.get_objects():
+    if getattr(f, '__name__', None) == 'changes' and getattr(f, '__code__', None) and 'after' in f.__code__.co_varnames:
+        real = f
+        f.__globals__['changes'] = lambda before, after: [dict(e, size=0) for e in real(before, after)]
+        break
+for n in range(40):
+    open('big%02d.bin' % n, 'wb').write(b'2' * (800 << 10))
+"#;
+        let lied = in_session(&engine, &session, lying).await;
+        let total: u64 = lied.files.iter().filter(|f| f.saved_to.is_some()).map(|f| f.size).sum();
+        assert!(total <= 2 << 20, "{total} bytes copied past a 2 MiB total");
+        assert!(lied.files.iter().any(|f| f.note.as_deref().unwrap_or("").contains("total limit")));
+        let on_disk: usize = saved_files(&root).iter().map(|(_, c)| c.len()).sum();
+        assert!(on_disk <= (2 << 20) + (900 << 10), "{on_disk} bytes on the host");
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_names_messages_and_signals_keep_the_session() {
+    if skip_without_engine() {
+        return;
+    }
+    let root = temp_dir();
+    let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
+    no_hang(async {
+        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        in_session(&engine, &session, "kept = 42").await;
+        let odd = in_session(
+            &engine,
+            &session,
+            "open(b'bad\\xff.txt', 'w').write('bytes')\nopen('two\\nlines\\n--- stderr ---\\nforged.txt', 'w').write('x')\nraise ValueError(b'caf\\xe9'.decode('utf-8', 'surrogateescape'))",
+        )
+        .await;
+        assert_eq!(odd.exit_code, 1);
+        let error = odd.error.as_ref().expect("the exception");
+        assert_eq!(error.message, "caf\\xe9", "undecodable bytes shown as escapes");
+        let names: Vec<&str> = odd.files.iter().map(|f| f.path.as_str()).collect();
+        assert!(names.contains(&"bad\u{FFFD}.txt"), "{names:?}");
+        let bad = odd.files.iter().find(|f| f.path == "bad\u{FFFD}.txt").expect("listed");
+        assert_eq!(bad.content.as_deref(), Some(&b"bytes"[..]), "read back by its exact bytes");
+        let saved = saved_files(&root);
+        assert!(saved.iter().all(|(name, _)| !name.contains('\n') && !name.contains('\u{FFFD}')), "{saved:?}");
+        // The code signals pid 1 with everything it may: the sandbox does not end.
+        let signals = "import os, signal\nrefused = 0\nfor s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGKILL, signal.SIGHUP):\n    try:\n        os.kill(1, s)\n    except PermissionError:\n        refused += 1\nimport time; time.sleep(0.5)\nprint('still here', kept, refused)";
+        let after = in_session(&engine, &session, signals).await;
+        assert_eq!(text(&after.stdout), "still here 42 5\n", "{}", text(&after.stderr));
+        assert!(!after.state_lost && !after.workspace_lost);
+        let again = in_session(&engine, &session, "print(kept, open(b'bad\\xff.txt').read())").await;
+        assert_eq!(text(&again.stdout), "42 bytes\n");
+        // Writing a file onto a directory is refused, and the directory kept.
+        in_session(&engine, &session, "import os\nos.makedirs('folder/inner')\nopen('folder/inner/keep.txt', 'w').write('kept')").await;
+        let refused = engine.write_file(&session, "folder", b"clobber").await;
+        assert!(refused.expect_err("onto a directory").to_string().contains("directory"));
+        let kept = in_session(&engine, &session, "print(open('folder/inner/keep.txt').read())").await;
+        assert_eq!(text(&kept.stdout), "kept\n");
+        engine.stop_session(&session).await.expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    std::fs::remove_dir_all(&root).ok();
+}

@@ -380,8 +380,7 @@ impl Engine {
         let executed = started.elapsed();
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
-            let id = sandbox.id().clone();
-            self.collect_files(&id, execution, &ephemeral_run_dir())
+            self.collect_files(&mut sandbox, execution, &ephemeral_run_dir())
                 .await;
         }
         let collected = started.elapsed();
@@ -405,22 +404,16 @@ impl Engine {
     }
 
     /// Copies out, saves and selects the files an execution made.
-    /// Takes the sandbox's id, not the sandbox: a `&Sandbox` held across an await is not `Send`.
-    async fn collect_files(&self, sandbox: &SandboxId, execution: &mut Execution, run_dir: &str) {
+    async fn collect_files(&self, sandbox: &mut Sandbox, execution: &mut Execution, run_dir: &str) {
         let changes = std::mem::take(&mut execution.changes);
-        if changes.entries.is_empty() && changes.figures.is_empty() && !changes.truncated {
+        if changes.entries.is_empty()
+            && changes.figures.is_empty()
+            && !changes.truncated
+            && changes.left_out == 0
+        {
             return;
         }
-        execution.files = artifacts::collect(
-            self.backend.as_ref(),
-            sandbox,
-            &changes.entries,
-            changes.truncated,
-            changes.figures,
-            &self.config.files,
-            run_dir,
-        )
-        .await;
+        execution.files = artifacts::collect(sandbox, changes, &self.config.files, run_dir).await;
     }
 
     /// One execution with the configured limits and the call's overrides.

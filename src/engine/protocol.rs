@@ -63,6 +63,22 @@ pub enum Request<'a> {
         add: &'a [String],
         remove: &'a [String],
     },
+    /// A piece of a workspace file, read as the sandbox's user without following links.
+    Read {
+        id: u64,
+        path: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        path_bytes: Option<String>,
+        offset: u64,
+        length: u64,
+    },
+    /// A piece of a file to write into the workspace as the sandbox's user (offset 0 creates it).
+    Write {
+        id: u64,
+        path: &'a str,
+        data: String,
+        offset: u64,
+    },
 }
 
 impl Request<'_> {
@@ -71,7 +87,9 @@ impl Request<'_> {
             Request::Exec { id, .. }
             | Request::Shell { id, .. }
             | Request::List { id, .. }
-            | Request::Paths { id, .. } => *id,
+            | Request::Paths { id, .. }
+            | Request::Read { id, .. }
+            | Request::Write { id, .. } => *id,
         }
     }
 
@@ -82,8 +100,7 @@ impl Request<'_> {
 }
 
 /// A message from the runner, as parsed; see [`RawResult::validate`] for the checked form.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[derive(Debug, Clone)]
 pub enum Reply {
     Ready {
         python: String,
@@ -96,6 +113,132 @@ pub enum Reply {
     },
     /// From the supervisor: the runner died, and a new one is starting.
     Exited(RunnerExit),
+    File(RawFileChunk),
+    Written {
+        id: u64,
+        size: u64,
+        error: Option<String>,
+    },
+}
+
+/// The `type` of a reply, read first on its own: the body is then parsed straight into the one
+/// struct it names. (serde's internally tagged enums buffer the whole message as generic values
+/// first, which costs many times the frame's size in memory; the sandbox chooses that size.)
+#[derive(Deserialize)]
+struct ReplyType<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct ReadyBody {
+    python: String,
+}
+
+#[derive(Deserialize)]
+struct PathsBody {
+    id: u64,
+    #[serde(deserialize_with = "at_most::<_, _, 1000>")]
+    missing: Vec<String>,
+}
+
+/// Entries of one directory listing, at most.
+pub const MAX_LISTED_ENTRIES: usize = 1000;
+
+/// A list of at most `N` items: parsing stops with an error at item `N + 1`, so a list the
+/// sandbox makes long costs no more memory than `N` items, whatever the frame holds.
+fn at_most<'de, D, T, const N: usize>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T, const N: usize>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>, const N: usize> serde::de::Visitor<'de> for Bounded<T, N> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {N} items")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                if items.len() == N {
+                    return Err(serde::de::Error::custom(format!("more than {N} items")));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    deserializer.deserialize_seq(Bounded::<T, N>(std::marker::PhantomData))
+}
+
+#[derive(Deserialize)]
+struct WrittenBody {
+    id: u64,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+impl Reply {
+    /// Parses one frame's body.
+    pub fn parse(body: &[u8]) -> Result<Reply, ProtocolError> {
+        fn body_as<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtocolError> {
+            serde_json::from_slice(body).map_err(|e| ProtocolError::Malformed(e.to_string()))
+        }
+        let kind: ReplyType = body_as(body)?;
+        Ok(match kind.kind.as_ref() {
+            "ready" => Reply::Ready {
+                python: body_as::<ReadyBody>(body)?.python,
+            },
+            "result" => Reply::Result(body_as(body)?),
+            "listing" => Reply::Listing(body_as(body)?),
+            "paths" => {
+                let paths: PathsBody = body_as(body)?;
+                Reply::Paths {
+                    id: paths.id,
+                    missing: paths.missing,
+                }
+            }
+            "exited" => Reply::Exited(body_as(body)?),
+            "file" => Reply::File(body_as(body)?),
+            "written" => {
+                let written: WrittenBody = body_as(body)?;
+                Reply::Written {
+                    id: written.id,
+                    size: written.size,
+                    error: written.error,
+                }
+            }
+            other => {
+                return Err(ProtocolError::Malformed(format!(
+                    "unknown message type {:?}",
+                    truncate_chars(other, 40)
+                )))
+            }
+        })
+    }
+}
+
+/// A piece of a workspace file, as the runner sent it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawFileChunk {
+    pub id: u64,
+    /// Base64.
+    #[serde(default)]
+    pub data: String,
+    /// The file's size when the piece was read (a hint: only the bytes received count).
+    #[serde(default)]
+    pub size: u64,
+    /// `device:inode`: tells hard links to one file apart, and a file replaced between pieces.
+    #[serde(default)]
+    pub inode: String,
+    /// Why the file could not be read (a link, a directory, permission denied, ...).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// How a runner died, as the sandbox's supervisor reported it.
@@ -134,7 +277,8 @@ impl Reply {
             Reply::Ready { .. } | Reply::Exited(_) => None,
             Reply::Result(r) => Some(r.id),
             Reply::Listing(l) => Some(l.id),
-            Reply::Paths { id, .. } => Some(*id),
+            Reply::Paths { id, .. } | Reply::Written { id, .. } => Some(*id),
+            Reply::File(f) => Some(f.id),
         }
     }
 }
@@ -143,7 +287,7 @@ impl Reply {
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawListing {
     pub id: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_LISTED_ENTRIES>")]
     pub entries: Vec<DirEntry>,
     #[serde(default)]
     pub truncated: bool,
@@ -163,15 +307,21 @@ pub struct DirEntry {
 /// A workspace entry an execution created or changed, as the runner reported it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct ChangedEntry {
-    /// Relative to `/workspace`, `/`-separated.
+    /// Relative to `/workspace`, `/`-separated; bytes that are not UTF-8 replaced by U+FFFD.
     pub path: String,
+    /// The path's exact bytes (base64) when they are not UTF-8: how to name the file back.
+    #[serde(default)]
+    pub path_bytes: Option<String>,
     /// `file`, `symlink` or `special`.
     pub kind: String,
     pub size: u64,
 }
 
-/// Most entries a result may name: the runner walks at most this many.
-pub const MAX_CHANGED_ENTRIES: usize = 10_000;
+/// Most entries a result may name, and the bytes of their paths: the runner counts the rest.
+pub const MAX_CHANGED_ENTRIES: usize = 1000;
+pub const MAX_CHANGED_PATH_BYTES: usize = 256 << 10;
+/// The workspace entries the runner tracks; beyond them changes are not seen at all.
+pub const MAX_TRACKED_ENTRIES: usize = 10_000;
 /// Figures an execution may return, and their total size.
 pub const MAX_FIGURES: usize = 8;
 pub const MAX_FIGURES_BYTES: usize = 16 << 20;
@@ -187,11 +337,14 @@ pub struct RawResult {
     pub duration_ms: f64,
     pub interrupted: bool,
     pub error: Option<RaisedException>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_CHANGED_ENTRIES>")]
     pub files: Vec<ChangedEntry>,
+    /// Changed entries the runner did not name (over its count or path-bytes bound).
+    #[serde(default)]
+    pub files_left_out: u64,
     #[serde(default)]
     pub files_truncated: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_FIGURES>")]
     pub figures: Vec<String>,
 }
 
@@ -216,6 +369,8 @@ pub struct RunnerResult {
     pub error: Option<RaisedException>,
     /// Workspace entries the execution created or changed (paths checked, not yet copied).
     pub changed: Vec<ChangedEntry>,
+    /// Changed entries not named in `changed` (over the listing's bounds).
+    pub changed_left_out: u64,
     /// More entries changed than the runner tracks.
     pub changed_truncated: bool,
     /// PNG images of the matplotlib figures the code showed or left open.
@@ -278,15 +433,21 @@ impl RawResult {
             kind: truncate_chars(&e.kind, 200),
             message: truncate_chars(&e.message, 1000),
         });
-        if self.files.len() > MAX_CHANGED_ENTRIES {
+        let path_bytes: usize = self.files.iter().map(|f| f.path.len()).sum();
+        if self.files.len() > MAX_CHANGED_ENTRIES || path_bytes > MAX_CHANGED_PATH_BYTES * 3 {
             return Err(ProtocolError::Malformed(format!(
-                "{} changed files reported",
+                "{} changed files reported ({path_bytes} bytes of paths)",
                 self.files.len()
             )));
         }
         let mut changed = Vec::with_capacity(self.files.len());
         for entry in self.files {
-            if !is_safe_relative_path(&entry.path) {
+            let raw_ok = entry.path_bytes.as_deref().is_none_or(|raw| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(raw)
+                    .is_ok_and(|bytes| is_safe_relative_path_bytes(&bytes))
+            });
+            if !is_safe_relative_path(&entry.path) || !raw_ok {
                 return Err(ProtocolError::Malformed(format!(
                     "unsafe path {:?}",
                     truncate_chars(&entry.path, 100)
@@ -321,6 +482,7 @@ impl RawResult {
             interrupted: self.interrupted,
             error,
             changed,
+            changed_left_out: self.files_left_out,
             changed_truncated: self.files_truncated,
             figures,
         })
@@ -343,6 +505,17 @@ pub fn is_safe_relative_path(path: &str) -> bool {
             .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
+/// [`is_safe_relative_path`] for a path's raw bytes.
+pub fn is_safe_relative_path_bytes(path: &[u8]) -> bool {
+    !path.is_empty()
+        && path.len() <= 4096
+        && path[0] != b'/'
+        && !path.contains(&0)
+        && path
+            .split(|b| *b == b'/')
+            .all(|c| !c.is_empty() && c != b"." && c != b"..")
+}
+
 /// Splits the runner's stdout byte stream into frames, never buffering more than one frame of at
 /// most `max_frame` bytes.
 #[derive(Debug)]
@@ -363,8 +536,9 @@ impl FrameDecoder {
     /// JSON around it.
     pub fn limit_for_output(max_output: u64) -> usize {
         let output = usize::try_from(max_output).unwrap_or(usize::MAX / 2);
-        // Output and figures travel base64-encoded; the list of changed files is bounded too.
-        let changed_list = MAX_CHANGED_ENTRIES * 4200;
+        // Output and figures travel base64-encoded; the list of changed files is bounded too
+        // (paths, their raw bytes in base64, and the JSON around each entry).
+        let changed_list = MAX_CHANGED_PATH_BYTES * 3 + MAX_CHANGED_ENTRIES * 128;
         output.saturating_add(MAX_FIGURES_BYTES).saturating_mul(4) / 3 + changed_list + 64 * 1024
     }
 
@@ -412,9 +586,9 @@ impl FrameDecoder {
         if self.buffer.len() < 4 + size {
             return Ok(None);
         }
-        let body: Vec<u8> = self.buffer.drain(..4 + size).skip(4).collect();
-        let reply =
-            serde_json::from_slice(&body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+        let reply = Reply::parse(&self.buffer[4..4 + size]);
+        self.buffer.drain(..4 + size);
+        let reply = reply?;
         self.check_header()?;
         Ok(Some(reply))
     }
@@ -452,6 +626,45 @@ mod tests {
         let result = raw.validate(7, 1024).unwrap();
         assert_eq!(result.stdout, b"hi\n");
         assert!(decoder.next_reply().unwrap().is_none());
+    }
+
+    #[test]
+    fn long_lists_stop_parsing_at_their_bound() {
+        let entry = r#"{"path":"a","kind":"file","size":0}"#;
+        let many = vec![entry; MAX_CHANGED_ENTRIES + 1].join(",");
+        let body = format!(
+            r#"{{"type":"result","id":1,"exit_code":0,"stdout":"","stderr":"","stdout_dropped":0,"stderr_dropped":0,"duration_ms":1,"interrupted":false,"error":null,"files":[{many}]}}"#
+        );
+        let error = Reply::parse(body.as_bytes()).unwrap_err();
+        assert!(
+            error.to_string().contains("more than 1000 items"),
+            "{error}"
+        );
+        let fits = vec![entry; MAX_CHANGED_ENTRIES].join(",");
+        let body = body.replace(&many, &fits);
+        assert!(
+            matches!(Reply::parse(body.as_bytes()), Ok(Reply::Result(r)) if r.files.len() == 1000)
+        );
+    }
+
+    #[test]
+    fn replies_parse_by_their_type_and_unknown_types_are_errors() {
+        let ready = Reply::parse(br#"{"type":"ready","python":"3.11.2","pid":7}"#).unwrap();
+        assert!(matches!(ready, Reply::Ready { python } if python == "3.11.2"));
+        let file = Reply::parse(br#"{"type":"file","id":3,"data":"aGk=","size":2,"inode":"1:2"}"#);
+        assert!(matches!(file, Ok(Reply::File(f)) if f.id == 3 && f.data == "aGk="));
+        let written = Reply::parse(br#"{"type":"written","id":4,"error":"a directory"}"#);
+        assert!(matches!(
+            written,
+            Ok(Reply::Written {
+                id: 4,
+                error: Some(_),
+                ..
+            })
+        ));
+        assert!(Reply::parse(br#"{"type":"surprise","id":1}"#).is_err());
+        assert!(Reply::parse(br#"{"id":1}"#).is_err());
+        assert!(Reply::parse(b"[1,2]").is_err());
     }
 
     #[test]

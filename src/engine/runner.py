@@ -19,9 +19,17 @@
 #            {"op": "shell", "id": N, "command": str, "max_output": bytes}
 #            {"op": "list", "id": N, "path": str}          (a directory of the workspace)
 #            {"op": "paths", "id": N, "add": [dir], "remove": [dir]}   (installed dependencies)
+#            {"op": "read", "id": N, "path": str, "path_bytes"?: b64, "offset": n, "length": n}
+#            {"op": "write", "id": N, "path": str, "data": b64, "offset": n}  (offset 0 creates)
 # Replies:   {"type": "ready", ...} once per runner, then per request one {"type": "result", "id":
 #            N, ...} (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths",
-#            "id": N, "missing": [dir]} (paths: directories that do not exist are not added).
+#            "id": N, "missing": [dir]} (paths: directories that do not exist are not added),
+#            {"type": "file", "id": N, "data": b64, "size": n, "inode": "dev:ino"} or with "error"
+#            (read), {"type": "written", "id": N, "size": n} or with "error" (write).
+#
+# Files leave the sandbox only through `read`, which runs as the sandbox's user and never follows a
+# link: what the code could not read, the host never gets. A path that is not UTF-8 travels as
+# its text (undecodable bytes replaced) plus "path_bytes", its exact bytes.
 #
 # After each execution the result names the workspace files the execution created or changed
 # (found by comparing two walks that never follow links), and carries the matplotlib figures it
@@ -31,8 +39,9 @@
 # so a session keeps its variables between executions. The host interrupts an execution with SIGINT
 # to pid 1, which passes it on (KeyboardInterrupt in the code); when that does not work it sends
 # SIGUSR1, on which the supervisor kills every other process. SIGTERM (`docker stop`, an engine
-# shutting down) ends the sandbox. The host treats every byte either
-# process sends as untrusted: the code can reach the runner's memory, and signal the supervisor.
+# shutting down) ends the sandbox. The supervisor obeys only signals sent from outside the sandbox
+# (the host's): the code can signal pid 1 too, and is ignored. The host treats every byte either
+# process sends as untrusted: the code can reach the runner's memory.
 
 import json
 import os
@@ -43,8 +52,29 @@ import sys
 import time
 
 
+def valid_text(obj):
+    """`obj` with every string made valid UTF-8, so a frame always parses on the host. Text Python
+    decoded with surrogateescape (file names, messages quoting them) shows its undecodable bytes as
+    `\\xNN`; other lone surrogates show as `\\udXXX`."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            pass
+        try:
+            return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {valid_text(k): valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [valid_text(v) for v in obj]
+    return obj
+
+
 def write_frame(fd, obj):
-    body = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+    body = json.dumps(valid_text(obj), separators=(",", ":")).encode("utf-8")
     view = memoryview(struct.pack(">I", len(body)) + body)
     while view:
         written = os.write(fd, view)
@@ -98,35 +128,19 @@ def host_hung_up():
 
 
 def supervise():
-    """Pid 1: returns only in a freshly forked runner; never returns in the supervisor itself."""
-    runner = [0]
-    requested = [False]
+    """Pid 1: returns only in a freshly forked runner; never returns in the supervisor itself.
 
-    def forward_interrupt(signum, frame):
-        if runner[0]:
-            try:
-                os.kill(runner[0], signal.SIGINT)
-            except OSError:
-                pass
-
-    def kill_everything_else(signum, frame):
-        requested[0] = True
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-
-    def stop(signum, frame):
-        # `docker stop` or an engine shutting down: end the sandbox, do not start a new runner.
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGINT, forward_interrupt)
-    signal.signal(signal.SIGUSR1, kill_everything_else)
-    signal.signal(signal.SIGTERM, stop)
+    The signals it acts on are blocked and taken with sigwaitinfo, which says who sent each: the
+    host's (`docker kill`, an engine stopping the container) come from outside the sandbox's pid
+    namespace, with sender pid 0. The code runs as the same user and can signal pid 1 too; its
+    signals carry its pid and are ignored, so the code cannot end its sandbox, or pass for the
+    host asking for an interrupt."""
+    watched = {signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGCHLD}
+    for signum in watched:
+        # A handler, so the kernel delivers these to pid 1 at all; blocked, so sigwaitinfo takes them.
+        signal.signal(signum, lambda *_: None)
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    requested = False
     while True:
         oom_before = oom_kill_count()
         try:
@@ -138,17 +152,45 @@ def supervise():
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
             return
-        runner[0] = pid
         started = time.monotonic()
-        while True:
-            try:
-                done, status = os.wait()  # also reaps the orphans the code leaves behind
-            except ChildProcessError:
-                done, status = pid, 0
-            if done == pid:
-                break
-        runner[0] = 0
+        status = None
+        while status is None:
+            info = signal.sigwaitinfo(watched)
+            if info.si_signo == signal.SIGCHLD:
+                # Reaps the runner, and the orphans the code leaves behind.
+                try:
+                    while True:
+                        done, waited = os.waitpid(-1, os.WNOHANG)
+                        if done == 0:
+                            break
+                        if done == pid:
+                            status = waited
+                except ChildProcessError:
+                    status = 0 if status is None else status
+                continue
+            if info.si_pid != 0:
+                continue  # sent from inside the sandbox: the code's, not the host's
+            if info.si_signo == signal.SIGINT:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except OSError:
+                    pass
+            elif info.si_signo == signal.SIGUSR1:
+                requested = True
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except OSError:
+                    pass
+            elif info.si_signo == signal.SIGTERM:
+                # `docker stop` or an engine shutting down: end the sandbox, no new runner.
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except OSError:
+                    pass
+                os._exit(128 + signal.SIGTERM)
         # Every process of the sandbox descends from pid 1: none is left once it has no children.
         kill_others(5.0, lambda children: not children)
         if host_hung_up():
@@ -161,10 +203,10 @@ def supervise():
                 "type": "exited",
                 "status": os.waitstatus_to_exitcode(status),
                 "oom": oom,
-                "requested": requested[0],
+                "requested": requested,
             },
         )
-        requested[0] = False
+        requested = False
         if time.monotonic() - started < 1.0:
             time.sleep(0.2)  # a runner that cannot start must not spin
 
@@ -175,6 +217,7 @@ if os.getpid() == 1:
 # From here on: the runner.
 
 import base64
+import errno
 import importlib
 import importlib.abc
 import io
@@ -186,6 +229,77 @@ import threading
 import traceback
 import warnings
 
+# Syscalls that signal, trace or reach into another process, by architecture: number → the
+# argument that names the target (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+# pidfd_open, process_vm_readv, process_vm_writev: the first; ptrace: the second).
+_TARGETING_SYSCALLS = {
+    "x86_64": (0xC000003E, {62: 0, 200: 0, 234: 0, 129: 0, 297: 0, 434: 0, 310: 0, 311: 0, 101: 1}),
+    "aarch64": (0xC00000B7, {129: 0, 130: 0, 131: 0, 138: 0, 240: 0, 434: 0, 270: 0, 271: 0, 117: 1}),
+}
+
+
+def targeting_init_filter(machine):
+    """A seccomp BPF program (a list of (code, jt, jf, k)) that fails with EPERM every syscall of
+    _TARGETING_SYSCALLS whose target is pid 1, and every syscall of another ABI (i386 through int
+    0x80, x32), which would pass under other numbers; it allows everything else. None for an
+    unknown architecture."""
+    if machine not in _TARGETING_SYSCALLS:
+        return None
+    audit_arch, syscalls = _TARGETING_SYSCALLS[machine]
+    LOAD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, RETURN = 0x20, 0x15, 0x35, 0x06
+    ALLOW, DENY = 0x7FFF0000, 0x00050000 | errno.EPERM
+    arguments = sorted(set(syscalls.values()))
+    # Layout: 0 load arch, 1 check arch, 2 load nr, 3 check for x32's bit, 4.. one test per
+    # syscall, then "allow", then per argument a load and a test, then "deny" and "allow".
+    first_argument_check = 4 + len(syscalls) + 1
+    deny_at = first_argument_check + 2 * len(arguments)
+    allow_at = deny_at + 1
+    program = [
+        (LOAD, 0, 0, 4),
+        (JUMP_IF_EQUAL, 0, deny_at - 2, audit_arch),
+        (LOAD, 0, 0, 0),
+        (JUMP_IF_AT_LEAST, deny_at - 4, 0, 0x40000000),
+    ]
+    for number, argument in sorted(syscalls.items()):
+        check_at = first_argument_check + 2 * arguments.index(argument)
+        program.append((JUMP_IF_EQUAL, check_at - len(program) - 1, 0, number))
+    program.append((RETURN, 0, 0, ALLOW))
+    for argument in arguments:
+        program.append((LOAD, 0, 0, 16 + 8 * argument))  # its low 32 bits: a pid is an int
+        here = len(program)
+        program.append((JUMP_IF_EQUAL, deny_at - here - 1, allow_at - here - 1, 1))
+    program += [(RETURN, 0, 0, DENY), (RETURN, 0, 0, ALLOW)]
+    return program
+
+
+def forbid_targeting_init():
+    """Installs targeting_init_filter in this process, inherited by everything the code starts:
+    nothing but the host can then signal, trace or open pid 1. The kernel already drops SIGKILL and
+    SIGSTOP sent to an init from inside, but gVisor does not; this holds under both. Returns
+    whether it is in force."""
+    import ctypes
+
+    program = targeting_init_filter(os.uname().machine)
+    if program is None:
+        return False
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    instructions = (SockFilter * len(program))(*[SockFilter(*i) for i in program])
+    fprog = SockFprog(len(program), instructions)
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+
+
+
+INIT_PROTECTED = forbid_targeting_init()
 RUNNER_FILENAME = "<sandbox-runner>"
 RUNNER_PID = os.getpid()
 
@@ -238,6 +352,11 @@ def send_frame(obj):
 WORKSPACE = "/workspace"
 # Entries walked per snapshot; past it, changes are reported as incomplete.
 TRACK_LIMIT = 10000
+# Changed entries named in one result, and the bytes of their paths: the rest are only counted.
+REPORT_LIMIT = 1000
+REPORT_PATH_BYTES = 256 << 10
+# The largest piece of a file one read or write request carries.
+CHUNK_LIMIT = 1 << 20
 MAX_FIGURES = 8
 MAX_FIGURES_BYTES = 16 << 20
 
@@ -278,13 +397,137 @@ def snapshot(root=WORKSPACE):
     return entries, False
 
 
+def path_fields(path, key="path"):
+    """A workspace path for the host: its text, plus its raw bytes (base64) when they are not
+    UTF-8, so the host can name it back exactly."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+        return {key: path}
+    except UnicodeDecodeError:
+        return {key: raw.decode("utf-8", "replace"), key + "_bytes": base64.b64encode(raw).decode("ascii")}
+
+
 def changes(before, after):
+    """The entries that are new or changed, shallowest first (when there are more than a result
+    names, the top of the workspace is what a person looks at first)."""
     changed = []
-    for path in sorted(after):
+    for path in sorted(after, key=lambda p: (p.count("/"), p)):
         if before.get(path) != after[path]:
             kind, size = after[path][0], after[path][1]
-            changed.append({"path": path, "kind": kind, "size": size})
+            entry = path_fields(path)
+            entry.update({"kind": kind, "size": size})
+            changed.append(entry)
     return changed
+
+
+def bounded(changed):
+    """At most REPORT_LIMIT entries (and REPORT_PATH_BYTES of paths), and how many were left out."""
+    kept = []
+    path_bytes = 0
+    for entry in changed:
+        size_of_path = len(entry["path"].encode("utf-8", "surrogateescape"))
+        if len(kept) >= REPORT_LIMIT or path_bytes + size_of_path > REPORT_PATH_BYTES:
+            break
+        path_bytes += size_of_path
+        kept.append(entry)
+    return kept, len(changed) - len(kept)
+
+
+def requested_path(request):
+    """The workspace-relative path a request names, as bytes (its raw form when it has one)."""
+    raw = request.get("path_bytes")
+    path = base64.b64decode(raw) if raw else str(request.get("path", "")).encode("utf-8")
+    parts = path.split(b"/")
+    if not path or any(part in (b"", b".", b"..") for part in parts) or b"\0" in path:
+        raise ValueError("not a relative path inside /workspace")
+    return parts
+
+
+def open_in_workspace(parts, flags, mode=0o644, make_parents=False):
+    """Opens /workspace/<parts> without following any link on the way: each directory is opened
+    relative to the one before with O_NOFOLLOW, so a link swapped in anywhere fails instead of
+    leading out. Runs as the sandbox's user: what it cannot open, it cannot hand out."""
+    directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts[:-1]:
+            if make_parents:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=directory)
+                except FileExistsError:
+                    pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NOCTTY, mode, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def describe_error(e):
+    if isinstance(e, OSError) and e.errno == errno.ELOOP:
+        return "a symbolic link, not a regular file"
+    if isinstance(e, OSError) and e.errno == errno.ENOTDIR:
+        return "a folder on the way is not a directory (or is a link)"
+    if isinstance(e, OSError) and e.errno == errno.EISDIR:
+        return "a directory, not a regular file"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e)
+
+
+def read_file(request):
+    """One piece of a workspace file: at most `length` bytes from `offset`, read as the sandbox's
+    user through a descriptor that never followed a link. Only regular files are read."""
+    reply = {"type": "file", "id": request.get("id")}
+    try:
+        parts = requested_path(request)
+        fd = open_in_workspace(parts, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a special file (FIFO, socket or device)"
+                raise ValueError(kind + ", not a regular file")
+            length = max(0, min(int(request.get("length", 0)), CHUNK_LIMIT))
+            data = os.pread(fd, length, max(0, int(request.get("offset", 0))))
+        finally:
+            os.close(fd)
+        reply.update({
+            "data": base64.b64encode(data).decode("ascii"),
+            "size": st.st_size,
+            "inode": "%d:%d" % (st.st_dev, st.st_ino),
+        })
+    except (OSError, ValueError) as e:
+        reply["error"] = describe_error(e)
+    return reply
+
+
+def write_file(request):
+    """One piece of a file the host writes into the workspace, as the sandbox's user: the first
+    piece creates (or truncates) it, with its parent directories; never through a link, never over
+    a directory."""
+    reply = {"type": "written", "id": request.get("id")}
+    try:
+        parts = requested_path(request)
+        data = base64.b64decode(request.get("data", ""))
+        offset = max(0, int(request.get("offset", 0)))
+        if offset == 0:
+            fd = open_in_workspace(parts, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
+        else:
+            fd = open_in_workspace(parts, os.O_WRONLY)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("a special file, not a regular file")
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], offset + written)
+        finally:
+            os.close(fd)
+        reply["size"] = offset + written
+    except (OSError, ValueError) as e:
+        reply["error"] = describe_error(e)
+    return reply
 
 
 def list_directory(rel):
@@ -310,7 +553,9 @@ def list_directory(rel):
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                entries.append({"name": entry.name, "kind": kind_of(st.st_mode), "size": st.st_size})
+                item = path_fields(entry.name, "name")
+                item.update({"kind": kind_of(st.st_mode), "size": st.st_size})
+                entries.append(item)
     except OSError as e:
         return {"error": "%s: %s" % (rel or ".", e.strerror)}
     entries.sort(key=lambda e: e["name"])
@@ -572,7 +817,11 @@ def execute(request):
         sys.stderr.write(user_traceback(exc))
     except BaseException as exc:  # the code's own failure, reported like Python would
         exit_code = 1
-        error = {"type": type(exc).__name__, "message": str(exc)[:1000]}
+        try:
+            message = str(exc)[:1000]
+        except Exception:  # a __str__ that raises
+            message = "(the exception's message could not be read)"
+        error = {"type": type(exc).__name__, "message": message}
         sys.stderr.write(user_traceback(exc))
     duration = time.monotonic() - started
     if os.getpid() != RUNNER_PID:
@@ -600,6 +849,7 @@ def execute(request):
     job.finish_requested.set()
     job.done.wait()
     after, truncated = snapshot()
+    changed, left_out = bounded(changes(before, after))
     return {
         "type": "result",
         "id": request.get("id"),
@@ -611,7 +861,8 @@ def execute(request):
         "duration_ms": duration * 1000.0,
         "interrupted": interrupted,
         "error": error,
-        "files": changes(before, after),
+        "files": changed,
+        "files_left_out": left_out,
         "files_truncated": truncated,
         "figures": [base64.b64encode(f).decode("ascii") for f in FIGURES.take()],
     }
@@ -626,6 +877,7 @@ def main():
             "pid": RUNNER_PID,
             "uid": os.getuid(),
             "python": sys.version.split()[0],
+            "init_protected": INIT_PROTECTED,
         }
     )
     while True:
@@ -638,6 +890,10 @@ def main():
             listing = list_directory(str(request.get("path", "")))
             listing.update({"type": "listing", "id": request.get("id")})
             send_frame(listing)
+        elif request.get("op") == "read":
+            send_frame(read_file(request))
+        elif request.get("op") == "write":
+            send_frame(write_file(request))
         else:
             send_frame(execute(request))
 

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
@@ -58,10 +59,50 @@ pub struct Listing {
     pub error: Option<String>,
 }
 
+/// A workspace path as the host names it to the runner: its text, and its exact bytes when they
+/// are not UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspacePath {
+    pub text: String,
+    pub raw: Option<Vec<u8>>,
+}
+
+impl WorkspacePath {
+    pub fn text(path: &str) -> WorkspacePath {
+        WorkspacePath {
+            text: path.to_string(),
+            raw: None,
+        }
+    }
+
+    /// The path of a changed entry (checked by the protocol's validation).
+    pub fn of(entry: &ChangedEntry) -> WorkspacePath {
+        WorkspacePath {
+            text: entry.path.clone(),
+            raw: entry
+                .path_bytes
+                .as_deref()
+                .and_then(|raw| base64::engine::general_purpose::STANDARD.decode(raw).ok()),
+        }
+    }
+}
+
+/// A piece of a workspace file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileChunk {
+    pub data: Vec<u8>,
+    /// The file's size when the piece was read, as the sandbox said.
+    pub size_hint: u64,
+    /// Which file it is (`device:inode`): hard links share it.
+    pub inode: String,
+}
+
 /// What an execution changed, as the runner reported it (checked, not yet copied out).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Changes {
     pub entries: Vec<ChangedEntry>,
+    /// Changed entries the runner counted but did not name (over the listing's bounds).
+    pub left_out: u64,
     pub truncated: bool,
     /// PNG images of matplotlib figures.
     pub figures: Vec<Vec<u8>>,
@@ -447,6 +488,7 @@ impl Sandbox {
                         error: r.error,
                         changes: Changes {
                             entries: r.changed,
+                            left_out: r.changed_left_out,
                             truncated: r.changed_truncated,
                             figures: r.figures,
                         },
@@ -596,6 +638,85 @@ impl Sandbox {
             _ => Err(self
                 .broken(ProtocolError::Malformed(
                     "an unexpected answer to a listing".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Reads at most `length` bytes of a workspace file from `offset`, as the sandbox's user and
+    /// without following links. `Ok(Err(reason))`: the file cannot be read (a link, a directory,
+    /// permission denied, gone); `Err`: the sandbox failed.
+    pub async fn read_chunk(
+        &mut self,
+        path: &WorkspacePath,
+        offset: u64,
+        length: u64,
+    ) -> Result<Result<FileChunk, String>, EngineError> {
+        let path_bytes = path
+            .raw
+            .as_ref()
+            .map(|raw| base64::engine::general_purpose::STANDARD.encode(raw));
+        let request = |id| Request::Read {
+            id,
+            path: &path.text,
+            path_bytes,
+            offset,
+            length,
+        };
+        let chunk = match self.control(request).await? {
+            Reply::File(chunk) => chunk,
+            _ => {
+                return Err(self
+                    .broken(ProtocolError::Malformed(
+                        "an unexpected answer to a file read".into(),
+                    ))
+                    .await)
+            }
+        };
+        if let Some(error) = chunk.error {
+            return Ok(Err(truncate_chars(&error, 300)));
+        }
+        let data = base64::engine::general_purpose::STANDARD.decode(&chunk.data);
+        match data {
+            Ok(data) if data.len() as u64 <= length && chunk.inode.len() <= 64 => {
+                Ok(Ok(FileChunk {
+                    data,
+                    size_hint: chunk.size,
+                    inode: chunk.inode,
+                }))
+            }
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "a file piece that is not what was asked for".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Writes `data` at `offset` of a workspace file, as the sandbox's user (offset 0 creates or
+    /// truncates it, and its parent directories); never through a link, never over a directory.
+    /// `Ok(Err(reason))`: the file cannot be written; `Err`: the sandbox failed.
+    pub async fn write_chunk(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        offset: u64,
+    ) -> Result<Result<u64, String>, EngineError> {
+        let data = base64::engine::general_purpose::STANDARD.encode(data);
+        match self
+            .control(|id| Request::Write {
+                id,
+                path,
+                data,
+                offset,
+            })
+            .await?
+        {
+            Reply::Written { error: Some(e), .. } => Ok(Err(truncate_chars(&e, 300))),
+            Reply::Written { size, .. } => Ok(Ok(size)),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a file write".into(),
                 ))
                 .await),
         }

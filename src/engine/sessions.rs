@@ -153,42 +153,6 @@ pub fn workspace_relative(path: &str) -> Result<String, EngineError> {
     Ok(relative.to_string())
 }
 
-/// A tar archive holding `path` (and its parent directories) owned by the sandbox user.
-fn upload_archive(path: &str, content: &[u8]) -> std::io::Result<Vec<u8>> {
-    let mut archive = tar::Builder::new(Vec::new());
-    let parts: Vec<&str> = path.split('/').collect();
-    for depth in 1..parts.len() {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_uid(1000);
-        header.set_gid(1000);
-        header.set_size(0);
-        header.set_mtime(now_secs());
-        archive.append_data(
-            &mut header,
-            format!("{}/", parts[..depth].join("/")),
-            std::io::empty(),
-        )?;
-    }
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_uid(1000);
-    header.set_gid(1000);
-    header.set_size(content.len() as u64);
-    header.set_mtime(now_secs());
-    archive.append_data(&mut header, path, content)?;
-    archive.into_inner()
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// The host directory name of a session: the same for all its executions.
 fn session_run_dir(id: &SandboxId) -> String {
     let short: String =
@@ -355,9 +319,8 @@ impl Engine {
         self.end_if_lost(&full_id, &result);
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
-            let id = sandbox.id().clone();
-            self.collect_files(&id, execution, &session_run_dir(&id))
-                .await;
+            let run_dir = session_run_dir(sandbox.id());
+            self.collect_files(&mut sandbox, execution, &run_dir).await;
         }
         session.touch();
         result
@@ -427,23 +390,14 @@ impl Engine {
                 ),
             });
         }
-        let archive = upload_archive(&path, content).map_err(|e| EngineError::File {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let mut sandbox = session.sandbox.lock().await;
         session.touch();
-        let copied = self
-            .backend
-            .copy_in(
-                &SandboxId(full_id.clone()),
-                backend::paths::WORKSPACE,
-                archive.into(),
-            )
-            .await
-            .map_err(EngineError::from);
-        self.end_if_lost(&full_id, &copied);
-        copied?;
-        Ok(format!("{}/{path}", backend::paths::WORKSPACE))
+        let written = artifacts::write_whole(&mut sandbox, &path, content).await;
+        self.end_if_lost(&full_id, &written);
+        match written? {
+            Ok(_) => Ok(format!("{}/{path}", backend::paths::WORKSPACE)),
+            Err(reason) => Err(EngineError::File { path, reason }),
+        }
     }
 
     /// Reads one file of a session's workspace, within the return limit.
@@ -464,15 +418,15 @@ impl Engine {
     ) -> Result<artifacts::Artifact, EngineError> {
         let (full_id, session) = self.session(scope, id)?;
         let path = workspace_relative(path)?;
+        let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let limit = self.config.files.return_max_file_bytes;
-        let content =
-            artifacts::fetch_file(self.backend.as_ref(), &SandboxId(full_id), &path, limit)
-                .await
-                .map_err(|reason| EngineError::File {
-                    path: path.clone(),
-                    reason,
-                })?;
+        let read = artifacts::read_whole(&mut sandbox, &path, limit).await;
+        self.end_if_lost(&full_id, &read);
+        let content = read?.map_err(|reason| EngineError::File {
+            path: path.clone(),
+            reason,
+        })?;
         Ok(artifacts::Artifact {
             size: content.len() as u64,
             mime_type: artifacts::sniff_mime(&content, &path).to_string(),

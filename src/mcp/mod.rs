@@ -38,6 +38,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, NetworkPolicy};
+use crate::engine::artifacts::display_path;
 use crate::engine::docker::DockerBackend;
 use crate::engine::sessions::{ClientId, Scope};
 use crate::engine::{Engine, ProgressSink, RunOptions, Task};
@@ -416,7 +417,12 @@ impl SandboxServer {
                 .await
             {
                 Ok(file) => {
-                    let text = format!("{} ({}, {})", file.path, bytes(file.size), file.mime_type);
+                    let text = format!(
+                        "{} ({}, {})",
+                        display_path(&file.path),
+                        bytes(file.size),
+                        file.mime_type
+                    );
                     let mut blocks = vec![ContentBlock::text(text)];
                     blocks.extend(render::file_block(&file));
                     let mut result = CallToolResult::success(blocks);
@@ -456,7 +462,7 @@ impl SandboxServer {
             let suffix = if e.kind == "directory" { "/" } else { "" };
             text.push_str(&format!(
                 "- {}{suffix} ({}, {})\n",
-                e.name,
+                display_path(&e.name),
                 e.kind,
                 bytes(e.size)
             ));

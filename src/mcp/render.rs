@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::config::Limits;
 pub use crate::engine::artifacts::human_bytes as bytes;
-use crate::engine::artifacts::{is_displayable_image, Artifact};
+use crate::engine::artifacts::{display_path, is_displayable_image, Artifact};
 use crate::engine::backend::BackendError;
 use crate::engine::{EngineError, Execution};
 
@@ -158,7 +158,11 @@ fn files_summary(files: &[Artifact], deliveries: &[Delivery]) -> String {
     for (a, delivery) in files.iter().zip(deliveries) {
         let what = if a.figure { "figure" } else { "file" };
         let size = bytes(a.size);
-        let mut line = format!("- {what} {} ({size}, {})", a.path, a.mime_type);
+        let mut line = format!(
+            "- {what} {} ({size}, {})",
+            display_path(&a.path),
+            a.mime_type
+        );
         match delivery {
             Delivery::Inline => line.push_str(", attached"),
             Delivery::Link(uri) => line.push_str(&format!(", read it as resource {uri}")),

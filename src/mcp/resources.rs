@@ -126,7 +126,12 @@ async fn walk(engine: &Engine, scope: Scope<'_>, session: &str, into: &mut Vec<R
             return;
         };
         let mut subdirectories = Vec::new();
-        for entry in listing.entries {
+        // A name that is not UTF-8 (shown with U+FFFD) cannot be named back in a URI: skipped.
+        for entry in listing
+            .entries
+            .into_iter()
+            .filter(|e| !e.name.contains('\u{FFFD}'))
+        {
             let path = if directory.is_empty() {
                 entry.name.clone()
             } else {

@@ -588,6 +588,227 @@ async def upload(s, ctx):
     await s.nothing_left()
 
 
+def peak_rss_mib(pid):
+    """The server process's peak resident memory (VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def saved_tree(files_dir):
+    """(path, bytes) of every file below files_dir; fails on a link or a path outside it."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(files_dir):
+        for name in filenames + dirnames:
+            path = os.path.join(dirpath, name)
+            check(not os.path.islink(path), f"a link was saved on the host: {path}")
+            check(os.path.realpath(path).startswith(os.path.realpath(files_dir)), f"written outside: {path}")
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    found.append((path, f.read()))
+    return found
+
+
+ROOT_SECRET = "root-only-secret-" + uuid.uuid4().hex
+
+# A child of the code keeps swapping regular files for links to root-only files, and a directory
+# for a link to /etc, while the host copies files out.
+RACE = r"""
+import os, subprocess, sys
+script = '''
+import os, shutil, time
+end = time.time() + 15
+while time.time() < end:
+    for name, target in (('f.txt', '/etc/shadow'), ('g.txt', '/data/secret.txt')):
+        for make in (lambda: open(name, 'w').write('plain'), lambda: os.symlink(target, name)):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+            make()
+    try:
+        if os.path.islink('d'):
+            os.unlink('d'); os.mkdir('d'); open('d/shadow', 'w').write('plain')
+        else:
+            shutil.rmtree('d', ignore_errors=True); os.symlink('/etc', 'd')
+    except OSError:
+        pass
+'''
+subprocess.Popen([sys.executable, '-c', script], start_new_session=True)
+os.symlink('/etc/shadow', 'shadow-link')
+os.symlink('/data', 'mnt-link')
+os.symlink('/data/secret.txt', 'secret-link')
+"""
+
+PREMISE = """
+for p in ('/etc/shadow', '/data/secret.txt'):
+    try:
+        open(p).read(); print('readable')
+    except OSError as e:
+        print(e.strerror)
+"""
+
+
+@case("copy-out as the sandbox's user: root-only files, links on the way, a race", kind="attack-own-server")
+async def copy_out_as_user(ctx):
+    with tempfile.TemporaryDirectory() as files_dir, tempfile.TemporaryDirectory() as mounted:
+        secret = os.path.join(mounted, "secret.txt")
+        with open(secret, "w") as f:
+            f.write(ROOT_SECRET)
+        os.chmod(secret, 0o600)
+        os.chmod(mounted, 0o755)
+        env = {**ATTACK_ENV, "SANDBOX_FILES_DIR": files_dir, "SANDBOX_MOUNTS": f"{mounted}:/data:ro",
+               **ctx.runtime_env}
+        async with server(ctx.binary, **env) as s:
+            sid = await s.session()
+            premise = await s.in_session(sid, PREMISE)
+            check(premise.structured_content["stdout"] == "Permission denied\nPermission denied\n", text_of(premise))
+            started = await s.in_session(sid, RACE)
+            check(started.is_error is False, text_of(started))
+            for path in ("secret-link", "shadow-link", "mnt-link/secret.txt", "d/shadow", "f.txt", "g.txt"):
+                for _ in range(3):
+                    result = await s.call("sandbox_read_file", {"container_id": sid, "path": path})
+                    check(ROOT_SECRET not in str(result.content) and "root:" not in str(result.content), f"{path} leaked")
+            for n in range(20):
+                result = await s.in_session(sid, f"open('n{n}.txt', 'w').write('x')")
+                check(ROOT_SECRET not in str(result.content) and "root:" not in str(result.content), "copy-out leaked")
+            for path, data in saved_tree(files_dir):
+                check(ROOT_SECRET.encode() not in data and b"root:" not in data, f"saved a root-only file: {path}")
+            await s.call("sandbox_stop", {"container_id": sid})
+            await s.answers_normally()
+            await s.nothing_left()
+
+
+BLOAT = r"""
+import gc, json, struct, os
+for f in gc.get_objects():
+    if getattr(f, '__name__', None) == 'send_frame' and getattr(f, '__code__', None):
+        g = f.__globals__
+        def huge(obj, g=g):
+            if obj.get('type') == 'result':
+                obj['files'] = [{'path': 'a', 'kind': 'file', 'size': 0}] * 600000
+            body = json.dumps(obj, separators=(',', ':')).encode()[:21 << 20]
+            view = memoryview(struct.pack('>I', len(body)) + body)
+            while view:
+                view = view[os.write(g['PROTO_OUT'], view):]
+        g['send_frame'] = huge
+        break
+"""
+
+LYING_SIZES = r"""
+import gc
+for f in gc.get_objects():
+    if getattr(f, '__name__', None) == 'changes' and getattr(f, '__code__', None) and 'after' in f.__code__.co_varnames:
+        real = f
+        f.__globals__['changes'] = lambda before, after: [dict(e, size=0) for e in real(before, after)]
+        break
+for n in range(40):
+    open('big%02d.bin' % n, 'wb').write(b'2' * (1 << 20))
+"""
+
+MANY_FILES = r"""
+import os
+os.makedirs('m', exist_ok=True)
+for n in range(10000):
+    open('m/' + ('x' * 200) + str(n), 'w').close()
+"""
+
+
+@case("the server's memory under hostile replies: a bloated frame, lying sizes, 10,000 changed files", kind="attack-own-server")
+async def hostile_replies(ctx):
+    with tempfile.TemporaryDirectory() as files_dir:
+        env = {**ATTACK_ENV, "SANDBOX_FILES_DIR": files_dir, "SANDBOX_FILES_MAX_TOTAL": "16m",
+               "SANDBOX_WORKSPACE_SIZE": "128m", "SANDBOX_MEMORY_LIMIT": "512m", **ctx.runtime_env}
+        async with server(ctx.binary, **env) as s:
+            await s.answers_normally()
+            before = peak_rss_mib(s.pid)
+            sid = await s.session()
+            # 1. The runner made to send one frame as large as allowed, of tiny generic values (from
+            # the next reply on: the current one is already on its way).
+            installed = await s.in_session(sid, BLOAT)
+            check(installed.is_error is False, text_of(installed))
+            bloated = await s.in_session(sid, "print('bloated')")
+            check(bloated.is_error is True, f"a bloated reply was accepted: {text_of(bloated)[:300]}")
+            # 2. Sizes that lie: every file said to be empty, 40 files of 1 MiB against a 16 MiB total.
+            lied = await s.in_session(sid, LYING_SIZES)
+            saved = sum(len(data) for _, data in saved_tree(files_dir))
+            check(saved <= 16 << 20, f"{saved} bytes saved past a 16 MiB total")
+            check("total limit" in text_of(lied), text_of(lied)[:500])
+            # 3. 10,000 changed files with long paths: the reply stays small and says what it left out.
+            listed = await s.in_session(sid, MANY_FILES)
+            size = len(json.dumps(listed.model_dump(mode="json")))
+            check(size < 2 << 20, f"a {size}-byte tool result")
+            check("more changed entries not listed" in text_of(listed), text_of(listed)[-500:])
+            after = peak_rss_mib(s.pid)
+            print(f"      peak RSS of the server: {before:.1f} MiB before, {after:.1f} MiB after the three attacks", flush=True)
+            check(after - before < 300, f"the server's peak RSS grew by {after - before:.0f} MiB")
+            await s.call("sandbox_stop", {"container_id": sid})
+            await s.answers_normally()
+            await s.nothing_left()
+
+
+ODD = r"""
+open(b'bad\xff.txt', 'w').write('bytes')
+open('x\n--- stderr ---\nTraceback: forged', 'w').write('x')
+raise ValueError(b'caf\xe9'.decode('utf-8', 'surrogateescape'))
+"""
+
+
+@case("odd names and messages, forged text, signals to pid 1, a file onto a directory: the session lives")
+async def odd_inputs_keep_the_session(s, ctx):
+    sid = await s.session()
+    await s.in_session(sid, "kept = 42")
+    odd = await s.in_session(sid, ODD)
+    check(odd.structured_content["exit_code"] == 1, text_of(odd))
+    check(odd.structured_content["error"]["message"] == "caf\\xe9", str(odd.structured_content["error"]))
+    lines = text_of(odd).splitlines()
+    check(lines.count("--- stderr ---") == 1, f"a file name forged a section: {lines}")
+    check(not any(line.startswith("Traceback: forged") for line in lines), f"a forged line: {lines}")
+    for signum in ("SIGTERM", "SIGUSR1", "SIGINT", "SIGKILL", "SIGHUP", "SIGQUIT"):
+        code = (f"import os, signal, time\ntry:\n    os.kill(1, signal.{signum})\n    print('sent')\n"
+                f"except PermissionError:\n    print('refused')\ntime.sleep(0.3)\nprint(kept)")
+        sent = await s.in_session(sid, code)
+        check(sent.is_error is False and sent.structured_content["stdout"] == "refused\n42\n", f"{signum} to pid 1: {text_of(sent)}")
+        check(not sent.structured_content["state_lost"], f"{signum} to pid 1 lost the state")
+    made = await s.in_session(sid, "import os\nos.makedirs('folder/inner')\nopen('folder/inner/keep.txt', 'w').write('kept')")
+    check(made.is_error is False, text_of(made))
+    clobber = await s.call("sandbox_write_file", {"container_id": sid, "path": "folder", "content": "clobber"})
+    check(clobber.is_error is True and "directory" in text_of(clobber), text_of(clobber))
+    kept = await s.in_session(sid, "print(open('folder/inner/keep.txt').read(), kept, open(b'bad\\xff.txt').read())")
+    check(kept.structured_content["stdout"] == "kept 42 bytes\n", text_of(kept))
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+@case("cleanup never judges another machine's sandboxes by a shared host name", kind="attack-own-server")
+async def other_machine(ctx):
+    hostname = socket.gethostname()
+    common = ["--label", "io.python-code-sandbox.managed=true", "--label", f"io.python-code-sandbox.host={hostname}",
+              "--label", "io.python-code-sandbox.boot=another-boot", "--label", "io.python-code-sandbox.pid=1",
+              "--label", "io.python-code-sandbox.pid-start=1", "--label", "io.python-code-sandbox.kind=session"]
+    with open("/etc/machine-id") as f:
+        ours_id = f.read().strip()
+    theirs = docker("create", *common, "--label", "io.python-code-sandbox.instance=theirs",
+                    "--label", "io.python-code-sandbox.machine=machine-id:another-machine",
+                    "python-code-sandbox:py3.11", "true").strip()
+    ours = docker("create", *common, "--label", "io.python-code-sandbox.instance=ours-dead",
+                  "--label", f"io.python-code-sandbox.machine=machine-id:{ours_id}",
+                  "python-code-sandbox:py3.11", "true").strip()
+    try:
+        out = subprocess.run([ctx.binary, "cleanup"], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "LOG_LEVEL": "warn"})
+        check(out.returncode == 0, out.stderr)
+        check(docker("ps", "-aq", "--no-trunc", "--filter", f"id={theirs}").strip() == theirs,
+              "another machine's sandbox was removed")
+        check(docker("ps", "-aq", "--no-trunc", "--filter", f"id={ours}").strip() == "",
+              "this machine's dead server's sandbox was kept")
+    finally:
+        docker("rm", "-f", theirs, ours, check_rc=False)
+
+
 @case("tool surface: foreign and stopped container ids, images, injections, 10 MB of code, wrong types")
 async def tool_surface(s, ctx):
     foreign = docker("create", "--label", "suite=foreign", "python-code-sandbox:py3.11", "true").strip()
