@@ -9,7 +9,8 @@
 //!   short delay for honest clients into a failure.
 //! - **Header timeout** (`SANDBOX_HTTP_HEADER_TIMEOUT`): a connection that has not sent a complete
 //!   request head this long after it opened, or after its previous response ended, is closed
-//!   (hyper's `header_read_timeout`): half-open connections and idle keep-alive ones go.
+//!   (hyper's `header_read_timeout`): half-open connections and idle keep-alive ones go. While
+//!   they last, each costs about 15 KB (500 half-open: VmRSS 12 MB -> 19 MB, release build).
 //! - **Idle timeout** (`SANDBOX_HTTP_IDLE_TIMEOUT`): a connection on which no byte moved in
 //!   either direction this long is closed, whatever it was doing: a body that stalls, a client
 //!   that stopped reading its responses. Streams in progress are not silent: rmcp sends an SSE
