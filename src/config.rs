@@ -160,11 +160,27 @@ pub struct HttpPolicy {
     pub allowed_hosts: Option<Vec<HostPattern>>,
     /// The largest request body accepted.
     pub max_body_bytes: u64,
+    /// How long a connection gets to send a complete request head, counted from when it opens
+    /// or its previous response ended (so also how long an idle keep-alive connection stays).
+    pub header_timeout: Duration,
+    /// A connection on which no byte moves either way for this long is closed (a stalled body,
+    /// a client that stopped reading); SSE streams carry a ping every 15 s.
+    pub idle_timeout: Duration,
+    /// Connections served at once; beyond it the server stops accepting until one closes.
+    pub max_connections: usize,
+    /// MCP sessions alive at once; beyond it a new `initialize` gets 429.
+    pub max_mcp_sessions: usize,
+    /// An MCP session that owns no sandbox session and has no request in progress ends after
+    /// this long without a request (a longer expiry applies to the others).
+    pub mcp_idle_timeout: Duration,
 }
 
 /// The default request body limit: 4 MiB more than the largest code accepted (8 MiB), for the
 /// JSON around it and its escapes.
 pub const DEFAULT_HTTP_MAX_BODY: u64 = 12 << 20;
+
+/// The interval of rmcp's SSE keep-alive pings: an idle timeout must be longer.
+pub const SSE_PING_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Resource limits applied to every sandbox.
 #[derive(Debug, Clone, PartialEq)]
@@ -277,6 +293,11 @@ impl Default for Config {
                 allowed_origins: Vec::new(),
                 allowed_hosts: None,
                 max_body_bytes: DEFAULT_HTTP_MAX_BODY,
+                header_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(120),
+                max_connections: 256,
+                max_mcp_sessions: 64,
+                mcp_idle_timeout: Duration::from_secs(5 * 60),
             },
         }
     }
@@ -364,6 +385,31 @@ pub const VARIABLES: &[Variable] = &[
         name: "SANDBOX_HTTP_MAX_BODY",
         default: "12m",
         meaning: "largest HTTP request body",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_HEADER_TIMEOUT",
+        default: "10s",
+        meaning: "time to send a request head over HTTP",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_IDLE_TIMEOUT",
+        default: "2m",
+        meaning: "an HTTP connection silent this long is closed",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_MAX_CONNECTIONS",
+        default: "256",
+        meaning: "HTTP connections served at once",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_MAX_MCP_SESSIONS",
+        default: "64",
+        meaning: "MCP sessions alive at once over HTTP",
+    },
+    Variable {
+        name: "SANDBOX_HTTP_MCP_IDLE_TIMEOUT",
+        default: "5m",
+        meaning: "expiry of an idle MCP session owning no sandbox",
     },
     Variable {
         name: "LOG_LEVEL",
@@ -735,6 +781,49 @@ fn parse_http(get: &impl Fn(&str) -> Option<String>) -> Result<HttpPolicy, Confi
                 expected: "a size from 64k to 1g, such as 12m",
             });
         }
+    }
+    let within = |var: &'static str, min: Duration, max: Duration, expected: &'static str| {
+        get(var)
+            .map(|v| match parse_duration(var, &v) {
+                Ok(d) if (min..=max).contains(&d) => Ok(Some(d)),
+                _ => Err(ConfigError {
+                    var,
+                    value: v,
+                    expected,
+                }),
+            })
+            .transpose()
+            .map(Option::flatten)
+    };
+    if let Some(d) = within(
+        "SANDBOX_HTTP_HEADER_TIMEOUT",
+        Duration::from_secs(1),
+        Duration::from_secs(600),
+        "a duration from 1s to 10m, such as 10s",
+    )? {
+        http.header_timeout = d;
+    }
+    if let Some(d) = within(
+        "SANDBOX_HTTP_IDLE_TIMEOUT",
+        SSE_PING_INTERVAL * 2,
+        Duration::from_secs(24 * 3600),
+        "a duration from 30s (twice the SSE ping interval) to 24h, such as 2m",
+    )? {
+        http.idle_timeout = d;
+    }
+    if let Some(v) = get("SANDBOX_HTTP_MAX_CONNECTIONS") {
+        http.max_connections = parse_count("SANDBOX_HTTP_MAX_CONNECTIONS", &v, 1, 100_000)?;
+    }
+    if let Some(v) = get("SANDBOX_HTTP_MAX_MCP_SESSIONS") {
+        http.max_mcp_sessions = parse_count("SANDBOX_HTTP_MAX_MCP_SESSIONS", &v, 1, 100_000)?;
+    }
+    if let Some(d) = within(
+        "SANDBOX_HTTP_MCP_IDLE_TIMEOUT",
+        Duration::from_secs(1),
+        Duration::from_secs(24 * 3600),
+        "a duration from 1s to 24h, such as 5m",
+    )? {
+        http.mcp_idle_timeout = d;
     }
     Ok(http)
 }
@@ -1278,6 +1367,38 @@ mod tests {
             ("SANDBOX_HTTP_MAX_BODY", "2g"),
         ] {
             assert!(config(&[(var, bad)]).is_err(), "{var}={bad}");
+        }
+    }
+
+    #[test]
+    fn http_limits_parse_within_their_ranges() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.http.header_timeout, Duration::from_secs(10));
+        assert!(c.http.idle_timeout > SSE_PING_INTERVAL);
+        let c = config(&[
+            ("SANDBOX_HTTP_HEADER_TIMEOUT", "3s"),
+            ("SANDBOX_HTTP_IDLE_TIMEOUT", "1m"),
+            ("SANDBOX_HTTP_MAX_CONNECTIONS", "8"),
+            ("SANDBOX_HTTP_MAX_MCP_SESSIONS", "2"),
+            ("SANDBOX_HTTP_MCP_IDLE_TIMEOUT", "90"),
+        ])
+        .unwrap();
+        assert_eq!(c.http.header_timeout, Duration::from_secs(3));
+        assert_eq!(c.http.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.http.max_connections, 8);
+        assert_eq!(c.http.max_mcp_sessions, 2);
+        assert_eq!(c.http.mcp_idle_timeout, Duration::from_secs(90));
+        for (var, bad) in [
+            ("SANDBOX_HTTP_HEADER_TIMEOUT", "0"),
+            ("SANDBOX_HTTP_HEADER_TIMEOUT", "1h"),
+            ("SANDBOX_HTTP_IDLE_TIMEOUT", "10s"),
+            ("SANDBOX_HTTP_MAX_CONNECTIONS", "0"),
+            ("SANDBOX_HTTP_MAX_MCP_SESSIONS", "0"),
+            ("SANDBOX_HTTP_MAX_MCP_SESSIONS", "many"),
+            ("SANDBOX_HTTP_MCP_IDLE_TIMEOUT", "-1"),
+        ] {
+            let e = config(&[(var, bad)]).unwrap_err();
+            assert_eq!(e.var, var, "{var}={bad}");
         }
     }
 

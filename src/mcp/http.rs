@@ -1,6 +1,8 @@
 //! MCP over streamable HTTP (`serve --http ADDR`): rmcp's streamable HTTP service on axum, behind
 //! one gate that every request passes, in this order:
 //!
+//! 0. no header that must be single (`Authorization`, `Host`, `Origin`, `Mcp-Session-Id`,
+//!    `Content-Length`, ... see `SINGLE_HEADERS`) may appear twice: 400;
 //! 1. `Host` must be allowed (DNS-rebinding protection): 403;
 //! 2. `Origin`, when present, must be allowed (browsers): 403. Allowed are the origins in
 //!    `SANDBOX_HTTP_ALLOWED_ORIGINS` and the server's own (an allowed host on the bound port);
@@ -13,6 +15,9 @@
 //! is not JSON gets a JSON-RPC parse error (-32700) and one that is JSON but no JSON-RPC message an
 //! invalid-request error (-32600), both with HTTP 400; SSE priming events go only to clients of
 //! revision 2025-11-25 and later ([`super::priming`]).
+//!
+//! Connections are capped and timed ([`super::connections`]), and so are MCP sessions
+//! ([`super::mcp_sessions`]): a new `initialize` beyond `SANDBOX_HTTP_MAX_MCP_SESSIONS` gets 429.
 //!
 //! Each MCP session gets its own [`SandboxServer`] with a fresh client id, so the sandbox sessions
 //! it creates are its own; when the MCP session ends (DELETE, idle expiry, shutdown) they are
@@ -34,6 +39,8 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use super::connections::{self, ConnectionLimits};
+use super::mcp_sessions::{self, McpSessions, SESSION_HEADER};
 use super::{priming, SandboxServer};
 use crate::config::{normalize_origin, parse_host, Config, HostPattern, Secret};
 
@@ -55,6 +62,22 @@ const CREDENTIAL_PARAMS: &[&str] = &[
     "bearer",
     "password",
     "secret",
+];
+
+/// Headers a request may carry at most once. Two `Authorization`, `Host` or `Origin` headers
+/// could be judged by one and acted on by the other; the rest name a session, a revision or the
+/// body, where two values leave the meaning open. (hyper refuses differing `Content-Length`s
+/// itself; equal ones are refused here.)
+const SINGLE_HEADERS: &[&str] = &[
+    "authorization",
+    "host",
+    "origin",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "last-event-id",
 ];
 
 /// The request gate: what a request must satisfy before rmcp sees it.
@@ -93,6 +116,18 @@ impl Gate {
         uri: &axum::http::Uri,
         headers: &HeaderMap,
     ) -> Result<(), Refusal> {
+        // A header that must be single is judged only once there is one: with two, the checks
+        // below and rmcp or a proxy in front could each read a different one.
+        if let Some(name) = SINGLE_HEADERS
+            .iter()
+            .find(|name| headers.get_all(**name).iter().nth(1).is_some())
+        {
+            tracing::warn!(header = %name, "refused a request with a repeated header");
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                &format!("Bad Request: the {name} header appears more than once; send it once"),
+            ));
+        }
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
@@ -343,7 +378,11 @@ impl Refusal {
     }
 }
 
-async fn gatekeeper(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+async fn gatekeeper(
+    State((gate, sessions)): State<(Arc<Gate>, Arc<McpSessions>)>,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Err(refusal) = gate.check(request.method(), request.uri(), request.headers()) {
         return refusal.into_response();
     }
@@ -358,7 +397,7 @@ async fn gatekeeper(State(gate): State<Arc<Gate>>, request: Request, next: Next)
         *response.status_mut() = StatusCode::NO_CONTENT;
         response
     } else {
-        match gate.forward(request, next).await {
+        match gate.forward(&sessions, request, next).await {
             Ok(response) | Err(response) => response,
         }
     };
@@ -372,11 +411,25 @@ impl Gate {
     /// Hands a request that passed the gate to rmcp, and mends what rmcp answers in a way
     /// clients of some revisions cannot read: JSON-RPC errors for unparsable bodies (rmcp says
     /// 415 in text), no SSE priming events before 2025-11-25, 204 for a session's DELETE.
-    async fn forward(&self, request: Request, next: Next) -> Result<Response, Response> {
+    /// A request that may open an MCP session goes through the session cap ([`McpSessions`]).
+    async fn forward(
+        &self,
+        sessions: &Arc<McpSessions>,
+        request: Request,
+        next: Next,
+    ) -> Result<Response, Response> {
         let (parts, body) = request.into_parts();
         let json_post = parts.method == Method::POST && is_json(&parts.headers);
         let deleting = parts.method == Method::DELETE;
         let mut asked_revision = None;
+        // A JSON POST without a session id may open one, unless it is plainly another request.
+        let session_id = parts
+            .headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let mut opening = json_post && session_id.is_none();
+        let mut request_id = None;
         let body = if json_post {
             let limit = usize::try_from(self.max_body).unwrap_or(usize::MAX);
             let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
@@ -392,11 +445,15 @@ impl Gate {
             if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
                 return Err(json_rpc_error(-32700, &format!("Parse error: {e}")));
             }
-            asked_revision = serde_json::from_slice::<InitializeProbe>(&bytes)
-                .ok()
-                .filter(|probe| probe.method.as_deref() == Some("initialize"))
-                .and_then(|probe| probe.params)
-                .and_then(|params| params.protocol_version);
+            let probe = serde_json::from_slice::<InitializeProbe>(&bytes).ok();
+            if let Some(probe) = probe {
+                if probe.method.as_deref() == Some("initialize") {
+                    request_id = probe.id;
+                    asked_revision = probe.params.and_then(|params| params.protocol_version);
+                } else if probe.method.is_some() {
+                    opening = false;
+                }
+            }
             Body::from(bytes)
         } else {
             body
@@ -408,7 +465,13 @@ impl Gate {
                 .and_then(|v| v.to_str().ok()),
             asked_revision.as_deref(),
         );
-        let mut response = next.run(Request::from_parts(parts, body)).await;
+        let post = parts.method == Method::POST;
+        let request = Request::from_parts(parts, body);
+        let mut response = match &session_id {
+            _ if opening => sessions.open(request_id, next.run(request)).await,
+            Some(id) => sessions.track(id, post, next.run(request).await),
+            None => next.run(request).await,
+        };
         // rmcp checks the Content-Type first: a 415 for a JSON body means it is no JSON-RPC message.
         if json_post && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
             return Err(json_rpc_error(
@@ -438,6 +501,7 @@ impl Gate {
 /// The part of an `initialize` request that names the revision the client asks for.
 #[derive(serde::Deserialize)]
 struct InitializeProbe {
+    id: Option<serde_json::Value>,
     method: Option<String>,
     params: Option<InitializeProbeParams>,
 }
@@ -531,6 +595,8 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
         .idle_timeout
         .max(config.limits.timeout + config.deps.install_timeout + Duration::from_secs(60));
     let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
+    let limits = ConnectionLimits::from_config(&config.http);
+    let (max_sessions, unowned_idle) = (config.http.max_mcp_sessions, config.http.mcp_idle_timeout);
     let running = match super::start(config) {
         Ok(running) => running,
         Err(code) => return code,
@@ -543,15 +609,29 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
         .with_allowed_hosts(gate.host_list())
         .with_max_request_body_bytes(max_body)
         .with_cancellation_token(stop.child_token());
+    let sessions = Arc::new(sessions);
+    let mcp_sessions = McpSessions::new(
+        sessions.clone(),
+        running.engine.clone(),
+        max_sessions,
+        unowned_idle,
+    );
+    mcp_sessions.spawn_reaper(stop.child_token());
     let (engine, pypi) = (running.engine.clone(), running.pypi.clone());
     let service = StreamableHttpService::new(
-        move || Ok(SandboxServer::for_client(engine.clone(), pypi.clone())),
-        Arc::new(sessions),
+        move || {
+            let server = SandboxServer::for_client(engine.clone(), pypi.clone());
+            if let Some(client) = &server.client {
+                mcp_sessions::note_client(&client.id);
+            }
+            Ok(server)
+        },
+        sessions,
         rmcp_config,
     );
-    let app = axum::Router::new()
-        .route_service(MCP_PATH, service)
-        .layer(axum::middleware::from_fn_with_state(gate, gatekeeper));
+    let app = axum::Router::new().route_service(MCP_PATH, service).layer(
+        axum::middleware::from_fn_with_state((gate, mcp_sessions), gatekeeper),
+    );
 
     let authentication = if running.engine.config().http.token.is_some() {
         "bearer token required"
@@ -569,15 +649,9 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
             stop.cancel();
         }
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    tokio::spawn(shutdown);
     let outcome = tokio::select! {
-        served = server => match served {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("the HTTP server failed: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        () = connections::serve(listener, app, limits, stop.clone()) => ExitCode::SUCCESS,
         () = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             tracing::warn!("connections still open {}s after the signal: closing them", SHUTDOWN_GRACE.as_secs());
             ExitCode::SUCCESS
@@ -784,6 +858,91 @@ mod tests {
                 status(&none, "/mcp", &[host, ("origin", other)]),
                 StatusCode::FORBIDDEN,
                 "{other} is no origin of the server's"
+            );
+        }
+    }
+
+    #[test]
+    fn repeated_headers_that_must_be_single_are_refused_first() {
+        let g = gate(&[("SANDBOX_HTTP_TOKEN", TOKEN)], "127.0.0.1:8080");
+        let auth = format!("Bearer {TOKEN}");
+        let host = ("host", "127.0.0.1:8080");
+        let ok = [host, ("authorization", auth.as_str())];
+        assert_eq!(status(&g, "/mcp", &ok), StatusCode::OK);
+        let uri: Uri = "/mcp".parse().unwrap();
+        let refused = |pairs: &[(&str, &str)]| g.check(&Method::POST, &uri, &headers(pairs));
+        // Two tokens, the right one first or last, or the same one twice: refused either way.
+        for pairs in [
+            vec![
+                host,
+                ("authorization", auth.as_str()),
+                ("authorization", "Bearer x"),
+            ],
+            vec![
+                host,
+                ("authorization", "Bearer x"),
+                ("authorization", auth.as_str()),
+            ],
+            vec![
+                host,
+                ("authorization", auth.as_str()),
+                ("authorization", auth.as_str()),
+            ],
+        ] {
+            let refusal = refused(&pairs).unwrap_err();
+            assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
+            assert!(
+                refusal
+                    .message
+                    .contains("authorization header appears more than once"),
+                "{}",
+                refusal.message
+            );
+        }
+        // Two Host headers, an allowed one first: 400, not judged by the first.
+        let refusal = refused(&[
+            host,
+            ("host", "evil.example"),
+            ("authorization", auth.as_str()),
+        ])
+        .unwrap_err();
+        assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
+        assert!(
+            refusal.message.contains("host header"),
+            "{}",
+            refusal.message
+        );
+        // Checked before everything else: no 401 or 403 for a request with no valid credential.
+        assert_eq!(
+            status(
+                &g,
+                "/mcp",
+                &[("host", "evil.example"), ("host", "evil.example")]
+            ),
+            StatusCode::BAD_REQUEST
+        );
+        for name in [
+            "origin",
+            "mcp-session-id",
+            "mcp-protocol-version",
+            "content-type",
+            "content-length",
+        ] {
+            let value = match name {
+                "origin" => "http://127.0.0.1:8080",
+                "content-length" => "2",
+                "content-type" => "application/json",
+                "mcp-protocol-version" => "2025-06-18",
+                _ => "abc",
+            };
+            let mut pairs = ok.to_vec();
+            pairs.push((name, value));
+            assert_eq!(status(&g, "/mcp", &pairs), StatusCode::OK, "one {name}");
+            pairs.push((name, value));
+            assert_eq!(
+                status(&g, "/mcp", &pairs),
+                StatusCode::BAD_REQUEST,
+                "two {name}"
             );
         }
     }

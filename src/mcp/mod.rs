@@ -8,8 +8,10 @@
 //! Over stdio the server has one client, which reaches every session. Over HTTP ([`http`]) every
 //! MCP session is a client of its own: its tools reach only the sandbox sessions it created.
 
+mod connections;
 pub mod http;
 mod logging;
+mod mcp_sessions;
 mod oversize;
 mod priming;
 mod prompts;

@@ -521,6 +521,159 @@ async def network_bridge(ctx):
         listener.close()
 
 
+# --- HTTP limits before and after authentication (issue 13, item 6) ---------------------------
+
+HTTP_TOKEN = "suite-token-" + uuid.uuid4().hex
+
+
+class HttpServer:
+    """`serve --http` on a free loopback port; stderr drained in a thread. Every request of these
+    cases goes to 127.0.0.1."""
+
+    def __init__(self, binary, env):
+        merged = {**os.environ, "LOG_LEVEL": "info", **{k: str(v) for k, v in env.items()},
+                  "SANDBOX_HTTP_TOKEN": HTTP_TOKEN}
+        self.proc = subprocess.Popen([binary, "serve", "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=merged, text=True)
+        self.log, self.url, ready = [], None, threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if "serving MCP over streamable HTTP at http://" in line:
+                    self.url = line.split(" at ", 1)[1].split()[0]
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        ready.wait(timeout=60)
+        check(self.url is not None, "the HTTP server did not start: " + "".join(self.log)[-2000:])
+        self.port = int(self.url.split(":")[2].split("/")[0])
+
+    def request(self, body=None, token=HTTP_TOKEN, extra=(), method="POST"):
+        """The bytes of one request (Connection: close); `extra` header lines are added as given."""
+        body = json.dumps(body if body is not None else HTTP_INITIALIZE).encode()
+        lines = [f"{method} /mcp HTTP/1.1", f"Host: 127.0.0.1:{self.port}", "Content-Type: application/json",
+                 "Accept: application/json, text/event-stream", f"Content-Length: {len(body)}", "Connection: close"]
+        if token:
+            lines.append(f"Authorization: Bearer {token}")
+        return ("\r\n".join([*lines, *extra]) + "\r\n\r\n").encode() + body
+
+    def exchange(self, data, timeout=30):
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(data)
+            return read_until_closed(s, timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise CaseFailed("the HTTP server did not stop on SIGTERM")
+        check(code == 0, f"the HTTP server exited with {code}: " + "".join(self.log)[-2000:])
+        wait_until(lambda: containers_of(self.proc.pid) == [] and volumes_of(self.proc.pid) == [], 60,
+                   "the HTTP server's sandboxes to go")
+
+
+HTTP_INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "suite", "version": "1"}}}
+
+
+@contextlib.contextmanager
+def http_serving(ctx, **env):
+    s = HttpServer(ctx.binary, {**ATTACK_ENV, **ctx.runtime_env, **env})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def read_until_closed(s, timeout):
+    s.settimeout(timeout)
+    received, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            return received
+        received += chunk
+    raise CaseFailed(f"the server did not close the connection within {timeout}s")
+
+
+def http_status(response):
+    check(response.startswith(b"HTTP/1.1 "), f"not an HTTP answer: {response[:200]!r}")
+    return int(response.split(b" ", 2)[1])
+
+
+async def http_answers_normally(url):
+    """The official client, over HTTP with the token, runs code: the server still serves."""
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {HTTP_TOKEN}"}) as http:
+        async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=120) as client:
+            result = await client.call_tool("run_python_ephemeral", {"code": "print(6 * 7)"})
+            check(result.is_error is False and result.structured_content["stdout"] == "42\n",
+                  f"the next call was not answered normally: {text_of(result)}")
+
+
+@case("http: half-open connections and a connection flood cannot starve the server", kind="attack-own-server")
+async def http_connection_flood(ctx):
+    with http_serving(ctx, SANDBOX_HTTP_HEADER_TIMEOUT="2s", SANDBOX_HTTP_MAX_CONNECTIONS="20") as s:
+        # 60 connections without a token: 20 send a head that never ends, 40 send nothing. The
+        # server serves 20 at once; the rest wait to be accepted.
+        flood = []
+        try:
+            for i in range(60):
+                c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+                if i < 20:
+                    c.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                flood.append(c)
+            # An honest client, queued behind them, is served once the stalled ones are closed.
+            answer = await asyncio.to_thread(s.exchange, s.request(), 60)
+            check(http_status(answer) == 200, f"the honest client got {answer[:200]!r}")
+            # Every flood connection is closed by the server (none answered with a session).
+            for c in flood:
+                closing = await asyncio.to_thread(read_until_closed, c, 60)
+                check(b"mcp-session-id" not in closing.lower(), f"a flood connection got a session: {closing[:200]!r}")
+        finally:
+            for c in flood:
+                c.close()
+        check(any("SANDBOX_HTTP_MAX_CONNECTIONS" in line for line in s.log), "the cap was never reached")
+        await http_answers_normally(s.url)
+
+
+@case("http: MCP session flood capped, repeated Authorization/Host refused", kind="attack-own-server")
+async def http_session_flood(ctx):
+    with http_serving(ctx, SANDBOX_HTTP_MAX_MCP_SESSIONS="3") as s:
+        # Thousands would be the attack; 12 at once show the cap holds under concurrency.
+        answers = await asyncio.gather(*(asyncio.to_thread(s.exchange, s.request()) for _ in range(12)))
+        statuses = sorted(http_status(a) for a in answers)
+        check(statuses == [200] * 3 + [429] * 9, f"initialize statuses {statuses}")
+        refusal = next(a for a in answers if http_status(a) == 429)
+        check(b"SANDBOX_HTTP_MAX_MCP_SESSIONS" in refusal, f"the 429 does not name its limit: {refusal[:400]!r}")
+        # Ending one session frees its place.
+        opened = next(a for a in answers if http_status(a) == 200)
+        sid = next(line.split(b":", 1)[1].strip().decode() for line in opened.split(b"\r\n")
+                   if line.lower().startswith(b"mcp-session-id:"))
+        ended = s.exchange(s.request(method="DELETE", extra=[f"Mcp-Session-Id: {sid}"]))
+        check(http_status(ended) == 204, f"DELETE got {ended[:200]!r}")
+        check(http_status(s.exchange(s.request())) == 200, "the freed place was not given to a new session")
+        # Two credentials, two hosts: refused before either is judged.
+        for extra, token in (([f"Authorization: Bearer wrong-{HTTP_TOKEN}"], HTTP_TOKEN),
+                             ([f"Authorization: Bearer {HTTP_TOKEN}"], f"wrong-{HTTP_TOKEN}"),
+                             (["Host: attacker.example"], HTTP_TOKEN)):
+            answer = s.exchange(s.request(token=token, extra=extra))
+            check(http_status(answer) == 400 and b"more than once" in answer, f"{extra}: {answer[:200]!r}")
+        # The sessions are all taken again: end them, then the official client gets one and runs code.
+        for a in answers:
+            if http_status(a) == 200:
+                sid = next(line.split(b":", 1)[1].strip().decode() for line in a.split(b"\r\n")
+                           if line.lower().startswith(b"mcp-session-id:"))
+                s.exchange(s.request(method="DELETE", extra=[f"Mcp-Session-Id: {sid}"]))
+        await http_answers_normally(s.url)
+
+
 COPY_OUT = r"""
 import os
 os.symlink('/etc/passwd', 'passwd-link')

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -411,3 +412,162 @@ async def test_sigterm_cancels_calls_and_removes_every_sandbox():
         assert sandboxes() == []
     finally:
         server.stop()
+
+
+# --- Limits: connections, request heads, MCP sessions, repeated headers (issue 13, item 6) ---
+
+
+def port_of(url):
+    return int(url.split(":")[2].split("/")[0])
+
+
+def raw_request(method="POST", body=None, token=TOKEN, extra=(), host=None, port=None):
+    """The bytes of one HTTP/1.1 request (Connection: close); `extra` adds header lines as given,
+    so a header can appear twice."""
+    body = json.dumps(INITIALIZE if body is None else body).encode() if not isinstance(body, bytes) else body
+    lines = [f"{method} /mcp HTTP/1.1", f"Host: {host or f'127.0.0.1:{port}'}",
+             "Accept: application/json, text/event-stream", "Content-Type: application/json",
+             f"Content-Length: {len(body)}", "Connection: close"]
+    if token is not None:
+        lines.append(f"Authorization: Bearer {token}")
+    lines += list(extra)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def exchange(port, data, timeout=30):
+    """Sends `data` on a fresh connection and reads until the server closes it (bounded)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        return read_to_close(s, timeout)
+
+
+def read_to_close(s, timeout=30):
+    s.settimeout(timeout)
+    received = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            return received
+        received += chunk
+    raise AssertionError(f"the connection was not closed within {timeout}s: {received[:200]!r}")
+
+
+def status_of(response):
+    assert response.startswith(b"HTTP/1.1 "), response[:200]
+    return int(response.split(b" ", 2)[1])
+
+
+def test_a_slow_loris_connection_is_closed_after_the_header_timeout_and_others_are_served():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_HTTP_HEADER_TIMEOUT="2s") as server:
+        port = port_of(server.url)
+        loris = []
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # a head that never ends
+            loris.append(s)
+        try:
+            # Meanwhile an honest client is served.
+            assert post(server.url).status_code == 200
+            # Each stalled connection is closed by the server (an answer, if any, then EOF).
+            for s in loris:
+                closing = read_to_close(s, timeout=30)
+                assert closing == b"" or status_of(closing) in (400, 408), closing[:200]
+        finally:
+            for s in loris:
+                s.close()
+        assert post(server.url).status_code == 200
+
+
+def test_connections_beyond_the_cap_wait_until_one_closes():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_HTTP_MAX_CONNECTIONS="3",
+                     SANDBOX_HTTP_HEADER_TIMEOUT="120s") as server:
+        port = port_of(server.url)
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        try:
+            # The fourth connects (the kernel's backlog) but is not served while three are open.
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as waiting:
+                waiting.sendall(raw_request(port=port))
+                waiting.settimeout(1.5)
+                with pytest.raises(socket.timeout):
+                    waiting.recv(1)
+                held.pop().close()
+                answer = read_to_close(waiting, timeout=30)
+                assert status_of(answer) == 200, answer[:300]
+        finally:
+            for s in held:
+                s.close()
+        assert any("SANDBOX_HTTP_MAX_CONNECTIONS" in line for line in server.log)
+
+
+def test_the_mcp_session_cap_refuses_the_next_initialize_until_one_ends():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_HTTP_MAX_MCP_SESSIONS="2") as server:
+        first, second = post(server.url), post(server.url)
+        assert first.status_code == second.status_code == 200
+        refused = post(server.url)
+        assert refused.status_code == 429, refused.text
+        answer = refused.json()
+        assert answer["id"] == INITIALIZE["id"] and answer["error"]["code"] == -32000, answer
+        assert "SANDBOX_HTTP_MAX_MCP_SESSIONS" in answer["error"]["message"]
+        assert "mcp-session-id" not in refused.headers
+        # The open sessions go on.
+        headers = {"mcp-session-id": first.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        post(server.url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, **headers)
+        listed = post(server.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, **headers)
+        assert listed.status_code == 200 and "run_python_ephemeral" in listed.text
+        # Ending one frees its place, for exactly one of several initializes sent at once.
+        with httpx2.Client(timeout=30) as http:
+            ended = http.delete(server.url, headers={**headers, "Authorization": f"Bearer {TOKEN}"})
+        assert ended.status_code == 204, ended.text
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(post(server.url).status_code)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(results) == [200, 429, 429, 429], results
+
+
+async def test_an_idle_mcp_session_that_owns_no_sandbox_ends_sooner():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_HTTP_MAX_MCP_SESSIONS="2",
+                     SANDBOX_HTTP_MCP_IDLE_TIMEOUT="3s") as server:
+        async with mcp_client(server.url) as owner:
+            cid = (await owner.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            idle = post(server.url)
+            assert idle.status_code == 200
+            assert post(server.url).status_code == 429  # both places taken
+            # The session that owns nothing ends; its place frees (bounded wait).
+            deadline = time.monotonic() + 60
+            while (opened := post(server.url)).status_code == 429 and time.monotonic() < deadline:
+                await anyio.sleep(0.5)
+            assert opened.status_code == 200, opened.text
+            gone = post(server.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                        **{"mcp-session-id": idle.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"})
+            assert gone.status_code == 404, gone.text
+            # The one that owns a sandbox session was idle as long, and is still there.
+            shown = await owner.call_tool("run_python", {"container_id": cid, "code": "print('kept')"})
+            assert shown.structured_content["stdout"] == "kept\n", text_of(shown)
+            assert any("SANDBOX_HTTP_MCP_IDLE_TIMEOUT" in line for line in server.log)
+
+
+def test_repeated_authorization_host_and_other_single_headers_are_400():
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN) as server:
+        port = port_of(server.url)
+        bad = f"Authorization: Bearer wrong-{TOKEN}"
+        cases = [
+            (TOKEN, [bad]),                                  # the right token first, a wrong one after
+            (None, [bad, f"Authorization: Bearer {TOKEN}"]),  # a wrong one first, the right one after
+            (TOKEN, [f"Authorization: Bearer {TOKEN}"]),      # the same token twice
+            (TOKEN, ["Host: attacker.example"]),              # an allowed Host first
+            (TOKEN, [f"Origin: http://127.0.0.1:{port}", "Origin: https://evil.example"]),
+            (TOKEN, ["Mcp-Session-Id: a", "Mcp-Session-Id: b"]),
+        ]
+        for token, extra in cases:
+            answer = exchange(port, raw_request(port=port, token=token, extra=extra))
+            assert status_of(answer) == 400, (extra, answer[:300])
+            assert b"more than once" in answer, answer[:300]
+        # Two Content-Length headers that differ: refused (by hyper, before the gate).
+        answer = exchange(port, raw_request(port=port, extra=["Content-Length: 5"]))
+        assert status_of(answer) == 400, answer[:300]
+        # The same request with each header once is served.
+        assert status_of(exchange(port, raw_request(port=port))) == 200
