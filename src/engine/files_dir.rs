@@ -81,17 +81,6 @@ pub fn prepare(dir: &Path) -> Result<(), FilesDirError> {
         ));
     }
     let me = euid();
-    let created = create_private(dir).map_err(|(path, e)| {
-        refuse(
-            format!("cannot create {}: {e}", path.display()),
-            "create it yourself (mkdir -p, chmod 700) or choose a directory this user can create"
-                .to_string(),
-        )
-    })?;
-    // What we created must still be ours, private and real (no one swapped it meanwhile).
-    for path in created.iter().chain(std::iter::once(&dir.to_path_buf())) {
-        check_private_dir(path, me).map_err(|(reason, fix)| refuse(reason, fix))?;
-    }
     // A link on the literal path may be changed by whoever owns it.
     let mut prefix = PathBuf::new();
     for component in dir.components() {
@@ -109,38 +98,60 @@ pub fn prepare(dir: &Path) -> Result<(), FilesDirError> {
             }
         }
     }
-    // Each directory above it, as resolved: another user must not be able to rename it away.
-    let real = fs::canonicalize(dir).map_err(|e| {
+    // Each existing directory above it, as resolved, judged before anything is created there:
+    // another user must not be able to rename it away.
+    let mut above = dir.parent();
+    while let Some(path) = above {
+        if fs::metadata(path).is_ok() {
+            break;
+        }
+        above = path.parent();
+    }
+    if let Some(above) = above {
+        let real = fs::canonicalize(above).map_err(|e| {
+            refuse(
+                format!("cannot resolve {}: {e}", above.display()),
+                "check the path".to_string(),
+            )
+        })?;
+        for ancestor in real.ancestors() {
+            let Ok(meta) = fs::metadata(ancestor) else {
+                continue;
+            };
+            let sticky = meta.mode() & 0o1000 != 0;
+            if meta.uid() != 0 && meta.uid() != me {
+                return Err(refuse(
+                    format!(
+                        "{}, a directory above it, belongs to uid {}, who could replace it",
+                        ancestor.display(),
+                        meta.uid()
+                    ),
+                    format!("choose a directory below ones owned by this user (uid {me}) or root"),
+                ));
+            }
+            if meta.mode() & 0o002 != 0 && !sticky {
+                return Err(refuse(
+                    format!(
+                        "{}, a directory above it, is writable by everyone (mode {:04o}) without the sticky bit, so anyone could replace it",
+                        ancestor.display(),
+                        meta.mode() & 0o7777
+                    ),
+                    format!("chmod o-w {} (or +t), or choose another directory", ancestor.display()),
+                ));
+            }
+        }
+    }
+    let created = create_private(dir).map_err(|(path, e)| {
         refuse(
-            format!("cannot resolve it: {e}"),
-            "check the path".to_string(),
+            format!("cannot create {}: {e}", path.display()),
+            "create it yourself (mkdir -p, chmod 700) or choose a directory this user can create"
+                .to_string(),
         )
     })?;
-    for ancestor in real.ancestors().skip(1) {
-        let Ok(meta) = fs::metadata(ancestor) else {
-            continue;
-        };
-        let sticky = meta.mode() & 0o1000 != 0;
-        if meta.uid() != 0 && meta.uid() != me {
-            return Err(refuse(
-                format!(
-                    "{}, a directory above it, belongs to uid {}, who could replace it",
-                    ancestor.display(),
-                    meta.uid()
-                ),
-                "choose a directory below ones owned by this user (uid {me}) or root".to_string(),
-            ));
-        }
-        if meta.mode() & 0o002 != 0 && !sticky {
-            return Err(refuse(
-                format!(
-                    "{}, a directory above it, is writable by everyone (mode {:04o}) without the sticky bit, so anyone could replace it",
-                    ancestor.display(),
-                    meta.mode() & 0o7777
-                ),
-                format!("chmod o-w {} (or +t), or choose another directory", ancestor.display()),
-            ));
-        }
+    // What we created must still be ours, private and real (no one swapped it meanwhile), and so
+    // must the directory itself.
+    for path in created.iter().chain(std::iter::once(&dir.to_path_buf())) {
+        check_private_dir(path, me).map_err(|(reason, fix)| refuse(reason, fix))?;
     }
     Ok(())
 }
@@ -519,9 +530,10 @@ mod tests {
         assert!(e.reason.contains("writable by group or others"), "{e}");
         assert!(e.fix.contains("chmod 700"), "{e}");
 
-        // Below an everyone-writable directory without the sticky bit.
-        let e = prepare(&shared.join("files")).unwrap_err();
+        // Below an everyone-writable directory without the sticky bit: refused, nothing created.
+        let e = prepare(&shared.join("files/deeper")).unwrap_err();
         assert!(e.reason.contains("without the sticky bit"), "{e}");
+        assert!(!shared.join("files").exists());
         fs::remove_dir_all(base).unwrap();
     }
 
@@ -542,6 +554,7 @@ mod tests {
         // And a directory below it: the other user could rename it away.
         let e = prepare(&planted.join("files")).unwrap_err();
         assert!(e.reason.contains("belongs to uid 4242"), "{e}");
+        assert!(!planted.join("files").exists(), "created in their directory");
         fs::remove_dir_all(base).unwrap();
     }
 
