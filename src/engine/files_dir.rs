@@ -5,9 +5,9 @@
 //! user (0700), and refuses a directory it cannot trust: a symbolic link, not a directory, owned by
 //! another user, writable by group or others, or below a directory another user could rename it
 //! from (owned by another user other than root, or writable by others without the sticky bit; a
-//! link on the way that another user owns). Someone who prepared the directory first could read the
-//! saved files or swap them; the server refuses to start rather than save less safely than
-//! configured.
+//! link on the way that another user owns; these are judged before anything is created below them).
+//! Someone who prepared the directory first could read the saved files or swap them; the server
+//! refuses to start rather than save less safely than configured.
 //!
 //! Retention ([`Retention`]) removes whole `run-…` and `session-…` directories: those whose newest
 //! entry is older than the maximum age, then the oldest until the total fits. It runs in the
@@ -554,7 +554,10 @@ mod tests {
         // And a directory below it: the other user could rename it away.
         let e = prepare(&planted.join("files")).unwrap_err();
         assert!(e.reason.contains("belongs to uid 4242"), "{e}");
-        assert!(!planted.join("files").exists(), "created in their directory");
+        assert!(
+            !planted.join("files").exists(),
+            "created in their directory"
+        );
         fs::remove_dir_all(base).unwrap();
     }
 
