@@ -41,7 +41,13 @@ impl NetworkPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FilePolicy {
     /// Host directory where they are saved (`<dir>/<run or session>/<path>`); `None`: not saved.
+    /// Checked at start-up (`engine::files_dir::prepare`): private to the server's user.
     pub persist_dir: Option<PathBuf>,
+    /// Retention of what is saved there: run and session directories whose newest file is older
+    /// than this are removed, ...
+    pub max_age: Duration,
+    /// ... and beyond this many bytes in total the oldest are removed first.
+    pub max_saved_bytes: u64,
     /// Limits on what is copied out of a sandbox per execution (and saved).
     pub max_file_bytes: u64,
     pub max_total_bytes: u64,
@@ -254,11 +260,9 @@ impl Default for Config {
             ca_bundle: None,
             runtime: None,
             files: FilePolicy {
-                persist_dir: Some(
-                    std::env::temp_dir()
-                        .join("python-sandbox-mcp")
-                        .join("files"),
-                ),
+                persist_dir: Some(default_files_dir()),
+                max_age: Duration::from_secs(7 * 24 * 60 * 60),
+                max_saved_bytes: 1 << 30,
                 max_file_bytes: 100 << 20,
                 max_total_bytes: 500 << 20,
                 max_count: 100,
@@ -360,6 +364,21 @@ pub const VARIABLES: &[Variable] = &[
         name: "SANDBOX_CA_BUNDLE",
         default: "(unset)",
         meaning: "host CA file for networked sandboxes",
+    },
+    Variable {
+        name: "SANDBOX_FILES_DIR",
+        default: "~/.local/state/python-code-sandbox/files",
+        meaning: "where files executions make are saved",
+    },
+    Variable {
+        name: "SANDBOX_FILES_MAX_AGE",
+        default: "7d",
+        meaning: "saved run/session directories older than this are removed",
+    },
+    Variable {
+        name: "SANDBOX_FILES_MAX_BYTES",
+        default: "1g",
+        meaning: "total of saved files; oldest removed first beyond it",
     },
     Variable {
         name: "SANDBOX_HTTP_TOKEN",
@@ -566,6 +585,21 @@ impl Config {
         }
         if let Some(v) = get("SANDBOX_FILES_MAX_COUNT") {
             files.max_count = parse_count("SANDBOX_FILES_MAX_COUNT", &v, 0, 10_000)?;
+        }
+        if let Some(v) = get("SANDBOX_FILES_MAX_AGE") {
+            files.max_age = parse_duration("SANDBOX_FILES_MAX_AGE", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_FILES_MAX_BYTES") {
+            files.max_saved_bytes = parse_bytes("SANDBOX_FILES_MAX_BYTES", &v, 1)?;
+        }
+        if files.max_saved_bytes < files.max_total_bytes {
+            return Err(ConfigError {
+                var: "SANDBOX_FILES_MAX_BYTES",
+                value: lookup("SANDBOX_FILES_MAX_BYTES")
+                    .unwrap_or_else(|| files.max_saved_bytes.to_string()),
+                expected: "a total at least SANDBOX_FILES_MAX_TOTAL (the files one execution \
+                           saves must fit), such as 1g",
+            });
         }
         if let Some(v) = get("SANDBOX_RETURN_MAX_FILE") {
             files.return_max_file_bytes = parse_bytes("SANDBOX_RETURN_MAX_FILE", &v, 1)?;
@@ -1063,6 +1097,32 @@ fn default_cache_dir() -> PathBuf {
     base.join("python-code-sandbox")
 }
 
+/// Where files are saved by default: private to the user, never under a fixed name in the shared
+/// temp dir. `$XDG_STATE_HOME/python-code-sandbox/files`, else
+/// `~/.local/state/python-code-sandbox/files`, else (no home) a temp-dir directory named with the
+/// uid, which start-up refuses if someone else made it.
+fn default_files_dir() -> PathBuf {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+                .map(|h| h.join(".local").join("state"))
+        });
+    match state {
+        Some(state) => state.join("python-code-sandbox").join("files"),
+        None => {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            std::env::temp_dir()
+                .join(format!("python-code-sandbox-{uid}"))
+                .join("files")
+        }
+    }
+}
+
 /// Whether `name` matches a glob `pattern` (`*` any run of characters, `?` one character).
 pub fn glob_matches(pattern: &str, name: &str) -> bool {
     let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
@@ -1225,6 +1285,49 @@ mod tests {
             Some(PathBuf::from("/srv/files"))
         );
         assert!(config(&[("SANDBOX_FILES_DIR", "relative")]).is_err());
+    }
+
+    #[test]
+    fn files_go_to_a_per_user_directory_by_default() {
+        let dir = config(&[]).unwrap().files.persist_dir.unwrap();
+        assert!(dir.ends_with("python-code-sandbox/files"), "{dir:?}");
+        if std::env::var_os("HOME").is_some() || std::env::var_os("XDG_STATE_HOME").is_some() {
+            assert!(!dir.starts_with(std::env::temp_dir()), "{dir:?}");
+        } else {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            assert!(dir
+                .to_string_lossy()
+                .contains(&format!("python-code-sandbox-{uid}")));
+        }
+    }
+
+    #[test]
+    fn files_retention_has_defaults_and_is_validated() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.files.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(c.files.max_saved_bytes, 1 << 30);
+        let c = config(&[
+            ("SANDBOX_FILES_MAX_AGE", "2h"),
+            ("SANDBOX_FILES_MAX_BYTES", "64k"),
+            ("SANDBOX_FILES_MAX_TOTAL", "32k"),
+        ])
+        .unwrap();
+        assert_eq!(c.files.max_age, Duration::from_secs(7200));
+        assert_eq!(c.files.max_saved_bytes, 64 << 10);
+        for (var, value) in [
+            ("SANDBOX_FILES_MAX_AGE", "soon"),
+            ("SANDBOX_FILES_MAX_AGE", "0"),
+            ("SANDBOX_FILES_MAX_BYTES", "lots"),
+            ("SANDBOX_FILES_MAX_BYTES", "0"),
+        ] {
+            let e = config(&[(var, value)]).unwrap_err();
+            assert_eq!(e.var, var);
+        }
+        // One execution's saved files (SANDBOX_FILES_MAX_TOTAL, 500m by default) must fit.
+        let e = config(&[("SANDBOX_FILES_MAX_BYTES", "100m")]).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_FILES_MAX_BYTES");
+        assert!(e.expected.contains("SANDBOX_FILES_MAX_TOTAL"), "{e}");
     }
 
     #[test]

@@ -212,3 +212,115 @@ async fn sigterm_during_a_run_removes_the_sandbox() {
     assert_eq!(status.code(), Some(130));
     assert_no_sandbox_of(pid).await;
 }
+
+/// A fresh private directory for one test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("pcs-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).expect("create a scratch directory");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    dir
+}
+
+/// Starts `args` with these files-directory settings and expects the start-up to be refused
+/// before anything else happens: exit 2, the directory, the reason and the fix on stderr.
+fn refused_at_start_up(args: &[&str], env: &[(&str, &std::path::Path)], reason: &str) {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env_remove("SANDBOX_FILES_DIR")
+        .env_remove("XDG_STATE_HOME")
+        .stdin(Stdio::null());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().expect("run the binary");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+    assert!(
+        stderr.contains("SANDBOX_FILES_DIR=")
+            && stderr.contains(reason)
+            && stderr.contains("Fix:")
+            && stderr.contains("SANDBOX_FILES_DIR= (empty)"),
+        "{args:?} {env:?}: {stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing was served: {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn an_untrusted_files_directory_stops_start_up_with_exit_2() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = scratch("files-dir");
+    let real = base.join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = base.join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let shared = base.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for args in [
+        &["run", "-"][..],
+        &["stdio"][..],
+        &["serve", "--http", "127.0.0.1:0"][..],
+    ] {
+        refused_at_start_up(args, &[("SANDBOX_FILES_DIR", &link)], "is a symbolic link");
+        refused_at_start_up(
+            args,
+            &[("SANDBOX_FILES_DIR", &shared)],
+            "writable by group or others (mode 0777)",
+        );
+    }
+    // Nothing was written through the link.
+    assert_eq!(std::fs::read_dir(&real).unwrap().count(), 0);
+
+    // Owned by another uid: only root can make one.
+    let planted = base.join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o700)).unwrap();
+    if std::os::unix::fs::chown(&planted, Some(4242), Some(4242)).is_ok() {
+        refused_at_start_up(
+            &["stdio"],
+            &[("SANDBOX_FILES_DIR", &planted)],
+            "belongs to uid 4242",
+        );
+    } else {
+        eprintln!("part skipped: chown to another uid needs root");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn the_default_files_directory_planted_by_another_user_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = scratch("planted-home");
+    let planted = home.join(".local/state/python-code-sandbox/files");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The default location follows HOME (XDG_STATE_HOME unset) and is checked like any other.
+    refused_at_start_up(
+        &["stdio"],
+        &[("HOME", &home)],
+        "writable by group or others",
+    );
+    let state = scratch("planted-state");
+    std::fs::create_dir_all(state.join("python-code-sandbox")).unwrap();
+    std::fs::create_dir(state.join("target")).unwrap();
+    std::os::unix::fs::symlink(
+        state.join("target"),
+        state.join("python-code-sandbox/files"),
+    )
+    .unwrap();
+    refused_at_start_up(
+        &["run", "-"],
+        &[("HOME", &home), ("XDG_STATE_HOME", &state)],
+        "is a symbolic link",
+    );
+    std::fs::remove_dir_all(&home).unwrap();
+    std::fs::remove_dir_all(&state).unwrap();
+}

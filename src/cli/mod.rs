@@ -332,7 +332,13 @@ async fn run(
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Err(e) = crate::engine::files_dir::prepare_configured(&config.files) {
+        eprintln!("python-code-sandbox: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
+    // A sweep of the saved files now, and after this run's save (cut short at exit, harmlessly).
+    let retention = engine.spawn_file_retention();
     let options = RunOptions {
         timeout,
         dependencies: deps,
@@ -347,6 +353,9 @@ async fn run(
     };
     // The sandbox is removed in the background once the result is in: wait for it.
     engine.settle().await;
+    if let Some(retention) = retention {
+        retention.abort();
+    }
     match outcome {
         Some(Ok(execution)) => report(&execution),
         Some(Err(e)) => infra_error(&e),

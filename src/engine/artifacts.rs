@@ -11,11 +11,12 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use std::collections::HashMap;
 
+use super::files_dir::{self, Retention};
 use super::protocol::is_safe_relative_path;
 use super::sandbox::{Changes, Sandbox, WorkspacePath};
 use super::EngineError;
@@ -38,14 +39,28 @@ pub struct Artifact {
     pub figure: bool,
 }
 
+/// Where an execution's files are saved: its run (or session) directory, and the retention that
+/// must spare that directory while they are written.
+#[derive(Clone, Copy)]
+pub struct Destination<'a> {
+    pub run_dir: &'a str,
+    pub retention: Option<&'a Retention>,
+}
+
 /// Copies out what an execution changed and applies the policy. Never fails: a file that cannot
 /// be fetched or saved is reported with the reason.
 pub async fn collect(
     sandbox: &mut Sandbox,
     changes: Changes,
     policy: &FilePolicy,
-    run_dir: &str,
+    destination: Destination<'_>,
 ) -> Vec<Artifact> {
+    let Destination { run_dir, retention } = destination;
+    // No sweep removes the run's directory while its files are written (streamed, then figures).
+    let saving = policy
+        .persist_dir
+        .as_ref()
+        .and_then(|_| retention.map(|r| r.saving(run_dir)));
     let (max_file, max_total, max_count) = policy.copy_limits();
     let mut artifacts = Vec::new();
     let mut copied_bytes = 0u64;
@@ -128,6 +143,12 @@ pub async fn collect(
 
     if let Some(root) = &policy.persist_dir {
         save_all(root, run_dir, &mut artifacts);
+        drop(saving);
+        if let Some(retention) = retention {
+            if artifacts.iter().any(|a| a.saved_to.is_some()) {
+                retention.saved();
+            }
+        }
     }
     apply_return_limits(policy, &mut artifacts);
     if changes.left_out > 0 {
@@ -493,34 +514,22 @@ fn create_saved(
     Ok((file, target))
 }
 
-/// The persistence root: created private to this user; refused when it is a link or someone
-/// else's directory (in a shared /tmp another user could prepare either).
+/// The persistence root: checked at start-up ([`files_dir::prepare`]); here again before each
+/// save, cheaply: created private to this user if it went missing, refused when it became a link,
+/// someone else's directory or writable by others.
 fn prepare_root(root: &Path) -> std::io::Result<()> {
     use std::io::{Error, ErrorKind};
     match fs::symlink_metadata(root) {
-        Ok(meta) => {
-            if !meta.is_dir() {
-                return Err(Error::other(format!(
-                    "{} is not a directory",
-                    root.display()
-                )));
-            }
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let me = unsafe { libc::geteuid() };
-            if meta.uid() != me {
-                return Err(Error::new(
-                    ErrorKind::PermissionDenied,
-                    format!("{} belongs to another user", root.display()),
-                ));
-            }
-            Ok(())
-        }
+        Ok(_) => {}
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            fs::create_dir_all(root)?;
-            fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+            files_dir::create_private(root).map_err(|(_, e)| e)?;
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
     }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    files_dir::check_private_dir(root, me)
+        .map_err(|(reason, _)| Error::new(ErrorKind::PermissionDenied, reason))
 }
 
 fn ensure_real_dir(dir: &Path) -> std::io::Result<()> {
@@ -672,6 +681,29 @@ mod tests {
     }
 
     #[test]
+    fn a_root_that_became_a_link_or_shared_is_refused_when_saving() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("pcs-save-{}", uuid::Uuid::new_v4().simple()));
+        // Gone: created again, private.
+        let root = base.join("files");
+        save(&root, "run-1", "a.txt", b"x").unwrap();
+        assert_eq!(
+            fs::metadata(&root).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = save(&root, "run-2", "a.txt", b"x").unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&root, &link).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).unwrap();
+        let e = save(&link, "run-3", "a.txt", b"x").unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(!root.join("run-2").exists() && !root.join("run-3").exists());
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
     fn types_come_from_the_bytes_for_images() {
         assert_eq!(sniff_mime(b"\x89PNG\r\n\x1a\nrest", "x.bin"), "image/png");
         assert_eq!(
@@ -694,6 +726,8 @@ mod tests {
             return_max_file_bytes: 10,
             return_max_total_bytes: 15,
             return_max_count: 2,
+            max_age: std::time::Duration::from_secs(3600),
+            max_saved_bytes: 1000,
         }
     }
 

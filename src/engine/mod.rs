@@ -6,6 +6,8 @@
 //! - [`sandbox`]: one sandbox's lifecycle as explicit states, with timeouts and recovery.
 //! - [`owner`]: labels naming the server instance, to clean up what a dead server left.
 //! - [`artifacts`]: files an execution made, copied out safely, saved and selected for return.
+//! - [`files_dir`]: the host directory they are saved in: checked at start-up, kept within its
+//!   retention.
 //! - [`deps`] and [`installer`]: validated requirements, installed in a separate sandbox into a
 //!   shared read-only cache.
 //! - [`pool`]: sandboxes started ahead of time.
@@ -17,6 +19,7 @@ pub mod artifacts;
 pub mod backend;
 pub mod deps;
 pub mod docker;
+pub mod files_dir;
 pub mod installer;
 pub mod owner;
 pub mod pool;
@@ -151,6 +154,8 @@ pub struct Engine {
     identified: tokio::sync::OnceCell<()>,
     /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
     pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The retention of saved files (`None` when nothing is saved).
+    retention: Option<Arc<files_dir::Retention>>,
 }
 
 impl Engine {
@@ -163,6 +168,7 @@ impl Engine {
             background: tokio_util::task::TaskTracker::new(),
             identified: tokio::sync::OnceCell::new(),
             pool_task: std::sync::Mutex::new(None),
+            retention: files_dir::Retention::new(&config.files),
             backend,
             config,
             owner: Owner::current(),
@@ -290,6 +296,12 @@ impl Engine {
         }
     }
 
+    /// Starts keeping the saved files within their retention, in the background (a sweep now,
+    /// after saves, and hourly); `None` when nothing is saved. Abort the handle to stop.
+    pub fn spawn_file_retention(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.retention.as_ref().map(|retention| retention.spawn())
+    }
+
     pub(crate) fn pool_wake(&self) -> Arc<tokio::sync::Notify> {
         self.pool.wake()
     }
@@ -413,7 +425,16 @@ impl Engine {
         {
             return;
         }
-        execution.files = artifacts::collect(sandbox, changes, &self.config.files, run_dir).await;
+        execution.files = artifacts::collect(
+            sandbox,
+            changes,
+            &self.config.files,
+            artifacts::Destination {
+                run_dir,
+                retention: self.retention.as_deref(),
+            },
+        )
+        .await;
     }
 
     /// One execution with the configured limits and the call's overrides.

@@ -356,7 +356,11 @@ impl SandboxServer {
                 .await
             {
                 Ok(id) => structured(
-                    format!("Session {id} stopped and removed."),
+                    if self.engine.config().files.persist_dir.is_some() {
+                        format!("Session {id} stopped and its sandbox removed; the files it saved stay on the host.")
+                    } else {
+                        format!("Session {id} stopped and its sandbox removed.")
+                    },
                     &StopOutput {
                         container_id: id,
                         stopped: true,
@@ -780,11 +784,16 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
         )
     };
     let execution_schema = schema_for_output::<render::ExecutionOutput>();
+    let retention = format!(
+        "kept {}, and the oldest removed first beyond {} in total",
+        render::human(config.files.max_age),
+        bytes(config.files.max_saved_bytes)
+    );
     let files = match &config.files.persist_dir {
         Some(dir) => format!(
             "Files the code creates or changes in /workspace come back: images (and matplotlib figures, \
              plt.show() or left open) as images, other files as resources, up to {} each; every file is \
-             also saved on the server's host under {}.",
+             also saved on the server's host under {} ({retention}).",
             bytes(config.files.return_max_file_bytes),
             dir.display()
         ),
@@ -864,7 +873,18 @@ fn describe(router: &mut ToolRouter<SandboxServer>, config: &Config) {
         ),
         (
             "sandbox_stop",
-            "Stop a session started by sandbox_initialize and delete its sandbox and files.".to_string(),
+            match &config.files.persist_dir {
+                Some(dir) => format!(
+                    "Stop a session started by sandbox_initialize and remove its sandbox: its variables \
+                     and /workspace are gone. Files its executions already saved on the host under {} \
+                     stay there (the paths results gave keep working; {retention})."
+                    ,
+                    dir.display()
+                ),
+                None => "Stop a session started by sandbox_initialize and remove its sandbox: its \
+                         variables and /workspace files are gone (nothing is saved on the host)."
+                    .to_string(),
+            },
             Some(schema_for_output::<StopOutput>()),
         ),
         (
@@ -902,11 +922,17 @@ pub(crate) struct Running {
     pub pypi: Arc<PypiSearch>,
     reaper: tokio::task::JoinHandle<()>,
     cleanup: tokio::task::JoinHandle<()>,
+    retention: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Starts the engine: the session reaper, the warm pool, and (in the background) the removal of
-/// what dead servers left. Nothing here waits for Docker.
+/// what dead servers left and the retention of saved files. Nothing here waits for Docker. A files
+/// directory that cannot be trusted stops start-up (exit 2).
 pub(crate) fn start(config: Config) -> Result<Running, ExitCode> {
+    if let Err(e) = crate::engine::files_dir::prepare_configured(&config.files) {
+        eprintln!("python-code-sandbox: {e}");
+        return Err(ExitCode::from(crate::cli::EXIT_CONFIG));
+    }
     let pypi = match PypiSearch::new(
         &config.pypi_url,
         config.cache_dir.join("pypi"),
@@ -933,12 +959,14 @@ pub(crate) fn start(config: Config) -> Result<Running, ExitCode> {
         })
     };
     let reaper = engine.spawn_reaper();
+    let retention = engine.spawn_file_retention();
     engine.start_pool();
     Ok(Running {
         engine,
         pypi,
         reaper,
         cleanup,
+        retention,
     })
 }
 
@@ -947,6 +975,9 @@ impl Running {
     pub(crate) async fn stop(self) {
         self.reaper.abort();
         self.cleanup.abort();
+        if let Some(retention) = &self.retention {
+            retention.abort();
+        }
         self.engine.shutdown().await;
     }
 }

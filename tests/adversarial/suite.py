@@ -674,6 +674,168 @@ async def http_session_flood(ctx):
         await http_answers_normally(s.url)
 
 
+# --- files directory (issue 13, item 7): who owns SANDBOX_FILES_DIR, and retention -----------------
+
+def start_refused(binary, env):
+    """Starts the server with `env`; it must refuse at start-up: exit 2, before serving."""
+    merged = {k: v for k, v in os.environ.items() if k not in ("SANDBOX_FILES_DIR", "XDG_STATE_HOME")}
+    merged.update({**ATTACK_ENV, "LOG_LEVEL": "warn"})
+    merged.pop("SANDBOX_FILES_DIR")
+    merged.update(env)
+    process = subprocess.Popen([binary, "stdio"], env=merged, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "suite", "version": "1"}}}
+    try:
+        out, err = process.communicate(json.dumps(init).encode() + b"\n", timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise CaseFailed(f"the server did not refuse {env}: it kept running")
+    err = err.decode(errors="replace")
+    check(process.returncode == 2, f"exit {process.returncode} with {env}: {err.strip()}")
+    check(out == b"", f"it answered before refusing: {out[:200]!r}")
+    check("SANDBOX_FILES_DIR=" in err and "Fix:" in err, f"no clear reason and fix: {err.strip()}")
+    check(not containers_of(process.pid), "a sandbox was started before the refusal")
+    return err
+
+
+def listing(path):
+    return sorted(os.listdir(path))
+
+
+@case("files dir: a directory planted by another user is refused at start-up", kind="attack-own-server")
+async def files_dir_planted(ctx):
+    if os.geteuid() != 0:
+        raise Skip("planting a directory owned by another uid needs root")
+    with tempfile.TemporaryDirectory() as base:
+        other = 4242
+        # The old default's attack: another user makes the directory first, then reads what lands in it.
+        planted = os.path.join(base, "planted")
+        os.mkdir(planted, 0o755)
+        os.chown(planted, other, other)
+        err = start_refused(ctx.binary, {"SANDBOX_FILES_DIR": planted})
+        check(f"belongs to uid {other}" in err, err)
+        # The per-user default, planted below a home: refused the same way.
+        home = os.path.join(base, "home")
+        default = os.path.join(home, ".local", "state", "python-code-sandbox", "files")
+        os.makedirs(default, 0o700)
+        os.chown(default, other, other)
+        err = start_refused(ctx.binary, {"HOME": home})
+        check(default in err and f"belongs to uid {other}" in err, err)
+        # Below a directory the other user owns (who could rename ours away): refused too.
+        err = start_refused(ctx.binary, {"SANDBOX_FILES_DIR": os.path.join(planted, "mine")})
+        check("a directory above it" in err, err)
+        # Open to everyone, or a link (which only ever produced a per-file note before).
+        shared = os.path.join(base, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        err = start_refused(ctx.binary, {"SANDBOX_FILES_DIR": shared})
+        check("writable by group or others" in err, err)
+        real = os.path.join(base, "real")
+        os.mkdir(real, 0o700)
+        link = os.path.join(base, "link")
+        os.symlink(real, link)
+        err = start_refused(ctx.binary, {"SANDBOX_FILES_DIR": link})
+        check("symbolic link" in err, err)
+        check(listing(planted) == [] and listing(shared) == [] and listing(real) == [], "something was written")
+        # A directory the server makes itself is private, and used.
+        fresh = os.path.join(base, "fresh", "files")
+        async with server(ctx.binary, **{**ATTACK_ENV, "SANDBOX_FILES_DIR": fresh, **ctx.runtime_env}) as s:
+            result = await s.run("open('out.txt', 'w').write('mine')")
+            check(result.is_error is False, text_of(result))
+            [saved] = result.structured_content["files"]
+            check((saved["saved_to"] or "").startswith(fresh + "/run-"), f"{saved}")
+            for path in (os.path.dirname(fresh), fresh):
+                mode = os.lstat(path).st_mode & 0o777
+                check(mode == 0o700, f"{path} has mode {mode:o}")
+            await s.answers_normally()
+            await s.nothing_left()
+
+
+def saved_total(files_dir):
+    """Bytes in the run and session directories, links counted as themselves (never followed)."""
+    total = 0
+    for name in os.listdir(files_dir):
+        top = os.path.join(files_dir, name)
+        if not (name.startswith("run-") or name.startswith("session-")) or os.path.islink(top):
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            for entry in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                total += os.lstat(os.path.join(dirpath, entry)).st_size
+    return total
+
+
+def age_tree(path, days):
+    when = time.time() - days * 86400
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames + dirnames:
+            os.utime(os.path.join(dirpath, name), (when, when), follow_symlinks=False)
+    os.utime(path, (when, when))
+
+
+async def eventually(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.2)
+    raise CaseFailed(f"timed out waiting for: {what}")
+
+
+@case("files dir: retention bounds the total and the age, and never follows a link", kind="attack-own-server")
+async def files_dir_retention(ctx):
+    limit = 64 << 10
+    with tempfile.TemporaryDirectory() as files_dir, tempfile.TemporaryDirectory() as outside:
+        precious = os.path.join(outside, "precious.bin")
+        with open(precious, "wb") as f:
+            f.write(os.urandom(50 << 10))
+        # Left by earlier servers: one expired, one old (the first to go when over the total), the
+        # old one holding links a local user planted out to other files.
+        os.makedirs(os.path.join(files_dir, "run-expired"))
+        with open(os.path.join(files_dir, "run-expired", "a.txt"), "w") as f:
+            f.write("x" * 1000)
+        age_tree(os.path.join(files_dir, "run-expired"), 30)
+        os.makedirs(os.path.join(files_dir, "run-oldest"))
+        os.symlink(outside, os.path.join(files_dir, "run-oldest", "escape"))
+        os.symlink(precious, os.path.join(files_dir, "run-oldest", "file-escape"))
+        with open(os.path.join(files_dir, "run-oldest", "b.txt"), "w") as f:
+            f.write("y" * 1000)
+        age_tree(os.path.join(files_dir, "run-oldest"), 2)
+        # Not the server's: a link named like a run, and another directory. Never touched.
+        os.symlink(outside, os.path.join(files_dir, "run-link"))
+        os.makedirs(os.path.join(files_dir, "notes"))
+        with open(os.path.join(files_dir, "notes", "keep.txt"), "w") as f:
+            f.write("mine")
+        age_tree(os.path.join(files_dir, "notes"), 30)
+        env = {**ATTACK_ENV, "SANDBOX_FILES_DIR": files_dir, "SANDBOX_FILES_MAX_AGE": "7d",
+               "SANDBOX_FILES_MAX_BYTES": str(limit), "SANDBOX_FILES_MAX_TOTAL": "40k",
+               "SANDBOX_FILES_MAX_FILE": "40k", **ctx.runtime_env}
+        async with server(ctx.binary, **env) as s:
+            # The start-up sweep removes the expired directory only: the total is within the limit.
+            await eventually(lambda: not os.path.exists(os.path.join(files_dir, "run-expired")), 60,
+                             "the expired directory to be removed at start-up")
+            check(os.path.isdir(os.path.join(files_dir, "run-oldest")), "a directory within the limits was removed")
+            saved = []
+            for n in range(5):
+                result = await s.run(f"import os\nopen('out{n}.bin', 'wb').write(os.urandom(30 << 10))")
+                check(result.is_error is False, text_of(result))
+                [file] = result.structured_content["files"]
+                check(file["saved_to"], f"not saved: {file}")
+                saved.append(file["saved_to"])
+            await eventually(lambda: saved_total(files_dir) <= limit and os.path.exists(saved[-1]), 60,
+                             f"the saved total to come within {limit} bytes (now {saved_total(files_dir)})")
+            check(not os.path.exists(os.path.join(files_dir, "run-oldest")), "the oldest directory was kept")
+            check(not os.path.exists(saved[0]), "the oldest run was kept while newer ones were removed")
+            check(os.path.isfile(precious) and os.path.getsize(precious) == 50 << 10 and listing(outside) == ["precious.bin"],
+                  f"a link was followed: {listing(outside)}")
+            check(os.path.islink(os.path.join(files_dir, "run-link")), "a link that is not the server's was touched")
+            check(os.path.isfile(os.path.join(files_dir, "notes", "keep.txt")), "a directory that is not the server's was touched")
+            check(not any(n.startswith(".trash-") for n in listing(files_dir)), f"left over: {listing(files_dir)}")
+            await s.answers_normally()
+            await s.nothing_left()
+
+
 COPY_OUT = r"""
 import os
 os.symlink('/etc/passwd', 'passwd-link')

@@ -99,15 +99,18 @@ async def test_two_ephemeral_runs_never_see_each_others_files():
 
 async def test_persistence_default_custom_and_off(tmp_path):
     code = "open('kept.txt', 'w').write('persisted')"
-    # Default: under the OS temp dir, python-sandbox-mcp/files/<run>/.
-    async with connect() as client:
+    # Default: per user, $XDG_STATE_HOME/python-code-sandbox/files/<run>/, created private.
+    state = tmp_path / "state"
+    async with connect(XDG_STATE_HOME=str(state)) as client:
         env_files = os.environ.get("SANDBOX_FILES_DIR")
         assert env_files is None, "the suite runs with the default persistence setting"
         result = await client.call_tool("run_python_ephemeral", {"code": code})
         [kept] = result.structured_content["files"]
-        assert "/python-sandbox-mcp/files/run-" in kept["saved_to"]
+        assert kept["saved_to"].startswith(str(state / "python-code-sandbox" / "files" / "run-"))
         assert pathlib.Path(kept["saved_to"]).read_text() == "persisted"
         assert kept["saved_to"] in text_of(result)
+        for private in (state, state / "python-code-sandbox", state / "python-code-sandbox" / "files"):
+            assert private.stat().st_mode & 0o777 == 0o700, private
     # Custom directory.
     async with connect(SANDBOX_FILES_DIR=str(tmp_path)) as client:
         result = await client.call_tool("run_python_ephemeral", {"code": code})
@@ -196,3 +199,27 @@ async def test_copy_out_attacks_leak_nothing(tmp_path):
             assert not path.is_symlink(), path
             if path.is_file():
                 assert b"root:x:0:0" not in path.read_bytes(), path
+
+
+async def test_sandbox_stop_keeps_the_saved_files_as_its_description_says(tmp_path):
+    """The saved files are the user's results (a path a result gave): stopping the session removes
+    its sandbox, not them; the tool's description says so, and names the retention."""
+    async with connect(SANDBOX_FILES_DIR=str(tmp_path), SANDBOX_FILES_MAX_AGE="3d") as client:
+        [stop] = [t for t in (await client.list_tools()).tools if t.name == "sandbox_stop"]
+        assert "stay there" in stop.description and str(tmp_path) in stop.description, stop.description
+        assert "kept 3days" in stop.description, stop.description
+        assert "delete its sandbox and files" not in stop.description
+        cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+        result = await client.call_tool("run_python", {"container_id": cid, "code": "open('result.txt', 'w').write('the answer')"})
+        assert result.is_error is False, text_of(result)
+        [saved] = result.structured_content["files"]
+        saved = pathlib.Path(saved["saved_to"])
+        assert saved.is_relative_to(tmp_path) and saved.parent.name.startswith("session-")
+        stopped = await client.call_tool("sandbox_stop", {"container_id": cid})
+        assert stopped.is_error is False and stopped.structured_content["stopped"] is True
+        assert "the files it saved stay on the host" in text_of(stopped)
+        assert saved.read_text() == "the answer"
+        gone = await client.call_tool("run_python", {"container_id": cid, "code": "print(1)"})
+        assert gone.is_error is True
+    # And after the server is gone: still there (nothing is removed at exit).
+    assert saved.read_text() == "the answer"
