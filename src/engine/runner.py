@@ -372,14 +372,24 @@ def kind_of(mode):
     return "special"
 
 
-def snapshot(root=WORKSPACE):
-    """The workspace's entries, without following links: path -> (kind, size, mtime, inode)."""
+def snapshot():
+    """The workspace's entries, without following links: path -> (kind, size, mtime, inode).
+    Directories are opened one component at a time like open_in_workspace, so a directory the
+    code swaps for a link while it is walked is skipped, never listed from where the link points."""
     entries = {}
     stack = [""]
     while stack:
         rel = stack.pop()
         try:
-            with os.scandir(os.path.join(root, rel) if rel else root) as it:
+            if rel:
+                parts = os.fsencode(rel).split(b"/")
+                fd = open_in_workspace(parts, os.O_RDONLY | os.O_DIRECTORY)
+            else:
+                fd = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as it:
                 for entry in it:
                     if len(entries) >= TRACK_LIMIT:
                         return entries, True
@@ -394,6 +404,8 @@ def snapshot(root=WORKSPACE):
                     entries[path] = (kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino)
         except OSError:
             pass
+        finally:
+            os.close(fd)
     return entries, False
 
 
@@ -444,10 +456,39 @@ def requested_path(request):
     return parts
 
 
+def open_beneath(directory, name, flags, mode=0o644):
+    """Opens `name` in the directory open as `directory`, refusing a link: O_NOFOLLOW, and the
+    opened file must be the one lstat saw just before (some runtimes follow a link to a directory
+    despite O_NOFOLLOW, and the code can swap a name for a link between any two steps)."""
+    try:
+        before = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+        before = None
+    if before is not None and stat.S_ISLNK(before.st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link")
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NOCTTY, mode, dir_fd=directory)
+    try:
+        after = os.fstat(fd)
+        if before is not None and (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+            raise OSError(errno.ELOOP, "replaced by a link while being opened")
+        if before is None:
+            # Created just now: it must be the entry the name holds, not something a link reached.
+            now = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != (after.st_dev, after.st_ino):
+                raise OSError(errno.ELOOP, "replaced by a link while being created")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_in_workspace(parts, flags, mode=0o644, make_parents=False):
     """Opens /workspace/<parts> without following any link on the way: each directory is opened
-    relative to the one before with O_NOFOLLOW, so a link swapped in anywhere fails instead of
-    leading out. Runs as the sandbox's user: what it cannot open, it cannot hand out."""
+    relative to the one before, and checked to be what its name held (see open_beneath), so a link
+    swapped in anywhere fails instead of leading out. Runs as the sandbox's user: what it cannot
+    open, it cannot hand out."""
     directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in parts[:-1]:
@@ -456,10 +497,10 @@ def open_in_workspace(parts, flags, mode=0o644, make_parents=False):
                     os.mkdir(part, 0o755, dir_fd=directory)
                 except FileExistsError:
                     pass
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            inner = open_beneath(directory, part, os.O_RDONLY | os.O_DIRECTORY)
             os.close(directory)
             directory = inner
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NOCTTY, mode, dir_fd=directory)
+        return open_beneath(directory, parts[-1], flags, mode)
     finally:
         os.close(directory)
 
@@ -535,16 +576,20 @@ def list_directory(rel):
     path = os.path.normpath(os.path.join(WORKSPACE, rel))
     if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
         return {"error": "the path is outside /workspace"}
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        return {"error": "%s: %s" % (rel or ".", e.strerror)}
-    if not stat.S_ISDIR(st.st_mode):
-        return {"error": "%s is not a directory" % (rel or ".")}
+    relative = path[len(WORKSPACE) + 1:]
     entries = []
     truncated = False
     try:
-        with os.scandir(path) as it:
+        if relative:
+            fd = open_in_workspace(os.fsencode(relative).split(b"/"), os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            fd = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ENOTDIR:
+            return {"error": "%s is not a directory" % (rel or ".")}
+        return {"error": "%s: %s" % (rel or ".", describe_error(e))}
+    try:
+        with os.scandir(fd) as it:
             for entry in it:
                 if len(entries) >= 1000:
                     truncated = True
@@ -558,6 +603,8 @@ def list_directory(rel):
                 entries.append(item)
     except OSError as e:
         return {"error": "%s: %s" % (rel or ".", e.strerror)}
+    finally:
+        os.close(fd)
     entries.sort(key=lambda e: e["name"])
     return {"entries": entries, "truncated": truncated}
 

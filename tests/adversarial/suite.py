@@ -988,7 +988,9 @@ async def copy_out_as_user(ctx):
                     check(ROOT_SECRET not in str(result.content) and "root:" not in str(result.content), f"{path} leaked")
             for n in range(20):
                 result = await s.in_session(sid, f"open('n{n}.txt', 'w').write('x')")
-                check(ROOT_SECRET not in str(result.content) and "root:" not in str(result.content), "copy-out leaked")
+                shown = str(result.content)
+                at = max(shown.find(ROOT_SECRET), shown.find("root:"))
+                check(at < 0, f"copy-out leaked: {shown[max(0, at - 300):at + 100]}")
             for path, data in saved_tree(files_dir):
                 check(ROOT_SECRET.encode() not in data and b"root:" not in data, f"saved a root-only file: {path}")
             await s.call("sandbox_stop", {"container_id": sid})
