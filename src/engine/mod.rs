@@ -17,6 +17,7 @@ pub mod artifacts;
 pub mod backend;
 pub mod deps;
 pub mod docker;
+pub mod egress;
 pub mod installer;
 pub mod owner;
 pub mod pool;
@@ -220,6 +221,9 @@ impl Engine {
             runtime: self.config.runtime.clone(),
             command: protocol::bootstrap_command(),
             labels: self.owner.labels(kind),
+            network_name: None,
+            env: Vec::new(),
+            maintenance: false,
         }
     }
 
