@@ -494,6 +494,11 @@ def direct(address):
     finally:
         s.close()
 print("listener", direct(("HOST", PORT)))
+try:
+    socket.getaddrinfo("pypi.org", 443)
+    print("dns resolves")
+except OSError:
+    print("dns fails")
 def connect_via_proxy(target):
     s = socket.create_connection(proxy, timeout=30)
     s.sendall(b"CONNECT " + target.encode() + b" HTTP/1.1\r\nHost: " + target.encode() + b"\r\n\r\n")
@@ -514,25 +519,29 @@ print(s.recv(200).split(b"\r\n")[0].decode())
         let seen = engine.probe_installer_network(&probe).await.expect("probe");
         let out = text(&seen.stdout);
         let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.len(), 6, "{out}\n{}", text(&seen.stderr));
+        assert_eq!(lines.len(), 7, "{out}\n{}", text(&seen.stderr));
         assert!(
             lines[1] != "listener connected",
             "the host's listener was reached directly: {out}"
         );
         assert_eq!(
-            lines[2], "proxy to listener HTTP/1.1 403 Forbidden",
+            lines[2], "dns fails",
+            "the installer has no resolver: {out}"
+        );
+        assert_eq!(
+            lines[3], "proxy to listener HTTP/1.1 403 Forbidden",
             "{out}"
         );
         assert_eq!(
-            lines[3], "proxy to another host HTTP/1.1 403 Forbidden",
+            lines[4], "proxy to another host HTTP/1.1 403 Forbidden",
             "{out}"
         );
         assert_eq!(
-            lines[4], "proxy to pypi HTTP/1.1 200 Connection established",
+            lines[5], "proxy to pypi HTTP/1.1 200 Connection established",
             "{out}"
         );
         assert_eq!(
-            lines[5], "plain http to listener HTTP/1.1 403 Forbidden",
+            lines[6], "plain http to listener HTTP/1.1 403 Forbidden",
             "{out}"
         );
     })
