@@ -40,6 +40,14 @@ if [ -z "${SANDBOX_CA_BUNDLE:-}" ] && [ -s /etc/ssl/certs/ca-certificates.crt ];
   export SANDBOX_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 fi
 export SANDBOX_DEPS_VOLUME=pcs-test-deps
+# The installer's egress proxy refuses index hosts that resolve to non-public addresses; behind
+# this machine's intercepting proxy PyPI's names do, so the tests allow them explicitly.
+if [ -z "${SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE:-}" ] && python3 -c '
+import ipaddress, socket, sys
+a = {i[4][0] for h in ("pypi.org", "files.pythonhosted.org") for i in socket.getaddrinfo(h, 443)}
+sys.exit(0 if any(not ipaddress.ip_address(x).is_global for x in a) else 1)' 2>/dev/null; then
+  export SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE=pypi.org,files.pythonhosted.org
+fi
 # Downloads are cached in a host directory (uid 1000 writes it), so the engine keeps no volume.
 export PIP_CACHE_PATH="$PWD/.cache/download-cache"
 mkdir -p "$PIP_CACHE_PATH"

@@ -99,6 +99,15 @@ pub struct DependencyPolicy {
     pub index_url: Option<String>,
     pub extra_index_urls: Vec<String>,
     pub download_cache: DownloadCache,
+    /// Build source distributions (`SANDBOX_ALLOW_SOURCE_BUILDS`); off, wheels only.
+    pub allow_source_builds: bool,
+    /// Extra hosts the installer may reach through its proxy (`SANDBOX_DEPS_EGRESS_ALLOW`).
+    pub egress_allow: Vec<(String, u16)>,
+    /// Allowed hosts that may resolve to private addresses (`SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE`).
+    pub egress_allow_private: Vec<String>,
+    /// Size of the installer's staging tmpfs (`SANDBOX_DEPS_INSTALL_MAX`): an install that
+    /// writes more fails with ENOSPC.
+    pub install_max_bytes: u64,
 }
 
 /// A host directory the operator mounts into every sandbox.
@@ -278,6 +287,10 @@ impl Default for Config {
                 index_url: None,
                 extra_index_urls: Vec::new(),
                 download_cache: DownloadCache::Volume("python-code-sandbox-pip-cache".to_string()),
+                allow_source_builds: false,
+                egress_allow: Vec::new(),
+                egress_allow_private: Vec::new(),
+                install_max_bytes: 2 << 30,
             },
             mounts: Vec::new(),
             allowed_images: Vec::new(),
@@ -429,6 +442,26 @@ pub const VARIABLES: &[Variable] = &[
         name: "SANDBOX_HTTP_MCP_IDLE_TIMEOUT",
         default: "5m",
         meaning: "expiry of an idle MCP session owning no sandbox",
+    },
+    Variable {
+        name: "SANDBOX_ALLOW_SOURCE_BUILDS",
+        default: "false",
+        meaning: "build source distributions during installs (runs package code)",
+    },
+    Variable {
+        name: "SANDBOX_DEPS_EGRESS_ALLOW",
+        default: "none",
+        meaning: "extra hosts the installer's proxy lets through",
+    },
+    Variable {
+        name: "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE",
+        default: "none",
+        meaning: "allowed hosts that may resolve to private addresses",
+    },
+    Variable {
+        name: "SANDBOX_DEPS_INSTALL_MAX",
+        default: "2g",
+        meaning: "size of an installer's staging tmpfs",
     },
     Variable {
         name: "LOG_LEVEL",
@@ -653,6 +686,38 @@ impl Config {
         if let Some(v) = get("ENABLE_PIP_CACHE") {
             if !parse_bool("ENABLE_PIP_CACHE", &v)? {
                 deps.download_cache = DownloadCache::Off;
+            }
+        }
+        if let Some(v) = get("SANDBOX_ALLOW_SOURCE_BUILDS") {
+            deps.allow_source_builds = parse_bool("SANDBOX_ALLOW_SOURCE_BUILDS", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_DEPS_INSTALL_MAX") {
+            deps.install_max_bytes = parse_bytes("SANDBOX_DEPS_INSTALL_MAX", &v, 16 << 20)?;
+        }
+        if let Some(v) = get("SANDBOX_DEPS_EGRESS_ALLOW") {
+            deps.egress_allow = parse_hosts("SANDBOX_DEPS_EGRESS_ALLOW", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE") {
+            deps.egress_allow_private = parse_hosts("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE", &v)?
+                .into_iter()
+                .map(|(host, _)| host)
+                .collect();
+        }
+        if deps.allow_source_builds {
+            // A package's build code runs in the installer, which is given the index URLs.
+            let urls = deps.index_url.iter().chain(&deps.extra_index_urls);
+            if let Some(url) = urls.clone().find(|u| url_has_credentials(u)) {
+                return Err(ConfigError {
+                    var: "SANDBOX_ALLOW_SOURCE_BUILDS",
+                    value: format!(
+                        "true (with the credential-bearing index {})",
+                        redact_url(url)
+                    ),
+                    expected:
+                        "false while PIP_INDEX_URL or PIP_EXTRA_INDEX_URL carry credentials: \
+                               a source build runs the package's own code in the installer, which \
+                               could read them; use wheels only, or an index without credentials",
+                });
             }
         }
         if let Some(v) = get("SANDBOX_MOUNTS") {
@@ -1064,6 +1129,44 @@ fn parse_url(var: &'static str, value: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// Comma-separated `host[:port]` (port 443 when omitted).
+fn parse_hosts(var: &'static str, value: &str) -> Result<Vec<(String, u16)>, ConfigError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            crate::engine::egress::parse_host_port(h, 443).ok_or(ConfigError {
+                var,
+                value: value.to_string(),
+                expected: "comma-separated host names or addresses, each optionally with :PORT",
+            })
+        })
+        .collect()
+}
+
+/// Whether an index URL carries credentials: `user[:password]@` before the host, or a query.
+pub fn url_has_credentials(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    authority.contains('@') || url.contains('?')
+}
+
+/// The URL with its user information and query replaced by `***` (for messages).
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let userinfo = if authority.contains('@') { "***@" } else { "" };
+    let path = path
+        .split_once('?')
+        .map_or(path.to_string(), |(p, _)| format!("{p}?***"));
+    format!("{scheme}://{userinfo}{host}{path}")
+}
+
 fn is_volume_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
@@ -1384,6 +1487,47 @@ mod tests {
         ] {
             assert!(config(&[(var, bad)]).is_err(), "{var}={bad}");
         }
+    }
+
+    #[test]
+    fn source_builds_and_credentials() {
+        let c = config(&[]).unwrap();
+        assert!(!c.deps.allow_source_builds, "wheels only by default");
+        assert_eq!(c.deps.install_max_bytes, 2 << 30);
+        let c = config(&[
+            ("SANDBOX_ALLOW_SOURCE_BUILDS", "true"),
+            ("SANDBOX_DEPS_INSTALL_MAX", "500m"),
+            ("PIP_INDEX_URL", "https://mirror.example/simple"),
+        ])
+        .unwrap();
+        assert!(c.deps.allow_source_builds);
+        assert_eq!(c.deps.install_max_bytes, 500 << 20);
+        // Credentials are fine with wheels only (no package code runs during the install)...
+        let with_token = "https://user:s3cret@mirror.example/simple";
+        assert!(config(&[("PIP_INDEX_URL", with_token)]).is_ok());
+        // ...and refused with source builds, without showing them.
+        for (var, url) in [
+            ("PIP_INDEX_URL", with_token),
+            ("PIP_INDEX_URL", "https://tok3n@mirror.example/simple"),
+            (
+                "PIP_EXTRA_INDEX_URL",
+                "https://a.example/simple?token=s3cret",
+            ),
+        ] {
+            let error = config(&[(var, url), ("SANDBOX_ALLOW_SOURCE_BUILDS", "true")])
+                .expect_err(url)
+                .to_string();
+            assert!(error.contains("SANDBOX_ALLOW_SOURCE_BUILDS"), "{error}");
+            assert!(
+                !error.contains("s3cret") && !error.contains("tok3n"),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            redact_url("https://u:p@h.example:8080/simple?t=1"),
+            "https://***@h.example:8080/simple?***"
+        );
+        assert!(!url_has_credentials("https://h.example/simple"));
     }
 
     #[test]

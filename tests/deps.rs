@@ -264,3 +264,344 @@ async fn prune_removes_cached_sets() {
     assert_nothing_left(&engine).await;
     remove_volume(&volume).await;
 }
+
+/// Runs `script` as root in a throwaway container with the cache volume at /v (the test plays an
+/// attacker with the engine in hand, or inspects the volume); returns its stdout.
+fn on_volume(engine: &python_code_sandbox::engine::Engine, volume: &str, script: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--user",
+            "0",
+            "--entrypoint",
+            "sh",
+        ])
+        .args(["-v", &format!("{volume}:/v")])
+        .arg(&engine.config().image)
+        .args(["-c", script])
+        .output()
+        .expect("docker run");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_without_a_wheel_is_refused_unless_source_builds_are_allowed() {
+    if skip_without_engine() {
+        return;
+    }
+    // docopt 0.6.2 is published on PyPI as a source distribution only.
+    let volume = fresh_deps_volume();
+    let engine = engine_with(|c| c.deps.volume = volume.clone());
+    no_hang(async {
+        let refused = engine
+            .run_ephemeral(Task::Python("print(1)"), &with_deps(&["docopt==0.6.2"]))
+            .await;
+        let Err(EngineError::Dependencies(why)) = refused else {
+            panic!("expected a refusal: {refused:?}")
+        };
+        assert!(why.contains("docopt"), "{why}");
+        assert!(why.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{why}");
+        assert!(engine
+            .cached_dependency_sets()
+            .await
+            .expect("list")
+            .is_empty());
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    // Allowed by the operator, the same requirement builds and imports.
+    let builder = engine_with(|c| {
+        c.deps.volume = volume.clone();
+        c.deps.allow_source_builds = true;
+    });
+    no_hang(async {
+        let built = run_with(
+            &builder,
+            "import docopt\nprint(docopt.__version__)",
+            &["docopt==0.6.2"],
+        )
+        .await;
+        assert_eq!(text(&built.stdout), "0.6.2\n", "{}", text(&built.stderr));
+    })
+    .await;
+    assert_nothing_left(&builder).await;
+    remove_volume(&volume).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_sees_only_its_own_sets_and_cannot_change_them() {
+    if skip_without_engine() {
+        return;
+    }
+    let volume = fresh_deps_volume();
+    let engine = engine_with(|c| c.deps.volume = volume.clone());
+    no_hang(async {
+        // Another client's set.
+        run_with(&engine, "import idna", &["idna==3.7"]).await;
+        let probe = r#"
+import os, sys, six
+mine = [p for p in sys.path if p.startswith('/opt/deps/')]
+print(len(mine), os.path.dirname(six.__file__) == mine[0])
+for path in ['/opt/deps', '/opt/deps/.meta']:
+    try:
+        print(os.listdir(path))
+    except OSError as e:
+        print(path, type(e).__name__)
+try:
+    import idna
+    print('idna importable')
+except ImportError:
+    print('no idna')
+for path in [six.__file__, os.path.join(mine[0], 'new.py')]:
+    try:
+        open(path, 'a').close()
+        print('wrote', path)
+    except OSError:
+        print('write refused')
+"#;
+        let seen = run_with(&engine, probe, &["six==1.16.0"]).await;
+        assert_eq!(
+            text(&seen.stdout),
+            "1 True\n/opt/deps PermissionError\n/opt/deps/.meta PermissionError\nno idna\n\
+             write refused\nwrite refused\n",
+            "{}",
+            text(&seen.stderr)
+        );
+        // The sets are root's, read-only, under random names; nothing else is in the volume.
+        let listing = on_volume(
+            &engine,
+            &volume,
+            "stat -c '%U %a %n' /v; for d in /v/s-*; do stat -c '%U %a' $d; done; ls -A /v | sort",
+        );
+        let lines: Vec<&str> = listing.lines().collect();
+        assert_eq!(lines[0], "root 711 /v", "{listing}");
+        assert_eq!(&lines[1..3], ["root 555", "root 555"], "{listing}");
+        assert_eq!(lines[3], ".meta", "{listing}");
+        assert!(
+            lines[4..]
+                .iter()
+                .all(|n| n.len() == 34 && n.starts_with("s-")),
+            "{listing}"
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    remove_volume(&volume).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_changed_after_publication_is_never_mounted() {
+    if skip_without_engine() {
+        return;
+    }
+    let volume = fresh_deps_volume();
+    let code = "import six\nprint(six.__version__, getattr(six, 'POISONED', 'clean'))";
+    let engine = engine_with(|c| c.deps.volume = volume.clone());
+    no_hang(async {
+        let first = run_with(&engine, code, &["six==1.16.0"]).await;
+        assert_eq!(
+            text(&first.stdout),
+            "1.16.0 clean\n",
+            "{}",
+            text(&first.stderr)
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+    // Someone with the engine in hand rewrites the published set, and leaves stray files.
+    on_volume(
+        &engine,
+        &volume,
+        "for f in /v/s-*/six.py; do echo 'POISONED = \"yes\"' >> $f; done && mkdir /v/d-0123456789abcdef0123456789abcdef \
+         && echo x > /v/stray && echo x > /v/.meta/junk",
+    );
+    // The next server process checks the set before its first use: it is removed and
+    // installed again, never mounted.
+    let next = engine_with(|c| c.deps.volume = volume.clone());
+    no_hang(async {
+        let run = run_with(&next, code, &["six==1.16.0"]).await;
+        assert_eq!(text(&run.stdout), "1.16.0 clean\n", "{}", text(&run.stderr));
+        assert!(run.dependencies.as_ref().expect("report").installed);
+        assert_eq!(next.installs_started(), 1);
+        let sets = next.cached_dependency_sets().await.expect("list");
+        assert_eq!(sets.len(), 1);
+    })
+    .await;
+    let listing = on_volume(
+        &next,
+        &volume,
+        "ls -A /v /v/.meta; grep -l POISONED -r /v || true",
+    );
+    assert!(
+        !listing.contains("stray") && !listing.contains("d-0123"),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains("junk") && !listing.contains("POISONED"),
+        "{listing}"
+    );
+    assert_nothing_left(&next).await;
+    remove_volume(&volume).await;
+}
+
+/// The host's address on Docker's default bridge (read from the interface, SIOCGIFADDR).
+fn bridge_address() -> std::net::Ipv4Addr {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "docker0"])
+        .output()
+        .expect("ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cidr = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .expect("docker0 has an IPv4 address");
+    cidr.split('/').next().unwrap().parse().expect("an address")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_installer_reaches_only_the_index_through_its_proxy() {
+    if skip_without_engine() {
+        return;
+    }
+    let host = bridge_address();
+    let listener = std::net::TcpListener::bind((host, 0)).expect("listen on the bridge address");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("port").port();
+    let engine = engine();
+    let probe = r#"
+import os, socket
+proxy = os.environ["HTTPS_PROXY"][len("http://"):].rsplit(":", 1)
+proxy = (proxy[0], int(proxy[1]))
+routes = [l.split()[1] for l in open('/proc/net/route').read().splitlines()[1:]]
+print("default route", "00000000" in routes)
+def direct(address):
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect(address)
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+print("listener", direct(("HOST", PORT)))
+try:
+    socket.getaddrinfo("pypi.org", 443)
+    print("dns resolves")
+except OSError:
+    print("dns fails")
+def connect_via_proxy(target):
+    s = socket.create_connection(proxy, timeout=30)
+    s.sendall(b"CONNECT " + target.encode() + b" HTTP/1.1\r\nHost: " + target.encode() + b"\r\n\r\n")
+    answer = s.recv(200).split(b"\r\n")[0].decode()
+    s.close()
+    return answer
+print("proxy to listener", connect_via_proxy("HOST:PORT"))
+print("proxy to another host", connect_via_proxy("example.com:443"))
+print("proxy to pypi", connect_via_proxy("pypi.org:443"))
+print("plain http to listener", end=" ")
+s = socket.create_connection(proxy, timeout=30)
+s.sendall(b"GET http://HOST:PORT/ HTTP/1.1\r\nHost: x\r\n\r\n")
+print(s.recv(200).split(b"\r\n")[0].decode())
+"#
+    .replace("HOST", &host.to_string())
+    .replace("PORT", &port.to_string());
+    no_hang(async {
+        let seen = engine.probe_installer_network(&probe).await.expect("probe");
+        let out = text(&seen.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 7, "{out}\n{}", text(&seen.stderr));
+        assert!(
+            lines[1] != "listener connected",
+            "the host's listener was reached directly: {out}"
+        );
+        assert_eq!(
+            lines[2], "dns fails",
+            "the installer has no resolver: {out}"
+        );
+        assert_eq!(
+            lines[3], "proxy to listener HTTP/1.1 403 Forbidden",
+            "{out}"
+        );
+        assert_eq!(
+            lines[4], "proxy to another host HTTP/1.1 403 Forbidden",
+            "{out}"
+        );
+        assert_eq!(
+            lines[5], "proxy to pypi HTTP/1.1 200 Connection established",
+            "{out}"
+        );
+        assert_eq!(
+            lines[6], "plain http to listener HTTP/1.1 403 Forbidden",
+            "{out}"
+        );
+    })
+    .await;
+    assert!(
+        listener.accept().is_err(),
+        "nothing connected to the host's listener"
+    );
+    assert_nothing_left(&engine).await;
+    assert_no_network_left(&engine);
+
+    // Listed as an extra host, a private address is still refused; only an explicit
+    // SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE lets it through (a local index).
+    let only_listener = probe
+        .split("print(\"proxy to another")
+        .next()
+        .unwrap()
+        .to_string();
+    for private in [false, true] {
+        let engine = engine_with(|c| {
+            c.deps.egress_allow = vec![(host.to_string(), port)];
+            if private {
+                c.deps.egress_allow_private = vec![host.to_string()];
+            }
+        });
+        let seen = no_hang(engine.probe_installer_network(&only_listener))
+            .await
+            .expect("probe");
+        let out = text(&seen.stdout);
+        let expected = if private {
+            "HTTP/1.1 200 Connection established"
+        } else {
+            "HTTP/1.1 403 Forbidden"
+        };
+        assert!(
+            out.contains(&format!("proxy to listener {expected}")),
+            "{out}"
+        );
+        assert_nothing_left(&engine).await;
+        assert_no_network_left(&engine);
+    }
+    listener.set_nonblocking(false).expect("blocking");
+    assert!(
+        listener.accept().is_ok(),
+        "the allowed private host was reached"
+    );
+}
+
+fn assert_no_network_left(engine: &python_code_sandbox::engine::Engine) {
+    let out = std::process::Command::new("docker")
+        .args(["network", "ls", "-q", "--filter"])
+        .arg(format!(
+            "label=io.python-code-sandbox.instance={}",
+            engine.owner().instance
+        ))
+        .output()
+        .expect("docker network ls");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "",
+        "networks left"
+    );
+}

@@ -725,8 +725,17 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
             runtime: None,
             command: bootstrap_command(),
             labels,
+            network_name: None,
+            env: Vec::new(),
+            maintenance: false,
         };
         let dead = backend.create(&spec).await.expect("create");
+        // And an installer's egress network it left.
+        let network = format!("pcs-test-egress-{}", dead_owner.instance);
+        backend
+            .create_network(&network, true, &spec.labels)
+            .await
+            .expect("network");
         // And one of a live server (this test process, another instance).
         let live_owner = python_code_sandbox::engine::owner::Owner::current();
         let live = backend
@@ -741,6 +750,17 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
         assert!(removed >= 1);
         let (left, _) = labelled("io.python-code-sandbox.instance", &dead_owner.instance).await;
         assert!(left.is_empty(), "the dead server's sandbox is removed");
+        let networks = std::process::Command::new("docker")
+            .args([
+                "network",
+                "ls",
+                "-q",
+                "--filter",
+                &format!("name={network}"),
+            ])
+            .output()
+            .expect("docker network ls");
+        assert!(networks.stdout.is_empty(), "its network is removed");
         let (kept, _) = labelled("io.python-code-sandbox.instance", &live_owner.instance).await;
         assert_eq!(
             kept,

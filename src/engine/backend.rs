@@ -45,6 +45,14 @@ pub struct SandboxSpec {
     pub command: Vec<String>,
     /// Labels that identify the owning server instance (see `engine::owner`).
     pub labels: BTreeMap<String, String>,
+    /// Attach to this engine network instead of `network` (the installer's egress network).
+    pub network_name: Option<String>,
+    /// Extra environment variables (`NAME=value`), e.g. the installer's proxy.
+    pub env: Vec<String>,
+    /// A maintenance sandbox of the dependency cache: runs as root with only the capabilities
+    /// to own and change any file (CHOWN, FOWNER, DAC_OVERRIDE), and only ever the project's own
+    /// scripts, never package or agent code.
+    pub maintenance: bool,
 }
 
 /// A named volume mounted into a sandbox.
@@ -53,6 +61,9 @@ pub struct VolumeMount {
     pub name: String,
     pub target: String,
     pub read_only: bool,
+    /// Create the volume (if it does not exist) as a tmpfs of this many bytes, labelled like the
+    /// sandbox: its content lives while a sandbox mounting it runs.
+    pub tmpfs_bytes: Option<u64>,
 }
 
 /// Where sandboxed processes see things; the same in every backend.
@@ -177,8 +188,30 @@ pub trait Backend: Send + Sync + 'static {
     /// Sandboxes (of any owner) carrying `label` = `value`, and storage left without a sandbox.
     async fn list(&self, label: &str, value: &str) -> Result<Vec<SandboxRecord>, BackendError>;
 
-    /// Removes storage volumes with `label` = `value` that no sandbox uses and whose owner labels
-    /// satisfy `orphaned`.
+    /// Creates a labelled network; `internal`: with no route out of it and no address of the
+    /// host on it (containers on it reach only each other).
+    async fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), BackendError>;
+
+    /// Removes a network (gone already: success).
+    async fn remove_network(&self, name: &str) -> Result<(), BackendError>;
+
+    /// Attaches a created sandbox to another network too; returns its IPv4 address there once
+    /// it runs (see [`Backend::address_on`]).
+    async fn connect_network(&self, id: &SandboxId, network: &str) -> Result<(), BackendError>;
+
+    /// The running sandbox's IPv4 address on `network`.
+    async fn address_on(&self, id: &SandboxId, network: &str) -> Result<String, BackendError>;
+
+    /// Removes the named volume (gone already: success).
+    async fn remove_volume(&self, name: &str) -> Result<(), BackendError>;
+
+    /// Removes storage volumes (and networks) with `label` = `value` that no sandbox uses and
+    /// whose owner labels satisfy `orphaned`.
     async fn remove_orphaned_storage(
         &self,
         label: &str,

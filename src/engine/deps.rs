@@ -7,9 +7,10 @@
 //! `name @ url`), and only the re-serialized canonical form is ever passed on, each requirement as
 //! its own argv element after `--`, never through a shell. Validation is the safety boundary.
 //!
-//! Installs run in a separate short-lived installer container into `--target <dir>`, and are
-//! published into a content-addressed cache directory named by [`cache_key`] (a hash of the image,
-//! the requirements, the index settings and the installer), which sandboxes mount read-only.
+//! Installs run in a separate short-lived installer container into `--target <dir>` (wheels
+//! only unless the operator allows source builds), and are published under [`cache_key`] (a hash
+//! of the image, the requirements, the index settings and the installer) into the cache that
+//! sandboxes mount read-only (see `installer`).
 //! [`select_evictions`] picks least-recently-used cache entries to remove when the cache is full.
 //!
 //! This module is pure logic: no I/O, no Docker.
@@ -685,6 +686,9 @@ pub struct IndexConfig {
     pub extra_index_urls: Vec<String>,
     /// Digest of a custom CA bundle used for the indexes, if any.
     pub ca_bundle_digest: Option<String>,
+    /// Source distributions may be built (`SANDBOX_ALLOW_SOURCE_BUILDS`): their build code runs
+    /// during the install. Off, only pre-built wheels are installed and no package code runs.
+    pub allow_source_builds: bool,
 }
 
 /// The cache key of an install: `d-` and the first 32 hex digits of a SHA-256 over a
@@ -724,6 +728,7 @@ pub fn cache_key(
         field(&mut hasher, url.as_bytes());
     }
     optional(&mut hasher, index.ca_bundle_digest.as_deref());
+    hasher.update([u8::from(index.allow_source_builds)]);
     hasher.update((canonical.len() as u64).to_be_bytes());
     for requirement in &canonical {
         field(&mut hasher, requirement.as_bytes());
@@ -751,7 +756,9 @@ pub enum Installer {
 
 /// The installer's argv (to exec directly, never through a shell). Options come first, then `--`
 /// (both pip's optparse and uv's clap treat everything after it as a requirement, never as an
-/// option), then each requirement's canonical form as its own element. `cache_dir` enables the
+/// option), then each requirement's canonical form as its own element. Unless the index
+/// configuration allows source builds, only wheels are accepted (`--only-binary :all:`,
+/// `--no-build`). `cache_dir` enables the
 /// installer's download cache there; without it caching is disabled.
 pub fn installer_argv(
     requirements: &[Requirement],
@@ -782,6 +789,13 @@ pub fn installer_argv(
         .map(String::from)
         .to_vec(),
     };
+    if !index.allow_source_builds {
+        // Wheels only: building a source distribution runs the package's own code.
+        match installer {
+            Installer::Pip => argv.extend(["--only-binary".into(), ":all:".into()]),
+            Installer::Uv => argv.push("--no-build".into()),
+        }
+    }
     if let Some(url) = &index.index_url {
         argv.push("--index-url".into());
         argv.push(url.clone());
@@ -831,6 +845,26 @@ pub fn installer_error_summary(output: &str) -> String {
         &relevant[..]
     };
     truncate_chars(&kept.join("\n"), SUMMARY_MAX_CHARS)
+}
+
+/// What to add to a failed wheels-only install's summary when the output suggests a requirement
+/// has no wheel (pip says "from versions: none", uv "no usable wheels" / "building from source
+/// is disabled").
+pub fn wheels_only_hint(output: &str) -> Option<&'static str> {
+    const SIGNS: &[&str] = &[
+        "no usable wheels",
+        "building from source is disabled",
+        "--no-build",
+        "from versions: none",
+        "No matching distribution",
+        "only-binary",
+    ];
+    SIGNS.iter().any(|sign| output.contains(sign)).then_some(
+        "Only pre-built wheels are installed: building a package from source runs the \
+         package's own code during the install. A package published only as a source \
+         distribution (or a version without a wheel for this platform) cannot be installed \
+         unless the operator sets SANDBOX_ALLOW_SOURCE_BUILDS=true.",
+    )
 }
 
 fn is_relevant_error_line(line: &str) -> bool {
@@ -1381,6 +1415,15 @@ mod tests {
                 },
                 "pip",
             ),
+            cache_key(
+                "img",
+                &reqs(&["numpy"]),
+                &IndexConfig {
+                    allow_source_builds: true,
+                    ..IndexConfig::default()
+                },
+                "pip",
+            ),
         ];
         let count = keys.len();
         keys.sort();
@@ -1451,6 +1494,8 @@ mod tests {
                 "off",
                 "--target",
                 "/deps/tmp-1",
+                "--only-binary",
+                ":all:",
                 "--no-cache-dir",
                 "--",
                 "numpy; python_version >= \"3.9\"",
@@ -1465,6 +1510,7 @@ mod tests {
             index_url: Some("https://mirror/simple".into()),
             extra_index_urls: vec!["https://a/simple".into(), "https://b/simple".into()],
             ca_bundle_digest: Some("sha256:ca".into()),
+            allow_source_builds: true,
         };
         let argv = installer_argv(
             &reqs(&["six"]),
@@ -1513,6 +1559,7 @@ mod tests {
                 "/t",
                 "--python",
                 "python3",
+                "--no-build",
                 "--index-url",
                 "https://mirror/simple",
                 "--no-cache",
@@ -1529,8 +1576,14 @@ mod tests {
         );
         assert_eq!(
             &cached[7..],
-            strings(&["--cache-dir", "/c", "--"]).as_slice()
+            strings(&["--no-build", "--cache-dir", "/c", "--"]).as_slice()
         );
+        let sources = IndexConfig {
+            allow_source_builds: true,
+            ..IndexConfig::default()
+        };
+        let built = installer_argv(&[], "/t", Installer::Uv, &sources, None);
+        assert!(!built.contains(&"--no-build".to_string()), "{built:?}");
     }
 
     #[test]
@@ -1577,6 +1630,19 @@ Using Python 3.12.1 environment at: /usr/local
              of numpy==99 and you require numpy==99, we can conclude that your requirements are \
              unsatisfiable.\n      hint: numpy was requested with a pre-release marker"
         );
+    }
+
+    #[test]
+    fn a_missing_wheel_gets_the_setting_named() {
+        let uv = "  ╰─▶ Because only pcs-sdist==1.0 is available and pcs-sdist==1.0 has no usable \
+                  wheels, we can conclude that all versions of pcs-sdist cannot be used.";
+        let pip = "ERROR: Could not find a version that satisfies the requirement pcs-sdist \
+                   (from versions: none)";
+        for output in [uv, pip] {
+            let hint = wheels_only_hint(output).expect("a hint");
+            assert!(hint.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{hint}");
+        }
+        assert_eq!(wheels_only_hint("ERROR: network unreachable"), None);
     }
 
     #[test]

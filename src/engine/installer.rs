@@ -1,12 +1,27 @@
 //! Installing dependencies outside the code's sandbox, into a shared cache.
 //!
-//! An install runs in its own short-lived sandbox: the same image, user and limits, but the only
-//! one with a network, and the only one that may write the cache volume. It installs into a
-//! private temporary directory and publishes it with one rename as `/opt/deps/<key>`, so no
-//! sandbox ever sees half an install; a failure leaves nothing behind. Sandboxes mount the cache
-//! read-only and the runner puts `/opt/deps/<key>` first on `sys.path`. The key (see `deps`)
-//! covers the image, the requirements and the index configuration, so a repeated request finds
-//! its directory and installs nothing.
+//! Nothing a package brings may reach another client, so the cache volume is written only by the
+//! project's own maintenance script, never by an installer:
+//!
+//! - An install runs in its own short-lived sandbox (same image, user and limits, the only one
+//!   with a network). It never mounts the cache: it installs into a staging tmpfs volume of its
+//!   own (`SANDBOX_DEPS_INSTALL_MAX`, so its writes are bounded while it runs), with pip's
+//!   `--only-binary :all:` / uv's `--no-build` unless the operator allows source builds (then
+//!   without the shared download cache).
+//! - A maintenance sandbox (root with only CHOWN, FOWNER and DAC_OVERRIDE, no network, our script
+//!   only) then publishes the staged set: it copies it (regular files, directories and symlinks;
+//!   nothing else) into the cache under a random name `s-<32 hex>`, makes it root's and
+//!   read-only, measures its size and a SHA-256 digest over every path, type, mode, owner, link
+//!   target and content, and records them in a manifest under `.meta/` (root only). The server
+//!   keeps the digest too, under its cache directory.
+//! - Before a set is first put on a sandbox's `sys.path` in this server process, a maintenance
+//!   sandbox recomputes its digest: a set changed after publication is removed, never mounted,
+//!   and installed again.
+//! - Sandboxes mount the cache read-only. Its root is root's with mode 0711, so a sandbox can
+//!   open the sets whose random names it was given, but cannot list the others.
+//! - Every maintenance run removes what in the volume is no set (stray files, old layouts,
+//!   staging left by a dead publisher). Sizes for eviction and `cache list` are the maintenance
+//!   script's own measurement.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -21,70 +36,210 @@ use super::deps::{self, IndexConfig, Installer, Requirement};
 use super::{EngineError, Task};
 use crate::config::{Config, DownloadCache, NetworkPolicy, OperatorMount};
 
+/// Where the installer's staging volume is mounted (and where maintenance reads it).
+const STAGE: &str = "/opt/stage";
+
 /// Runs in the installer sandbox. Arguments arrive as JSON literals spliced into the source (the
 /// code never goes through a shell; each requirement is its own argv element).
 const INSTALL_SCRIPT: &str = r#"
-import json, os, shutil, subprocess, sys, uuid
-KEY = json.loads(__KEY__)
+import json, os, shutil, subprocess, sys
 UV_ARGV = json.loads(__UV_ARGV__)
 PIP_ARGV = json.loads(__PIP_ARGV__)
-REQUIREMENTS = json.loads(__REQUIREMENTS__)
-root = "/opt/deps"
-final = os.path.join(root, KEY)
-if os.path.isdir(final):
-    print("already installed")
-    raise SystemExit(0)
-work = os.path.join(root, ".tmp", KEY + "-" + uuid.uuid4().hex[:12])
-target = os.path.join(work, "target")
-build = os.path.join(work, "build")
+target = "/opt/stage/target"
+build = "/opt/stage/build"
 os.makedirs(target)
 os.makedirs(build)
-try:
-    argv = UV_ARGV if shutil.which("uv") else PIP_ARGV
-    argv = [target if a == "{TARGET}" else a for a in argv]
-    print("installer:", os.path.basename(argv[0]), flush=True)
-    env = dict(os.environ, TMPDIR=build, PIP_NO_INPUT="1", UV_LINK_MODE="copy")
-    code = subprocess.run(argv, env=env, cwd=build, stdin=subprocess.DEVNULL).returncode
-    if code != 0:
-        raise SystemExit(code)
-    size = 0
-    for directory, _, files in os.walk(target):
-        for name in files:
-            size += os.lstat(os.path.join(directory, name)).st_size
-    with open(os.path.join(target, ".sandbox-deps.json"), "w") as f:
-        json.dump({"requirements": REQUIREMENTS, "size": size}, f)
-    try:
-        os.rename(target, final)
-    except OSError:
-        if not os.path.isdir(final):
-            raise
-    print(json.dumps({"installed": KEY, "size": size}))
-finally:
-    shutil.rmtree(work, ignore_errors=True)
+argv = UV_ARGV if shutil.which("uv") else PIP_ARGV
+argv = [target if a == "{TARGET}" else a for a in argv]
+print("installer:", os.path.basename(argv[0]), flush=True)
+env = dict(os.environ, TMPDIR=build, PIP_NO_INPUT="1", UV_LINK_MODE="copy")
+code = subprocess.run(argv, env=env, cwd=build, stdin=subprocess.DEVNULL).returncode
+if code != 0:
+    raise SystemExit(code)
+print("staged", flush=True)
 "#;
 
-/// Runs in a maintenance sandbox: lists the cache, or removes the given keys.
+/// Runs in a maintenance sandbox (root, no network): the only code that writes the cache volume.
+/// `OP` says what to do: `publish` the staged set of a key, `verify` a key's set, or `list` the
+/// sets after removing `remove`. Every run first puts the volume's root in order and removes
+/// whatever is no set. Prints one JSON object.
 const MAINTENANCE_SCRIPT: &str = r#"
-import json, os, re, shutil
-REMOVE = json.loads(__REMOVE__)
-root = "/opt/deps"
-for key in REMOVE:
-    if re.fullmatch(r"d-[0-9a-f]{32}", key):
-        shutil.rmtree(os.path.join(root, key), ignore_errors=True)
-entries = []
-for key in sorted(os.listdir(root)):
-    path = os.path.join(root, key)
-    if not re.fullmatch(r"d-[0-9a-f]{32}", key) or not os.path.isdir(path):
-        continue
-    meta = {}
+import hashlib, json, os, re, secrets, shutil, stat, time
+OP = json.loads(__OP__)
+ROOT = "/opt/deps"
+META = os.path.join(ROOT, ".meta")
+STAGED = "/opt/stage/target"
+KEY = re.compile(r"d-[0-9a-f]{32}\Z")
+NAME = re.compile(r"s-[0-9a-f]{32}\Z")
+YOUNG = 600  # seconds a publisher may take between its steps
+
+def remove(path):
     try:
-        with open(os.path.join(path, ".sandbox-deps.json")) as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        pass
-    entries.append({"key": key, "size": meta.get("size", 0), "requirements": meta.get("requirements", []),
-                    "mtime": int(os.stat(path).st_mtime)})
-print(json.dumps(entries))
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        for top, dirs, files in os.walk(path):
+            os.chmod(top, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
+
+def read_manifest(key):
+    try:
+        fd = os.open(os.path.join(META, key + ".json"), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(1 << 20)
+    try:
+        m = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(m, dict) or not NAME.fullmatch(str(m.get("name", ""))):
+        return None
+    return m
+
+def manifests():
+    out = {}
+    for entry in os.listdir(META):
+        key = entry[:-5] if entry.endswith(".json") else ""
+        m = read_manifest(key) if KEY.fullmatch(key) else None
+        path = os.path.join(META, entry)
+        if m is None or not os.path.isdir(os.path.join(ROOT, m["name"])) or os.path.islink(os.path.join(ROOT, m["name"])):
+            if not (entry.startswith(".tmp-") and time.time() - os.lstat(path).st_mtime < YOUNG):
+                remove(path)
+            continue
+        out[key] = m
+    return out
+
+def tidy():
+    """The root is root's and only traversable; the manifests root's only; no stray entries."""
+    os.chown(ROOT, 0, 0)
+    os.chmod(ROOT, 0o711)
+    if os.path.islink(META) or (os.path.exists(META) and not os.path.isdir(META)):
+        remove(META)
+    os.makedirs(META, exist_ok=True)
+    os.chown(META, 0, 0)
+    os.chmod(META, 0o700)
+    sets = manifests()
+    named = {m["name"] for m in sets.values()}
+    removed = []
+    for entry in os.listdir(ROOT):
+        if entry == ".meta" or entry in named:
+            continue
+        path = os.path.join(ROOT, entry)
+        publishing = NAME.fullmatch(entry) or (entry.startswith(".tmp-") and NAME.fullmatch(entry[5:]))
+        if publishing and time.time() - os.lstat(path).st_mtime < YOUNG:
+            continue
+        remove(path)
+        removed.append(entry)
+    return sets, removed
+
+def walk(top):
+    """Every path under top (top included), relative, sorted; never follows a link."""
+    paths = ["."]
+    for directory, dirs, files in os.walk(top):
+        rel = os.path.relpath(directory, top)
+        for name in dirs + files:
+            paths.append(os.path.normpath(os.path.join(rel, name)))
+    return sorted(paths)
+
+def measure(top):
+    digest = hashlib.sha256()
+    size = 0
+    for rel in walk(top):
+        path = os.path.join(top, rel)
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            content = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    content.update(chunk)
+            extra = content.hexdigest()
+            size += st.st_size
+        elif stat.S_ISLNK(st.st_mode):
+            extra = os.readlink(path)
+        else:
+            extra = ""
+        kind = stat.S_IFMT(st.st_mode)
+        digest.update(json.dumps([rel, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, extra]).encode() + b"\n")
+    return "sha256:" + digest.hexdigest(), size
+
+def copy(source, dest):
+    """Regular files, directories and symlinks, owned by root, without write bits."""
+    skipped = 0
+    os.mkdir(dest, 0o700)
+    for rel in walk(source)[1:]:
+        src, dst = os.path.join(source, rel), os.path.join(dest, rel)
+        st = os.lstat(src)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(dst, 0o700)
+        elif stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISREG(st.st_mode):
+            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f, open(dst, "xb") as out:
+                shutil.copyfileobj(f, out, 1 << 20)
+            os.chmod(dst, 0o555 if st.st_mode & 0o111 else 0o444)
+        else:
+            skipped += 1
+    for rel in reversed(walk(dest)):
+        path = os.path.join(dest, rel)
+        os.lchown(path, 0, 0)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o555)
+    return skipped
+
+def publish(key, requirements):
+    existing = read_manifest(key)
+    if existing is not None and os.path.isdir(os.path.join(ROOT, existing["name"])):
+        return {"status": "exists"}
+    name = "s-" + secrets.token_hex(16)
+    staging = os.path.join(ROOT, ".tmp-" + name)
+    try:
+        skipped = copy(STAGED, staging)
+        digest, size = measure(staging)
+        os.rename(staging, os.path.join(ROOT, name))
+    except BaseException:
+        remove(staging)
+        raise
+    manifest = {"key": key, "name": name, "digest": digest, "size": size,
+                "requirements": requirements, "published": int(time.time())}
+    temp = os.path.join(META, ".tmp-" + name)
+    with open(temp, "x") as f:
+        json.dump(manifest, f)
+    os.chmod(temp, 0o600)
+    os.rename(temp, os.path.join(META, key + ".json"))
+    return {"status": "published", "name": name, "digest": digest, "size": size, "skipped": skipped}
+
+def verify(key, expected, sets):
+    m = sets.get(key)
+    if m is None:
+        return {"status": "missing"}
+    digest, size = measure(os.path.join(ROOT, m["name"]))
+    if digest != (expected or m.get("digest")) or digest != m.get("digest"):
+        remove(os.path.join(ROOT, m["name"]))
+        remove(os.path.join(META, key + ".json"))
+        return {"status": "tampered", "digest": digest}
+    return {"status": "ok", "name": m["name"], "digest": digest, "size": size}
+
+for key in OP.get("remove", []):
+    m = read_manifest(key) if KEY.fullmatch(key) else None
+    if m is not None:
+        remove(os.path.join(ROOT, m["name"]))
+        remove(os.path.join(META, key + ".json"))
+sets, strays = tidy()
+if OP["op"] == "publish":
+    result = publish(OP["key"], OP["requirements"])
+elif OP["op"] == "verify":
+    result = verify(OP["key"], OP.get("expected"), sets)
+else:
+    result = {"sets": [{"key": k, "name": m["name"], "size": int(m.get("size", 0)), "digest": m.get("digest", ""),
+                        "requirements": m.get("requirements", []), "mtime": int(m.get("published", 0))}
+                       for k, m in sorted(sets.items())]}
+result["strays"] = strays
+print(json.dumps(result))
 "#;
 
 /// What a request's dependencies came to.
@@ -93,6 +248,8 @@ pub struct DependencyReport {
     /// Canonical requirements in force for the execution.
     pub requirements: Vec<String>,
     pub key: String,
+    /// Where the sandbox sees the set (`/opt/deps/s-<random>`), on its `sys.path`.
+    pub path: String,
     /// An installer ran for this request (false: the cache had it).
     pub installed: bool,
 }
@@ -101,10 +258,17 @@ pub struct DependencyReport {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachedSet {
     pub key: String,
+    /// Bytes of its files, as the maintenance script measured them.
     pub size: u64,
     pub requirements: Vec<String>,
     /// Unix seconds of the last use this host recorded (or the install time).
     pub last_used: u64,
+    /// The set's directory name in the volume (random).
+    #[serde(default)]
+    pub name: String,
+    /// The digest recorded when it was published (the host's copy, checked before first use).
+    #[serde(default)]
+    pub digest: String,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -118,6 +282,8 @@ pub struct Dependencies {
     installs: AtomicU64,
     usage: Mutex<UsageIndex>,
     usage_file: PathBuf,
+    /// Sets checked against their digest in this process: key -> directory name.
+    verified: Mutex<HashMap<String, String>>,
 }
 
 impl Dependencies {
@@ -135,6 +301,7 @@ impl Dependencies {
             installs: AtomicU64::new(0),
             usage: Mutex::new(usage),
             usage_file,
+            verified: Mutex::default(),
         }
     }
 
@@ -148,12 +315,31 @@ impl Dependencies {
         locks.entry(key.to_string()).or_default().clone()
     }
 
-    /// Records a use, for least-recently-used eviction; best effort.
-    fn touch(&self, key: &str, requirements: &[String], size: Option<u64>) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+    fn verified_name(&self, key: &str) -> Option<String> {
+        let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        verified.get(key).cloned()
+    }
+
+    fn set_verified(&self, key: &str, name: Option<&str>) {
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        match name {
+            Some(name) => verified.insert(key.to_string(), name.to_string()),
+            None => verified.remove(key),
+        };
+    }
+
+    /// The digest this host recorded for `key` when it was published or first verified.
+    fn recorded_digest(&self, key: &str) -> Option<String> {
+        let usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        usage
+            .sets
+            .get(key)
+            .map(|s| s.digest.clone())
+            .filter(|d| !d.is_empty())
+    }
+
+    /// Records what maintenance measured of a set (size, name, digest).
+    fn record(&self, key: &str, requirements: &[String], measured: &Measured) {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         let entry = usage
             .sets
@@ -162,11 +348,21 @@ impl Dependencies {
                 key: key.to_string(),
                 size: 0,
                 requirements: requirements.to_vec(),
-                last_used: now,
+                last_used: now(),
+                name: String::new(),
+                digest: String::new(),
             });
-        entry.last_used = now;
-        if let Some(size) = size {
-            entry.size = size;
+        entry.size = measured.size;
+        entry.name = measured.name.clone();
+        entry.digest = measured.digest.clone();
+        self.save_usage(&usage);
+    }
+
+    /// Records a use, for least-recently-used eviction; returns the cache's total size.
+    fn touch(&self, key: &str) -> u64 {
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = usage.sets.get_mut(key) {
+            entry.last_used = now();
         }
         let total = usage.sets.values().map(|s| s.size).sum();
         self.save_usage(&usage);
@@ -192,6 +388,7 @@ impl Dependencies {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         for key in keys {
             usage.sets.remove(key);
+            self.set_verified(key, None);
         }
         self.save_usage(&usage);
     }
@@ -205,6 +402,21 @@ impl Dependencies {
             .cloned()
             .collect()
     }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// What the maintenance script measured of a published set.
+#[derive(Debug, Clone, Deserialize)]
+struct Measured {
+    name: String,
+    digest: String,
+    size: u64,
 }
 
 /// The index configuration that goes into keys and installer arguments (never into sandboxes).
@@ -226,49 +438,81 @@ pub fn index_config(config: &Config) -> IndexConfig {
         index_url: config.deps.index_url.clone(),
         extra_index_urls: config.deps.extra_index_urls.clone(),
         ca_bundle_digest,
+        allow_source_builds: config.deps.allow_source_builds,
     }
 }
 
-/// Volumes every sandbox gets: the dependency cache, read-only.
+/// Volumes every sandbox gets: the dependency cache, read-only (its root lists nothing to them).
 pub fn sandbox_volumes(config: &Config) -> Vec<VolumeMount> {
     vec![VolumeMount {
         name: config.deps.volume.clone(),
         target: paths::DEPS.to_string(),
         read_only: true,
+        tmpfs_bytes: None,
     }]
 }
 
-/// The spec of an installer (`network: true`) or maintenance sandbox: the only ones that write
-/// the cache.
-fn tool_spec(base: &SandboxSpec, config: &Config, network: bool) -> SandboxSpec {
+/// An installer: a network, its own staging tmpfs read-write, the download cache only when no
+/// package code runs (wheels only), never the cache volume nor the operator's mounts.
+fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str) -> SandboxSpec {
+    let mut volumes = vec![VolumeMount {
+        name: staging.to_string(),
+        target: STAGE.to_string(),
+        read_only: false,
+        tmpfs_bytes: Some(config.deps.install_max_bytes),
+    }];
+    let mut mounts = Vec::new();
+    if !config.deps.allow_source_builds {
+        match &config.deps.download_cache {
+            DownloadCache::Volume(name) => volumes.push(VolumeMount {
+                name: name.clone(),
+                target: paths::DOWNLOAD_CACHE.to_string(),
+                read_only: false,
+                tmpfs_bytes: None,
+            }),
+            DownloadCache::HostPath(path) => mounts.push(OperatorMount {
+                host: path.clone(),
+                container: paths::DOWNLOAD_CACHE.to_string(),
+                read_only: false,
+            }),
+            DownloadCache::Off => {}
+        }
+    }
+    let mut spec = base.clone();
+    spec.network = NetworkPolicy::Bridge;
+    spec.volumes = volumes;
+    spec.mounts = mounts;
+    spec.maintenance = false;
+    spec
+}
+
+/// A maintenance sandbox: no network, the cache volume read-write, a staging volume read-only.
+fn maintenance_spec(base: &SandboxSpec, config: &Config, staging: Option<&str>) -> SandboxSpec {
     let mut volumes = vec![VolumeMount {
         name: config.deps.volume.clone(),
         target: paths::DEPS.to_string(),
         read_only: false,
+        tmpfs_bytes: None,
     }];
-    let mut mounts = Vec::new();
-    match &config.deps.download_cache {
-        DownloadCache::Volume(name) => volumes.push(VolumeMount {
-            name: name.clone(),
-            target: paths::DOWNLOAD_CACHE.to_string(),
-            read_only: false,
-        }),
-        DownloadCache::HostPath(path) => mounts.push(OperatorMount {
-            host: path.clone(),
-            container: paths::DOWNLOAD_CACHE.to_string(),
-            read_only: false,
-        }),
-        DownloadCache::Off => {}
+    if let Some(staging) = staging {
+        volumes.push(VolumeMount {
+            name: staging.to_string(),
+            target: STAGE.to_string(),
+            read_only: true,
+            tmpfs_bytes: None,
+        });
     }
     let mut spec = base.clone();
-    spec.network = if network {
-        NetworkPolicy::Bridge
-    } else {
-        NetworkPolicy::None
-    };
+    spec.network = NetworkPolicy::None;
     spec.volumes = volumes;
-    spec.mounts = mounts;
+    spec.mounts = Vec::new();
+    spec.maintenance = true;
     spec
+}
+
+/// Whether the installer downloads through the shared cache.
+fn uses_download_cache(config: &Config) -> bool {
+    !config.deps.allow_source_builds && config.deps.download_cache != DownloadCache::Off
 }
 
 fn json_literal(value: &impl Serialize) -> String {
@@ -277,12 +521,7 @@ fn json_literal(value: &impl Serialize) -> String {
     serde_json::to_string(&inner).unwrap_or_else(|_| "\"null\"".into())
 }
 
-fn install_script(
-    key: &str,
-    requirements: &[Requirement],
-    index: &IndexConfig,
-    cache: bool,
-) -> String {
+fn install_script(requirements: &[Requirement], index: &IndexConfig, cache: bool) -> String {
     let cache_dir = |sub: &str| cache.then(|| format!("{}/{sub}", paths::DOWNLOAD_CACHE));
     let uv = deps::installer_argv(
         requirements,
@@ -298,18 +537,34 @@ fn install_script(
         index,
         cache_dir("pip").as_deref(),
     );
-    let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
     INSTALL_SCRIPT
-        .replace("__KEY__", &json_literal(&key))
         .replace("__UV_ARGV__", &json_literal(&uv))
         .replace("__PIP_ARGV__", &json_literal(&pip))
-        .replace("__REQUIREMENTS__", &json_literal(&canonical))
+}
+
+fn maintenance_script(op: &serde_json::Value) -> String {
+    MAINTENANCE_SCRIPT.replace("__OP__", &json_literal(op))
+}
+
+/// One install's way out: its internal network and the proxy on it.
+struct Egress {
+    network: String,
+    proxy: Option<super::backend::SandboxId>,
+    address: String,
+}
+
+/// What verifying a set found.
+enum Verified {
+    Ok(Measured),
+    Missing,
+    Tampered,
 }
 
 impl super::Engine {
-    /// Makes `requirements` importable in `sandbox`: finds their set in the cache or installs it
-    /// (once, whoever else asks at the same time), then puts it on the runner's `sys.path`.
-    /// `replaces` is a set the sandbox used before (a session's previous one).
+    /// Makes `requirements` importable in `sandbox`: finds their set in the cache (checked
+    /// against its digest once per process) or installs it (once, whoever else asks at the same
+    /// time), then puts it on the runner's `sys.path`. `replaces` is the path of a set the
+    /// sandbox used before (a session's previous one).
     pub(crate) async fn prepare_dependencies(
         &self,
         sandbox: &mut super::sandbox::Sandbox,
@@ -321,60 +576,109 @@ impl super::Engine {
         let image_id = self.backend.image_id(&base.image).await?;
         let index = index_config(&self.config);
         let key = deps::cache_key(&image_id, requirements, &index, "auto");
-        let dir = format!("{}/{key}", paths::DEPS);
-        let remove: Vec<String> = replaces
-            .filter(|old| *old != dir)
-            .map(|old| vec![old.to_string()])
-            .unwrap_or_default();
         let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
         let mut report = DependencyReport {
             requirements: canonical.clone(),
             key: key.clone(),
+            path: String::new(),
             installed: false,
         };
+        let path_of = |name: &str| format!("{}/{name}", paths::DEPS);
 
-        if sandbox
-            .add_paths(std::slice::from_ref(&dir), &remove)
-            .await?
-            .is_empty()
-        {
-            self.deps.touch(&key, &canonical, None);
-            return Ok(report);
+        if let Some(name) = self.deps.verified_name(&key) {
+            if self.use_set(sandbox, &path_of(&name), replaces).await? {
+                self.deps.touch(&key);
+                report.path = path_of(&name);
+                return Ok(report);
+            }
+            // Gone (evicted by another server): look again under the lock.
+            self.deps.set_verified(&key, None);
         }
         let lock = self.deps.lock_for(&key);
         let _installing = lock.lock().await;
-        // Someone may have installed it while we waited.
-        if !sandbox
-            .add_paths(std::slice::from_ref(&dir), &remove)
-            .await?
-            .is_empty()
-        {
-            options.report(&format!("installing {}", canonical.join(" ")));
-            let size = self
-                .install(base, &key, requirements, &index, options)
-                .await?;
-            report.installed = true;
-            if !sandbox
-                .add_paths(std::slice::from_ref(&dir), &remove)
-                .await?
-                .is_empty()
-            {
-                return Err(EngineError::Dependencies(
-                    "the dependencies were installed but the sandbox cannot see them".into(),
-                ));
-            }
-            options.report("dependencies ready");
-            let total = self.deps.touch(&key, &canonical, size);
-            if total > self.config.deps.cache_max_bytes {
-                self.evict(base, std::slice::from_ref(&key)).await;
-            }
-        } else {
-            self.deps.touch(&key, &canonical, None);
+        let name = match self.deps.verified_name(&key) {
+            Some(name) => name,
+            None => match self.verify_set(base, &key).await? {
+                Verified::Ok(measured) => {
+                    self.deps.record(&key, &canonical, &measured);
+                    measured.name
+                }
+                found => {
+                    if matches!(found, Verified::Tampered) {
+                        tracing::warn!(
+                            key,
+                            "a cached dependency set was changed after it was published: \
+                             removed, installing it again"
+                        );
+                        options
+                            .report("the cached set was changed after publication; reinstalling");
+                    }
+                    options.report(&format!("installing {}", canonical.join(" ")));
+                    let measured = self
+                        .install(base, &key, requirements, &index, options)
+                        .await?;
+                    report.installed = true;
+                    self.deps.record(&key, &canonical, &measured);
+                    options.report("dependencies ready");
+                    measured.name
+                }
+            },
+        };
+        self.deps.set_verified(&key, Some(&name));
+        if !self.use_set(sandbox, &path_of(&name), replaces).await? {
+            self.deps.set_verified(&key, None);
+            return Err(EngineError::Dependencies(
+                "the dependencies were installed but the sandbox cannot see them".into(),
+            ));
+        }
+        report.path = path_of(&name);
+        let total = self.deps.touch(&key);
+        if report.installed && total > self.config.deps.cache_max_bytes {
+            self.evict(base, std::slice::from_ref(&key)).await;
         }
         Ok(report)
     }
 
-    /// Runs an installer sandbox; returns the installed size when it reports one.
+    /// Puts a set's directory on the sandbox's `sys.path`; false when it does not exist.
+    async fn use_set(
+        &self,
+        sandbox: &mut super::sandbox::Sandbox,
+        dir: &str,
+        replaces: Option<&str>,
+    ) -> Result<bool, EngineError> {
+        let remove: Vec<String> = replaces
+            .filter(|old| *old != dir)
+            .map(|old| vec![old.to_string()])
+            .unwrap_or_default();
+        Ok(sandbox
+            .add_paths(&[dir.to_string()], &remove)
+            .await?
+            .is_empty())
+    }
+
+    /// Recomputes a set's digest in a maintenance sandbox and compares it with the one recorded
+    /// at publication (this host's copy when it has one); a changed set is removed.
+    async fn verify_set(&self, base: &SandboxSpec, key: &str) -> Result<Verified, EngineError> {
+        let op = serde_json::json!({
+            "op": "verify",
+            "key": key,
+            "expected": self.deps.recorded_digest(key),
+        });
+        let answer = self.run_maintenance(base, None, &op).await?;
+        match answer["status"].as_str() {
+            Some("ok") => serde_json::from_value(answer)
+                .map(Verified::Ok)
+                .map_err(|e| EngineError::Dependencies(format!("unreadable verification: {e}"))),
+            Some("tampered") => {
+                self.deps.forget(&[key.to_string()]);
+                Ok(Verified::Tampered)
+            }
+            _ => Ok(Verified::Missing),
+        }
+    }
+
+    /// Runs an installer sandbox into a staging volume, then publishes what it staged with a
+    /// maintenance sandbox; returns what maintenance measured.
     async fn install(
         &self,
         base: &SandboxSpec,
@@ -382,42 +686,236 @@ impl super::Engine {
         requirements: &[Requirement],
         index: &IndexConfig,
         options: &super::RunOptions,
-    ) -> Result<Option<u64>, EngineError> {
+    ) -> Result<Measured, EngineError> {
         self.deps.installs.fetch_add(1, Ordering::Relaxed);
-        let mut spec = tool_spec(base, &self.config, true);
+        let staging = format!("pcs-stage-{}", uuid::Uuid::new_v4().simple());
+        let mut spec = installer_spec(base, &self.config, &staging);
         spec.labels = self.owner.labels("installer");
-        let cache = self.config.deps.download_cache != DownloadCache::Off;
-        let script = install_script(key, requirements, index, cache);
-        let mut installer = super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
-        let outcome = installer
+        let script = install_script(requirements, index, uses_download_cache(&self.config));
+        let outcome = async {
+            let egress = self.start_egress(base).await?;
+            spec.network_name = Some(egress.network.clone());
+            spec.env = super::egress::proxy_env(&egress.address);
+            let outcome = async {
+                let mut installer =
+                    super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
+                let outcome = installer
+                    .execute(
+                        Task::Python(&script),
+                        self.config.deps.install_timeout,
+                        256 << 10,
+                        options.cancel.as_ref(),
+                    )
+                    .await;
+                // The staging tmpfs lives while the installer runs: publish before removing it.
+                let published = match outcome {
+                    Ok(execution) if execution.succeeded() => {
+                        // Stop whatever the install left running before its staging is read.
+                        let _ = self.backend.kill_processes(installer.id()).await;
+                        let op = serde_json::json!({
+                            "op": "publish",
+                            "key": key,
+                            "requirements": requirements.iter().map(Requirement::canonical).collect::<Vec<_>>(),
+                        });
+                        self.run_maintenance(base, Some(&staging), &op)
+                            .await
+                            .map(Ok)
+                    }
+                    Ok(execution) => Ok(Err(execution)),
+                    Err(e) => Err(e),
+                };
+                installer.destroy().await;
+                published
+            }
+            .await;
+            self.stop_egress(egress).await;
+            outcome
+        }
+        .await;
+        if let Err(e) = self.backend.remove_volume(&staging).await {
+            tracing::warn!("could not remove the staging volume {staging}: {e}");
+        }
+        match outcome? {
+            Ok(answer) if answer["status"] == "exists" => {
+                // Another server published it meanwhile: check it like any cached set.
+                let lookup = self.verify_set(base, key).await?;
+                match lookup {
+                    Verified::Ok(measured) => Ok(measured),
+                    _ => Err(EngineError::Dependencies(
+                        "another server published this set, and it did not verify".into(),
+                    )),
+                }
+            }
+            Ok(answer) => serde_json::from_value(answer)
+                .map_err(|e| EngineError::Dependencies(format!("unreadable publication: {e}"))),
+            Err(execution) => {
+                let stdout = String::from_utf8_lossy(&execution.stdout);
+                let output = format!("{stdout}\n{}", String::from_utf8_lossy(&execution.stderr));
+                tracing::debug!(key, "installer failed:\n{output}");
+                let mut why = if execution.timed_out {
+                    format!(
+                        "the install did not finish within {}",
+                        super::sandbox::human(self.config.deps.install_timeout)
+                    )
+                } else {
+                    deps::installer_error_summary(&output)
+                };
+                if !index.allow_source_builds {
+                    if let Some(hint) = deps::wheels_only_hint(&output) {
+                        why.push('\n');
+                        why.push_str(hint);
+                    }
+                }
+                if output.contains("No space left on device") {
+                    why.push_str(&format!(
+                        "\nThe install is larger than SANDBOX_DEPS_INSTALL_MAX ({} bytes).",
+                        self.config.deps.install_max_bytes
+                    ));
+                }
+                Err(EngineError::Dependencies(why))
+            }
+        }
+    }
+
+    /// Runs `code` in a sandbox with an installer's network (its egress network and proxy, no
+    /// cache, no staging): what package code in an install could reach. For tests and `doctor`.
+    #[doc(hidden)]
+    pub async fn probe_installer_network(
+        &self,
+        code: &str,
+    ) -> Result<super::Execution, EngineError> {
+        let base = self.base_spec(self.config.image.clone(), "installer").await;
+        self.backend.ensure_image(&base.image).await?;
+        let egress = self.start_egress(&base).await?;
+        let mut spec = base.clone();
+        spec.network = NetworkPolicy::Bridge;
+        spec.network_name = Some(egress.network.clone());
+        spec.env = super::egress::proxy_env(&egress.address);
+        spec.volumes = Vec::new();
+        spec.mounts = Vec::new();
+        let outcome = async {
+            let mut sandbox = super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
+            let outcome = sandbox
+                .execute(Task::Python(code), Duration::from_secs(60), 1 << 20, None)
+                .await;
+            sandbox.destroy().await;
+            outcome
+        }
+        .await;
+        self.stop_egress(egress).await;
+        outcome
+    }
+
+    /// Starts the install's egress: an internal network and the proxy on it (see `egress`).
+    async fn start_egress(&self, base: &SandboxSpec) -> Result<Egress, EngineError> {
+        let network = format!("pcs-egress-{}", uuid::Uuid::new_v4().simple());
+        let labels = self.owner.labels("egress");
+        self.backend.create_network(&network, true, &labels).await?;
+        let mut spec = base.clone();
+        spec.network = NetworkPolicy::Bridge;
+        spec.network_name = None;
+        spec.volumes = Vec::new();
+        spec.mounts = Vec::new();
+        spec.maintenance = false;
+        spec.labels = labels;
+        spec.command = super::egress::proxy_command(&super::egress::policy(&self.config));
+        let mut egress = Egress {
+            network,
+            proxy: None,
+            address: String::new(),
+        };
+        let started = async {
+            let id = self.backend.create(&spec).await?;
+            egress.proxy = Some(id.clone());
+            self.backend.connect_network(&id, &egress.network).await?;
+            let mut streams = self.backend.start(&id).await?;
+            // Ready once it says so (a dead proxy ends the stream).
+            let ready = tokio::time::timeout(Duration::from_secs(30), async {
+                use futures_util::StreamExt;
+                let mut seen = Vec::new();
+                while let Some(Ok(chunk)) = streams.output.next().await {
+                    if let super::backend::OutputChunk::Stdout(bytes) = chunk {
+                        seen.extend_from_slice(&bytes);
+                        if seen.windows(9).any(|w| w == b"listening") {
+                            return true;
+                        }
+                    }
+                }
+                false
+            })
+            .await;
+            if ready != Ok(true) {
+                return Err(EngineError::Dependencies(
+                    "the installer's egress proxy did not start".into(),
+                ));
+            }
+            self.backend
+                .address_on(&id, &egress.network)
+                .await
+                .map_err(EngineError::from)
+        }
+        .await;
+        match started {
+            Ok(address) => {
+                egress.address = address;
+                Ok(egress)
+            }
+            Err(e) => {
+                self.stop_egress(egress).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn stop_egress(&self, egress: Egress) {
+        if let Some(proxy) = &egress.proxy {
+            if let Err(e) = self.backend.destroy(proxy).await {
+                tracing::warn!("could not remove the installer's egress proxy: {e}");
+            }
+        }
+        if let Err(e) = self.backend.remove_network(&egress.network).await {
+            tracing::warn!("could not remove the network {}: {e}", egress.network);
+        }
+    }
+
+    /// Runs the maintenance script with `op` (see [`MAINTENANCE_SCRIPT`]); returns its answer.
+    async fn run_maintenance(
+        &self,
+        base: &SandboxSpec,
+        staging: Option<&str>,
+        op: &serde_json::Value,
+    ) -> Result<serde_json::Value, EngineError> {
+        let mut spec = maintenance_spec(base, &self.config, staging);
+        spec.labels = self.owner.labels("maintenance");
+        let script = maintenance_script(op);
+        let mut sandbox = super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
+        let outcome = sandbox
             .execute(
                 Task::Python(&script),
-                self.config.deps.install_timeout,
-                256 << 10,
-                options.cancel.as_ref(),
+                Duration::from_secs(600),
+                16 << 20,
+                None,
             )
             .await;
-        installer.destroy().await;
+        sandbox.destroy().await;
         let execution = outcome?;
-        let stdout = String::from_utf8_lossy(&execution.stdout);
-        if execution.succeeded() {
-            let size = stdout
-                .lines()
-                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-                .find_map(|v| v["size"].as_u64());
-            return Ok(size);
+        if !execution.succeeded() {
+            return Err(EngineError::Dependencies(format!(
+                "the dependency cache's maintenance failed: {}",
+                deps::installer_error_summary(&String::from_utf8_lossy(&execution.stderr))
+            )));
         }
-        let output = format!("{stdout}\n{}", String::from_utf8_lossy(&execution.stderr));
-        tracing::debug!(key, "installer failed:\n{output}");
-        let why = if execution.timed_out {
-            format!(
-                "the install did not finish within {}",
-                super::sandbox::human(self.config.deps.install_timeout)
-            )
-        } else {
-            deps::installer_error_summary(&output)
-        };
-        Err(EngineError::Dependencies(why))
+        let answer: serde_json::Value = serde_json::from_slice(execution.stdout.trim_ascii())
+            .map_err(|e| {
+                EngineError::Dependencies(format!("unreadable maintenance answer: {e}"))
+            })?;
+        if let Some(strays) = answer["strays"].as_array().filter(|s| !s.is_empty()) {
+            tracing::info!(
+                "removed {} entr(ies) of the dependency cache that were no set",
+                strays.len()
+            );
+        }
+        Ok(answer)
     }
 
     /// Removes least-recently-used sets until the cache fits its cap, never `keep` nor a set a
@@ -452,40 +950,26 @@ impl super::Engine {
         }
     }
 
-    /// Runs a maintenance sandbox that removes `remove` and lists what the cache holds.
+    /// Runs a maintenance sandbox that removes `remove` (and whatever is no set) and lists what
+    /// the cache holds.
     async fn maintain(
         &self,
         base: &SandboxSpec,
         remove: &[String],
     ) -> Result<Vec<CachedSet>, EngineError> {
-        let mut spec = tool_spec(base, &self.config, false);
-        spec.labels = self.owner.labels("maintenance");
-        let script = MAINTENANCE_SCRIPT.replace("__REMOVE__", &json_literal(&remove));
-        let mut sandbox = super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
-        let outcome = sandbox
-            .execute(
-                Task::Python(&script),
-                Duration::from_secs(300),
-                16 << 20,
-                None,
-            )
-            .await;
-        sandbox.destroy().await;
-        let execution = outcome?;
-        if !execution.succeeded() {
-            return Err(EngineError::Dependencies(
-                String::from_utf8_lossy(&execution.stderr).into_owned(),
-            ));
-        }
+        let op = serde_json::json!({"op": "list", "remove": remove});
+        let answer = self.run_maintenance(base, None, &op).await?;
         self.deps.forget(remove);
         #[derive(Deserialize)]
         struct Listed {
             key: String,
+            name: String,
             size: u64,
+            digest: String,
             requirements: Vec<String>,
             mtime: u64,
         }
-        let listed: Vec<Listed> = serde_json::from_slice(execution.stdout.trim_ascii())
+        let listed: Vec<Listed> = serde_json::from_value(answer["sets"].clone())
             .map_err(|e| EngineError::Dependencies(format!("unreadable cache listing: {e}")))?;
         let usage = self.deps.usage_snapshot();
         Ok(listed
@@ -498,11 +982,13 @@ impl super::Engine {
                 key: l.key,
                 size: l.size,
                 requirements: l.requirements,
+                name: l.name,
+                digest: l.digest,
             })
             .collect())
     }
 
-    /// The installed dependency sets (`cache list`).
+    /// The installed dependency sets (`cache list`); removes what in the volume is no set.
     pub async fn cached_dependency_sets(&self) -> Result<Vec<CachedSet>, EngineError> {
         let base = self
             .base_spec(self.config.image.clone(), "maintenance")
@@ -553,12 +1039,9 @@ mod tests {
     #[test]
     fn the_install_script_carries_arguments_as_data() {
         let requirements = deps::parse_requirements(&["six==1.16.0".to_string()], false).unwrap();
-        let script = install_script("d-0123", &requirements, &IndexConfig::default(), true);
-        assert!(
-            script.contains(r#"KEY = json.loads("\"d-0123\"")"#),
-            "{script}"
-        );
+        let script = install_script(&requirements, &IndexConfig::default(), true);
         assert!(script.contains("six==1.16.0"));
+        assert!(script.contains("--only-binary"), "wheels only by default");
         assert!(script.contains("/opt/pip-cache/pip"));
         assert!(!script.contains("__"), "every placeholder is filled");
     }

@@ -19,6 +19,7 @@ pub mod artifacts;
 pub mod backend;
 pub mod deps;
 pub mod docker;
+pub mod egress;
 pub mod files_dir;
 pub mod installer;
 pub mod owner;
@@ -226,6 +227,9 @@ impl Engine {
             runtime: self.config.runtime.clone(),
             command: protocol::bootstrap_command(),
             labels: self.owner.labels(kind),
+            network_name: None,
+            env: Vec::new(),
+            maintenance: false,
         }
     }
 

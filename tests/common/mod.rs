@@ -17,9 +17,11 @@ use python_code_sandbox::engine::{Engine, Execution, RunOptions, Task};
 /// for the dependency cache (`SANDBOX_DEPS_VOLUME`, the download cache).
 pub fn test_config() -> Config {
     let from_env = Config::from_lookup(|name| match name {
-        "SANDBOX_CA_BUNDLE" | "SANDBOX_DEPS_VOLUME" | "PIP_CACHE_PATH" | "ENABLE_PIP_CACHE" => {
-            std::env::var(name).ok()
-        }
+        "SANDBOX_CA_BUNDLE"
+        | "SANDBOX_DEPS_VOLUME"
+        | "PIP_CACHE_PATH"
+        | "ENABLE_PIP_CACHE"
+        | "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE" => std::env::var(name).ok(),
         _ => None,
     })
     .expect("the test environment's settings are valid");

@@ -54,7 +54,7 @@ def docker_run(*extra, env=None, name=None):
     bundle = os.environ.get("SANDBOX_CA_BUNDLE")
     if bundle:
         args += ["-v", f"{bundle}:{bundle}:ro", "-e", f"SANDBOX_CA_BUNDLE={bundle}"]
-    for var in ("SANDBOX_DEPS_VOLUME", "PIP_CACHE_PATH", "ENABLE_PIP_CACHE"):
+    for var in ("SANDBOX_DEPS_VOLUME", "PIP_CACHE_PATH", "ENABLE_PIP_CACHE", "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE"):
         if os.environ.get(var):
             args += ["-e", f"{var}={os.environ[var]}"]
     for key, value in (env or {}).items():

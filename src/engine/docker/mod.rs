@@ -13,12 +13,12 @@ use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
-    MountVolumeOptionsDriverConfig, ResourcesUlimits,
+    MountVolumeOptionsDriverConfig, NetworkConnectRequest, NetworkCreateRequest, ResourcesUlimits,
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
-    KillContainerOptions, ListContainersOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, UploadToContainerOptions,
+    KillContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions, UploadToContainerOptions,
 };
 use bollard::Docker;
 use bytes::{Bytes, BytesMut};
@@ -87,7 +87,7 @@ impl DockerBackend {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let networked = spec.network != NetworkPolicy::None;
+        let networked = spec.network != NetworkPolicy::None || spec.network_name.is_some();
 
         let mut mounts = vec![Mount {
             // An anonymous volume, removed with the container (remove with `v`), backed by a tmpfs
@@ -114,11 +114,24 @@ impl DockerBackend {
             ..Default::default()
         }];
         for volume in &spec.volumes {
+            let volume_options = volume.tmpfs_bytes.map(|bytes| MountVolumeOptions {
+                labels: Some(labels.clone()),
+                driver_config: Some(MountVolumeOptionsDriverConfig {
+                    name: Some("local".to_string()),
+                    options: Some(HashMap::from([
+                        ("type".to_string(), "tmpfs".to_string()),
+                        ("device".to_string(), "tmpfs".to_string()),
+                        ("o".to_string(), workspace_mount_options(bytes)),
+                    ])),
+                }),
+                ..Default::default()
+            });
             mounts.push(Mount {
                 target: Some(volume.target.clone()),
                 source: Some(volume.name.clone()),
                 typ: Some(MountType::VOLUME),
                 read_only: Some(volume.read_only),
+                volume_options,
                 ..Default::default()
             });
         }
@@ -159,8 +172,25 @@ impl DockerBackend {
             }
         }
 
+        // Maintenance of the dependency cache (our own scripts only) runs as root with just the
+        // capabilities to take ownership of files and change them; everything else as uid 1000
+        // with none.
+        let (user, cap_add) = if spec.maintenance {
+            (
+                "0:0".to_string(),
+                Some(
+                    ["CHOWN", "FOWNER", "DAC_OVERRIDE"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
+            )
+        } else {
+            (paths::USER.to_string(), None)
+        };
+        env.extend(spec.env.iter().cloned());
         let host_config = HostConfig {
             cap_drop: Some(vec!["ALL".to_string()]),
+            cap_add,
             security_opt: Some(vec!["no-new-privileges".to_string()]),
             pids_limit: Some(i64::try_from(limits.pids).unwrap_or(i64::MAX)),
             memory: Some(memory),
@@ -173,7 +203,11 @@ impl DockerBackend {
                 format!("rw,nosuid,nodev,size={}", limits.tmp_bytes),
             )])),
             mounts: Some(mounts),
-            network_mode: Some(spec.network.as_str().to_string()),
+            network_mode: Some(
+                spec.network_name
+                    .clone()
+                    .unwrap_or_else(|| spec.network.as_str().to_string()),
+            ),
             runtime: spec.runtime.clone(),
             // No init of Docker's: the runner's own supervisor is pid 1 (it reaps orphans, passes
             // the interrupt on, and outlives the runner; see runner.py).
@@ -198,7 +232,7 @@ impl DockerBackend {
             image: Some(spec.image.clone()),
             cmd: Some(spec.command.clone()),
             entrypoint: Some(Vec::new()),
-            user: Some(paths::USER.to_string()),
+            user: Some(user),
             working_dir: Some(paths::WORKSPACE.to_string()),
             hostname: Some("sandbox".to_string()),
             env: Some(env),
@@ -466,6 +500,79 @@ impl Backend for DockerBackend {
             .collect())
     }
 
+    async fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let request = NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".to_string()),
+            internal: Some(internal),
+            // An internal network still gives the host an address on its bridge, which the
+            // containers could reach (traffic to the host is not forwarded, so Docker's isolation
+            // rules do not see it): without it, the host is unreachable from the network.
+            options: internal.then(|| {
+                HashMap::from([(
+                    "com.docker.network.bridge.inhibit_ipv4".to_string(),
+                    "true".to_string(),
+                )])
+            }),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        docker.create_network(request).await.map_err(classify)?;
+        Ok(())
+    }
+
+    async fn remove_network(&self, name: &str) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        match docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn connect_network(&self, id: &SandboxId, network: &str) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let request = NetworkConnectRequest {
+            container: id.0.clone(),
+            endpoint_config: None,
+        };
+        docker
+            .connect_network(network, request)
+            .await
+            .map_err(|e| not_found_or(e, id))
+    }
+
+    async fn address_on(&self, id: &SandboxId, network: &str) -> Result<String, BackendError> {
+        let docker = self.client().await?;
+        let inspected = docker
+            .inspect_container(&id.0, None)
+            .await
+            .map_err(|e| not_found_or(e, id))?;
+        inspected
+            .network_settings
+            .and_then(|n| n.networks)
+            .and_then(|mut n| n.remove(network))
+            .and_then(|endpoint| endpoint.ip_address)
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| BackendError::Other(format!("sandbox {id} has no address on {network}")))
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let options = RemoveVolumeOptions { force: false };
+        match docker.remove_volume(name, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
     async fn remove_orphaned_storage(
         &self,
         label: &str,
@@ -484,6 +591,25 @@ impl Backend for DockerBackend {
             .await
             .map_err(classify)?;
         let mut removed = 0;
+        // Networks (the installers' egress networks): an attached container makes removal fail.
+        let networks = docker
+            .list_networks(Some(ListNetworksOptions {
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec![format!("{label}={value}")],
+                )])),
+            }))
+            .await
+            .map_err(classify)?;
+        for network in networks {
+            let labels: BTreeMap<String, String> =
+                network.labels.unwrap_or_default().into_iter().collect();
+            if let (Some(name), true) = (network.name, orphaned(&labels)) {
+                if docker.remove_network(&name).await.is_ok() {
+                    removed += 1;
+                }
+            }
+        }
         for volume in listed.volumes.unwrap_or_default() {
             let labels: BTreeMap<String, String> = volume.labels.into_iter().collect();
             if orphaned(&labels) {

@@ -1,0 +1,276 @@
+//! The installer's only way out: a CONNECT proxy that reaches the configured package indexes and
+//! nothing else.
+//!
+//! Each install gets an `--internal` network of its own (no route out of it) holding the installer
+//! and one proxy container: the sandbox image running [`PROXY_SCRIPT`] as uid 1000 without
+//! capabilities, attached to that network and to Docker's default bridge. pip and uv reach the
+//! index through `HTTPS_PROXY`/`HTTP_PROXY` (the proxy's address, so the installer needs no
+//! resolver). The proxy accepts a `CONNECT host:port` (or a plain-HTTP request in absolute form)
+//! only for an allowed host and port, checked before any name is resolved; it then resolves the
+//! name itself and refuses when any address is not global (loopback, private, link-local
+//! including the metadata address, CGNAT, multicast, unspecified, reserved, ULA), unless the
+//! operator listed that host in `SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE`; it connects to the address it
+//! checked. TLS is end to end through the tunnel, so the CA bundle works as before. Everything is
+//! labelled like sandboxes and removed after the install (or by a later server's clean-up).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::config::Config;
+
+/// The port the proxy listens on.
+pub const PROXY_PORT: u16 = 3128;
+
+/// Runs in the proxy container: `python3 -c PROXY_SCRIPT CONFIG_JSON`.
+pub const PROXY_SCRIPT: &str = r#"
+import asyncio, ipaddress, json, socket, sys
+CONF = json.loads(sys.argv[1])
+ALLOW = {(h, p) for h, p in CONF["allow"]}
+PRIVATE = set(CONF["private"])
+PORT = CONF["port"]
+CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
+class Refused(Exception):
+    pass
+
+def public(ip):
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
+                                 or ip.is_unspecified or ip.is_reserved or ip in CGNAT
+                                 if isinstance(ip, ipaddress.IPv4Address) else
+                                 ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
+                                 or ip.is_unspecified or ip.is_reserved or ip.is_site_local)
+
+async def open_checked(host, port):
+    host = host.lower().rstrip(".")
+    if (host, port) not in ALLOW:
+        raise Refused("%s:%d is not an allowed index host" % (host, port))
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = [info[4][0] for info in infos]
+    if not addresses:
+        raise Refused("%s does not resolve" % host)
+    if host not in PRIVATE:
+        for address in addresses:
+            if not public(ipaddress.ip_address(address.split("%")[0])):
+                raise Refused("%s resolves to the non-public address %s" % (host, address))
+    error = None
+    for address in addresses:
+        try:
+            return await asyncio.wait_for(asyncio.open_connection(address, port), 30)
+        except (OSError, asyncio.TimeoutError) as e:
+            error = e
+    raise Refused("cannot connect to %s:%d: %s" % (host, port, error))
+
+def split_host_port(text, default):
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port = text.partition(":")
+    return host, int(port) if port else default
+
+async def pipe(reader, writer):
+    try:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+    except (OSError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        try:
+            writer.close()
+        except OSError:
+            pass
+
+async def handle(reader, writer):
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        if len(head) > 16384:
+            raise Refused("request head too large")
+        line, _, rest = head.partition(b"\r\n")
+        method, target, version = line.decode("latin-1").split(" ", 2)
+        if method == "CONNECT":
+            host, port = split_host_port(target, 443)
+            up_reader, up_writer = await open_checked(host, port)
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        elif target.startswith("http://"):
+            authority, _, path = target[7:].partition("/")
+            host, port = split_host_port(authority, 80)
+            up_reader, up_writer = await open_checked(host, port)
+            up_writer.write(("%s /%s %s\r\n" % (method, path, version)).encode("latin-1") + rest)
+        else:
+            raise Refused("only CONNECT and absolute http:// requests are proxied")
+        await writer.drain()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+    except Refused as e:
+        body = ("refused by the installer's egress proxy: %s\n" % e).encode()
+        writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            await writer.drain()
+        except OSError:
+            pass
+        writer.close()
+    except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError):
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "0.0.0.0", PORT, limit=16384)
+    print("listening", flush=True)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"#;
+
+/// What the proxy lets through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EgressPolicy {
+    /// Lowercase host names (or addresses) and ports.
+    pub allow: Vec<(String, u16)>,
+    /// Allowed hosts that may resolve to non-public addresses.
+    pub private: Vec<String>,
+    pub port: u16,
+}
+
+/// The host and port of an http(s) URL (`None` when it has no host).
+pub fn host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = if scheme.eq_ignore_ascii_case("http") {
+        80
+    } else {
+        443
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    parse_host_port(authority, default)
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port`, lowercased.
+pub fn parse_host_port(text: &str, default: u16) -> Option<(String, u16)> {
+    let (host, port) = if let Some(inner) = text.strip_prefix('[') {
+        let (host, rest) = inner.split_once(']')?;
+        (host, rest.strip_prefix(':'))
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse().ok().filter(|p| *p > 0)?,
+        None => default,
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let valid = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+    valid.then_some((host, port))
+}
+
+/// The proxy's policy: the index hosts (PyPI's two without a custom index), plus the operator's
+/// extra hosts.
+pub fn policy(config: &Config) -> EgressPolicy {
+    let mut allow: Vec<(String, u16)> = Vec::new();
+    match &config.deps.index_url {
+        Some(url) => allow.extend(host_port(url)),
+        None => {
+            allow.push(("pypi.org".into(), 443));
+            allow.push(("files.pythonhosted.org".into(), 443));
+        }
+    }
+    allow.extend(
+        config
+            .deps
+            .extra_index_urls
+            .iter()
+            .filter_map(|u| host_port(u)),
+    );
+    allow.extend(config.deps.egress_allow.iter().cloned());
+    allow.sort();
+    allow.dedup();
+    EgressPolicy {
+        allow,
+        private: config.deps.egress_allow_private.clone(),
+        port: PROXY_PORT,
+    }
+}
+
+/// The proxy container's argv.
+pub fn proxy_command(policy: &EgressPolicy) -> Vec<String> {
+    vec![
+        "python3".into(),
+        "-c".into(),
+        PROXY_SCRIPT.into(),
+        serde_json::to_string(policy).unwrap_or_else(|_| "{}".into()),
+    ]
+}
+
+/// The installer's proxy environment.
+pub fn proxy_env(address: &str) -> Vec<String> {
+    let url = format!("http://{address}:{PROXY_PORT}");
+    [
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+        "https_proxy",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ]
+    .iter()
+    .map(|var| format!("{var}={url}"))
+    .chain(["NO_PROXY=".to_string(), "no_proxy=".to_string()])
+    .collect()
+}
+
+/// Labels of the egress network.
+pub fn network_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_ports_of_urls() {
+        assert_eq!(
+            host_port("https://u:p@Mirror.Example:8443/simple"),
+            Some(("mirror.example".into(), 8443))
+        );
+        assert_eq!(
+            host_port("http://172.17.0.1:8000/simple/"),
+            Some(("172.17.0.1".into(), 8000))
+        );
+        assert_eq!(
+            host_port("https://pypi.org/simple"),
+            Some(("pypi.org".into(), 443))
+        );
+        assert_eq!(parse_host_port("[::1]:80", 443), Some(("::1".into(), 80)));
+        assert_eq!(parse_host_port("a b", 443), None);
+        assert_eq!(parse_host_port("h:0", 443), None);
+    }
+
+    #[test]
+    fn the_default_policy_is_pypi_only() {
+        let config = Config::default();
+        let policy = policy(&config);
+        assert_eq!(
+            policy.allow,
+            [
+                ("files.pythonhosted.org".to_string(), 443),
+                ("pypi.org".to_string(), 443)
+            ]
+        );
+        assert!(policy.private.is_empty());
+        let argv = proxy_command(&policy);
+        assert_eq!(argv[..2], ["python3", "-c"]);
+        assert!(argv[3].contains("pypi.org"));
+    }
+}
