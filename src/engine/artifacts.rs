@@ -152,36 +152,35 @@ pub async fn collect(
     }
     apply_return_limits(policy, &mut artifacts);
     if changes.left_out > 0 {
-        artifacts.push(Artifact {
-            path: "…".to_string(),
-            size: 0,
-            mime_type: String::new(),
-            content: None,
-            saved_to: None,
-            note: Some(format!(
-                "{} more changed entries not listed (a result names at most {} entries and {} of paths)",
-                changes.left_out,
-                super::protocol::MAX_CHANGED_ENTRIES,
-                human_bytes(super::protocol::MAX_CHANGED_PATH_BYTES as u64),
-            )),
-            figure: false,
-        });
+        artifacts.push(Artifact::notice(format!(
+            "{} more changed entries not listed (a result names at most {} entries and {} of paths)",
+            changes.left_out,
+            super::protocol::MAX_CHANGED_ENTRIES,
+            human_bytes(super::protocol::MAX_CHANGED_PATH_BYTES as u64),
+        )));
     }
     if changes.truncated {
-        artifacts.push(Artifact {
+        artifacts.push(Artifact::notice(format!(
+            "more than {} workspace entries: changes beyond them were not tracked",
+            super::protocol::MAX_TRACKED_ENTRIES
+        )));
+    }
+    artifacts
+}
+
+impl Artifact {
+    /// A line of the file list that is no file: what was left out of it, and why.
+    fn notice(note: String) -> Artifact {
+        Artifact {
             path: "…".to_string(),
             size: 0,
             mime_type: String::new(),
             content: None,
             saved_to: None,
-            note: Some(format!(
-                "more than {} workspace entries: changes beyond them were not tracked",
-                super::protocol::MAX_TRACKED_ENTRIES
-            )),
+            note: Some(note),
             figure: false,
-        });
+        }
     }
-    artifacts
 }
 
 /// How much one file may bring: its own limit, what is left of the execution's total, and how

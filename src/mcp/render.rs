@@ -142,15 +142,20 @@ pub fn file_block(a: &Artifact) -> Option<ContentBlock> {
 
 /// `file:///workspace/PATH`, percent-encoded.
 pub fn file_uri(path: &str) -> String {
-    let mut uri = String::from("file:///workspace/");
+    format!("file:///workspace/{}", percent_encoded_path(path))
+}
+
+/// A workspace path for a URI: every byte but unreserved characters and `/` percent-encoded.
+pub fn percent_encoded_path(path: &str) -> String {
+    let mut encoded = String::with_capacity(path.len());
     for byte in path.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            uri.push(byte as char);
+            encoded.push(byte as char);
         } else {
-            uri.push_str(&format!("%{byte:02X}"));
+            encoded.push_str(&format!("%{byte:02X}"));
         }
     }
-    uri
+    encoded
 }
 
 fn files_summary(files: &[Artifact], deliveries: &[Delivery]) -> String {

@@ -35,15 +35,10 @@ const MAX_DIRECTORIES: usize = 200;
 
 /// The URI of a workspace file: the session id, then the path with each segment percent-encoded.
 pub fn uri(session: &str, path: &str) -> String {
-    let mut uri = format!("{SCHEME}{session}/");
-    for byte in path.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            uri.push(byte as char);
-        } else {
-            uri.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    uri
+    format!(
+        "{SCHEME}{session}/{}",
+        super::render::percent_encoded_path(path)
+    )
 }
 
 /// The session and the workspace-relative path a `sandbox://` URI names.

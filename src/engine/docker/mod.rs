@@ -96,36 +96,11 @@ impl DockerBackend {
             // it lives as long as the container: runner restarts keep the files.
             target: Some(paths::WORKSPACE.to_string()),
             typ: Some(MountType::VOLUME),
-            volume_options: Some(MountVolumeOptions {
-                labels: Some(labels.clone()),
-                driver_config: Some(MountVolumeOptionsDriverConfig {
-                    name: Some("local".to_string()),
-                    options: Some(HashMap::from([
-                        ("type".to_string(), "tmpfs".to_string()),
-                        ("device".to_string(), "tmpfs".to_string()),
-                        (
-                            "o".to_string(),
-                            workspace_mount_options(limits.workspace_bytes),
-                        ),
-                    ])),
-                }),
-                ..Default::default()
-            }),
+            volume_options: Some(tmpfs_volume(&labels, limits.workspace_bytes)),
             ..Default::default()
         }];
         for volume in &spec.volumes {
-            let volume_options = volume.tmpfs_bytes.map(|bytes| MountVolumeOptions {
-                labels: Some(labels.clone()),
-                driver_config: Some(MountVolumeOptionsDriverConfig {
-                    name: Some("local".to_string()),
-                    options: Some(HashMap::from([
-                        ("type".to_string(), "tmpfs".to_string()),
-                        ("device".to_string(), "tmpfs".to_string()),
-                        ("o".to_string(), workspace_mount_options(bytes)),
-                    ])),
-                }),
-                ..Default::default()
-            });
+            let volume_options = volume.tmpfs_bytes.map(|bytes| tmpfs_volume(&labels, bytes));
             mounts.push(Mount {
                 target: Some(volume.target.clone()),
                 source: Some(volume.name.clone()),
@@ -247,6 +222,22 @@ impl DockerBackend {
             host_config: Some(host_config),
             ..Default::default()
         }
+    }
+}
+
+/// An anonymous local volume backed by a tmpfs of `bytes`, labelled like its sandbox.
+fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64) -> MountVolumeOptions {
+    MountVolumeOptions {
+        labels: Some(labels.clone()),
+        driver_config: Some(MountVolumeOptionsDriverConfig {
+            name: Some("local".to_string()),
+            options: Some(HashMap::from([
+                ("type".to_string(), "tmpfs".to_string()),
+                ("device".to_string(), "tmpfs".to_string()),
+                ("o".to_string(), workspace_mount_options(bytes)),
+            ])),
+        }),
+        ..Default::default()
     }
 }
 
