@@ -74,7 +74,11 @@ def valid_text(obj):
 
 
 def write_frame(fd, obj):
-    body = json.dumps(valid_text(obj), separators=(",", ":")).encode("utf-8")
+    try:
+        # Lone surrogates cannot be encoded: only then is the message walked and mended.
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        body = json.dumps(valid_text(obj), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     view = memoryview(struct.pack(">I", len(body)) + body)
     while view:
         written = os.write(fd, view)
