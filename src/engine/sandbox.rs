@@ -32,8 +32,10 @@ use super::protocol::{
 };
 use super::EngineError;
 
-/// How long the runner gets to answer after SIGINT before the sandbox is killed.
-pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+/// How long the runner gets to answer after SIGINT before the sandbox is killed. Longer than the
+/// runner's own clean-up budget after an interrupt (2 s, `kill_strays` in runner.py), so a runner
+/// that cleaned up for all of it, under load, still answers in time and keeps its state.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// How long the runner gets to answer a request that is not an execution.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a sandbox gets from start to a ready runner.
