@@ -406,8 +406,6 @@ print('setuid', len(setuid) > 0)
 # passwd -S reads /etc/shadow only when it really runs as root: then it prints dates and ages.
 out = subprocess.run(['passwd', '-S', 'sandbox'], capture_output=True, text=True).stdout.split()
 print('passwd fields', len(out))
-out = subprocess.run(['su', '-c', 'id -u', 'root'], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-print('su root', out.stdout.strip() == '0')
 for path in ('/etc/shadow', '/proc/sys/kernel/hostname', '/proc/sys/vm/drop_caches', '/sys/kernel/mm/transparent_hugepage/enabled', '/proc/sysrq-trigger'):
     try:
         with open(path, 'w') as f:
@@ -422,8 +420,25 @@ print('canary', b'CANARY_NAME' in env or any('CANARY_NAME' in k for k in os.envi
 """
 
 
-@case("privilege: unprivileged, no capabilities, setuid inert, no docker socket, host env hidden")
-async def privilege(s, ctx):
+# su fails only after PAM's and its own failure delays (2 s + FAIL_DELAY 3 s, more under gVisor):
+# it runs on a server whose timeout leaves room for them, so the answer is su's, not a timeout's.
+SU_ROOT = r"""
+import subprocess
+out = subprocess.run(['su', '-c', 'id -u', 'root'], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+print('su root', out.stdout.strip() == '0', out.returncode != 0)
+"""
+
+
+@case("privilege: unprivileged, no capabilities, setuid inert, no docker socket, host env hidden", kind="attack-own-server")
+async def privilege(ctx):
+    async with server(ctx.binary, **{**ATTACK_ENV, "SANDBOX_TIMEOUT": "60s", **ctx.runtime_env}) as s:
+        await privilege_checks(s, ctx)
+
+
+async def privilege_checks(s, ctx):
+    su = await s.run(SU_ROOT)
+    check(su.is_error is False, text_of(su))
+    check(su.structured_content["stdout"] == "su root False True\n", text_of(su))
     result = await s.run(PRIVILEGE.replace("CANARY_NAME", CANARY))
     check(result.is_error is False, text_of(result))
     out = result.structured_content["stdout"].splitlines()
@@ -436,7 +451,6 @@ async def privilege(s, ctx):
         "NoNewPrivs 1",
         "setuid True",
         "passwd fields 2",
-        "su root False",
         "socket /var/run/docker.sock False",
         "socket /run/docker.sock False",
         "socket /run/containerd/containerd.sock False",
