@@ -31,3 +31,4 @@ pub mod config;
 pub mod engine;
 pub mod mcp;
 pub mod pypi;
+pub mod text;

@@ -384,7 +384,7 @@ fn report(execution: &Execution) -> ExitCode {
         let _ = writeln!(
             stderr,
             "[python-code-sandbox: timed out after {}]",
-            crate::engine::sandbox::human(execution.duration)
+            crate::text::duration(execution.duration)
         );
         return ExitCode::from(EXIT_TIMEOUT);
     }

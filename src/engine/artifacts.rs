@@ -21,6 +21,7 @@ use super::protocol::is_safe_relative_path;
 use super::sandbox::{Changes, Sandbox, WorkspacePath};
 use super::EngineError;
 use crate::config::FilePolicy;
+use crate::text;
 
 /// One file an execution produced, and what became of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,7 +93,7 @@ pub async fn collect(
             // The runner's size is a hint, but one that saves a useless copy.
             artifact.note = Some(format!(
                 "not copied: larger than the {} limit",
-                human_bytes(max_file)
+                text::bytes(max_file)
             ));
         } else {
             let budget = Budget {
@@ -156,7 +157,7 @@ pub async fn collect(
             "{} more changed entries not listed (a result names at most {} entries and {} of paths)",
             changes.left_out,
             super::protocol::MAX_CHANGED_ENTRIES,
-            human_bytes(super::protocol::MAX_CHANGED_PATH_BYTES as u64),
+            text::bytes(super::protocol::MAX_CHANGED_PATH_BYTES as u64),
         )));
     }
     if changes.truncated {
@@ -243,9 +244,9 @@ async fn fetch(
         received += chunk.data.len() as u64;
         if received > limit {
             break Err(if limit == budget.file {
-                format!("larger than the {} limit", human_bytes(budget.file))
+                format!("larger than the {} limit", text::bytes(budget.file))
             } else {
-                format!("over the {} total limit", human_bytes(budget.total))
+                format!("over the {} total limit", text::bytes(budget.total))
             });
         }
         if head.len() < 16 {
@@ -296,7 +297,7 @@ async fn fetch(
         memory.is_none().then(|| {
             format!(
                 "not returned: larger than the {} limit",
-                human_bytes(budget.in_memory)
+                text::bytes(budget.in_memory)
             )
         })
     });
@@ -336,7 +337,7 @@ pub async fn read_whole(
         let last = (chunk.data.len() as u64) < want;
         content.extend_from_slice(&chunk.data);
         if content.len() as u64 > limit {
-            return Ok(Err(format!("larger than the {} limit", human_bytes(limit))));
+            return Ok(Err(format!("larger than the {} limit", text::bytes(limit))));
         }
         if last {
             return Ok(Ok(content));
@@ -443,12 +444,12 @@ fn apply_return_limits(policy: &FilePolicy, artifacts: &mut [Artifact]) {
         } else if size > policy.return_max_file_bytes {
             Some(format!(
                 "not returned: larger than the {} limit",
-                human_bytes(policy.return_max_file_bytes)
+                text::bytes(policy.return_max_file_bytes)
             ))
         } else if returned_bytes + size > policy.return_max_total_bytes {
             Some(format!(
                 "not returned: over the {} total limit",
-                human_bytes(policy.return_max_total_bytes)
+                text::bytes(policy.return_max_total_bytes)
             ))
         } else {
             None
@@ -612,21 +613,6 @@ pub fn is_displayable_image(mime: &str) -> bool {
     )
 }
 
-/// A size for people: `2 GiB`, `1.5 KiB`, `10 bytes` (binary units, like the settings).
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (size, unit) in UNITS {
-        if n >= size {
-            let value = n as f64 / size as f64;
-            return if value.fract() == 0.0 {
-                format!("{value:.0} {unit}")
-            } else {
-                format!("{value:.1} {unit}")
-            };
-        }
-    }
-    format!("{n} bytes")
-}
 
 #[cfg(test)]
 mod tests {

@@ -844,7 +844,7 @@ pub fn installer_error_summary(output: &str) -> String {
     } else {
         &relevant[..]
     };
-    truncate_chars(&kept.join("\n"), SUMMARY_MAX_CHARS)
+    crate::text::truncate_chars(&kept.join("\n"), SUMMARY_MAX_CHARS)
 }
 
 /// What to add to a failed wheels-only install's summary when the output suggests a requirement
@@ -902,13 +902,6 @@ fn strip_ansi(text: &str) -> String {
         }
     }
     out
-}
-
-fn truncate_chars(text: &str, max_chars: usize) -> String {
-    match text.char_indices().nth(max_chars) {
-        Some((end, _)) => text[..end].to_string(),
-        None => text.to_string(),
-    }
 }
 
 /// One published install in the dependency cache.

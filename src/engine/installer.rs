@@ -755,7 +755,7 @@ impl super::Engine {
                 let mut why = if execution.timed_out {
                     format!(
                         "the install did not finish within {}",
-                        super::sandbox::human(self.config.deps.install_timeout)
+                        crate::text::duration(self.config.deps.install_timeout)
                     )
                 } else {
                     deps::installer_error_summary(&output)

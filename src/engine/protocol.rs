@@ -11,6 +11,8 @@
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use crate::text::truncate_chars;
+
 /// The runner's source, sent to the bootstrap when a sandbox starts.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
 
@@ -487,11 +489,6 @@ impl RawResult {
             figures,
         })
     }
-}
-
-/// Truncates to at most `max` characters, on a character boundary.
-pub fn truncate_chars(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
 }
 
 /// A path relative to the workspace that cannot leave it: `/`-separated normal components only.

@@ -27,10 +27,11 @@ use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
 use super::protocol::{
-    encode_frame, truncate_chars, ChangedEntry, DirEntry, FrameDecoder, ProtocolError,
+    encode_frame, ChangedEntry, DirEntry, FrameDecoder, ProtocolError,
     RaisedException, Reply, Request, RunnerExit, RUNNER_SOURCE,
 };
 use super::EngineError;
+use crate::text::{self, truncate_chars};
 
 /// How long the runner gets to answer after SIGINT before the sandbox is killed. Longer than the
 /// runner's own clean-up budget after an interrupt (2 s, `kill_strays` in runner.py), so a runner
@@ -517,7 +518,7 @@ impl Sandbox {
                 let why = if cancelled {
                     "Cancelled".to_string()
                 } else {
-                    format!("Timed out after {}", human(timeout))
+                    format!("Timed out after {}", text::duration(timeout))
                 };
                 let what = if workspace_lost {
                     "the sandbox was killed: its output, variables and workspace files are lost"
@@ -951,8 +952,4 @@ fn with_diagnostics(mut reason: String, diagnostics: &[u8]) -> String {
         reason.push_str(text);
     }
     reason
-}
-
-pub fn human(d: Duration) -> String {
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }

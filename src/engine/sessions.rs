@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::backend::{self, BackendError, SandboxId};
-use super::sandbox::{human, Sandbox};
+use super::sandbox::Sandbox;
 use super::{
     artifacts, deps, installer, protocol, sandbox, Engine, EngineError, Execution, RunOptions, Task,
 };
@@ -148,7 +148,7 @@ pub fn workspace_relative(path: &str) -> Result<String, EngineError> {
         .unwrap_or(trimmed);
     let relative = relative.trim_start_matches("./");
     if relative.starts_with('/') || !protocol::is_safe_relative_path(relative) {
-        return Err(EngineError::InvalidPath(protocol::truncate_chars(
+        return Err(EngineError::InvalidPath(crate::text::truncate_chars(
             path, 200,
         )));
     }
@@ -563,7 +563,7 @@ impl Engine {
                         id.clone(),
                         format!(
                             "it expired at the maximum lifetime of {}",
-                            human(policy.max_lifetime)
+                            crate::text::duration(policy.max_lifetime)
                         ),
                     ))
                 } else if s.idle() >= policy.idle_timeout && s.sandbox.try_lock().is_ok() {
@@ -571,7 +571,7 @@ impl Engine {
                         id.clone(),
                         format!(
                             "it expired after being idle for more than {}",
-                            human(policy.idle_timeout)
+                            crate::text::duration(policy.idle_timeout)
                         ),
                     ))
                 } else {

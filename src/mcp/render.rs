@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::config::Limits;
-pub use crate::engine::artifacts::human_bytes as bytes;
+pub use crate::text::bytes;
 use crate::engine::artifacts::{display_path, is_displayable_image, Artifact};
 use crate::engine::backend::BackendError;
 use crate::engine::{EngineError, Execution};
@@ -359,9 +359,7 @@ pub fn refusal(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message.into())])
 }
 
-pub fn human(d: std::time::Duration) -> String {
-    crate::engine::sandbox::human(d)
-}
+pub use crate::text::duration as human;
 
 #[cfg(test)]
 mod tests {
