@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use python_code_sandbox::engine::sessions::Scope;
 use python_code_sandbox::engine::{EngineError, Execution, RunOptions, Task};
 
 fn with_deps(deps: &[&str]) -> RunOptions {
@@ -194,12 +195,13 @@ async fn a_session_gains_dependencies_after_it_started_and_keeps_them() {
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         in_session(&engine, &session, "x = 41").await;
         let added = engine
             .execute_in_session(
+                Scope::Server,
                 &session,
                 Task::Python("import six\nx += 1\nprint(x, six.__version__)"),
                 &with_deps(&["six==1.16.0"]),
@@ -215,6 +217,7 @@ async fn a_session_gains_dependencies_after_it_started_and_keeps_them() {
         // A second package joins the set; the first stays importable, state is kept.
         let more = engine
             .execute_in_session(
+                Scope::Server,
                 &session,
                 Task::Python("import six, idna\nprint(x, idna.__name__)"),
                 &with_deps(&["idna"]),
@@ -232,7 +235,10 @@ async fn a_session_gains_dependencies_after_it_started_and_keeps_them() {
         )
         .await;
         assert_eq!(text(&net.stdout), "['lo']\n");
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;

@@ -10,6 +10,7 @@ use python_code_sandbox::engine::backend::{Backend, SandboxSpec};
 use python_code_sandbox::engine::docker::DockerBackend;
 use python_code_sandbox::engine::owner::{LABEL_PID, LABEL_PID_START};
 use python_code_sandbox::engine::protocol::bootstrap_command;
+use python_code_sandbox::engine::sessions::Scope;
 use python_code_sandbox::engine::{EngineError, RunOptions, Task};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +82,7 @@ async fn sys_exit_sets_the_status_and_a_session_survives_it() {
         assert!(result.error.is_none());
 
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         assert_eq!(
@@ -93,7 +94,10 @@ async fn sys_exit_sets_the_status_and_a_session_survives_it() {
         let after = in_session(&engine, &session, "print(kept)").await;
         assert_eq!(text(&after.stdout), "yes\n", "the runner survives sys.exit");
         assert!(!after.state_lost);
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -107,7 +111,7 @@ async fn state_persists_across_executions_in_a_session() {
     let engine = engine();
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         in_session(
@@ -123,9 +127,17 @@ async fn state_persists_across_executions_in_a_session() {
         )
         .await;
         assert_eq!(text(&result.stdout), "42 True kept\n");
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
         let again = engine
-            .execute_in_session(&session, Task::Python("print(1)"), &RunOptions::default())
+            .execute_in_session(
+                Scope::Server,
+                &session,
+                Task::Python("print(1)"),
+                &RunOptions::default(),
+            )
             .await;
         assert!(again.is_err(), "a stopped session must not run code");
     })
@@ -151,7 +163,7 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
         assert!(text(&result.stderr).contains("KeyboardInterrupt"));
 
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         in_session(&engine, &session, "x = 'survives'").await;
@@ -159,7 +171,10 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
         assert!(looped.timed_out && !looped.state_lost);
         let after = in_session(&engine, &session, "print(x)").await;
         assert_eq!(text(&after.stdout), "survives\n");
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -173,7 +188,7 @@ async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
     let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(1));
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         in_session(
@@ -199,7 +214,10 @@ async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
             "False on disk\n",
             "variables are lost, the workspace is not"
         );
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -347,7 +365,7 @@ async fn a_memory_bomb_is_reported_as_out_of_memory() {
 
         // A session recovers from it with a fresh runner.
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         in_session(&engine, &session, "open('kept.txt', 'w').write('kept')").await;
@@ -363,7 +381,10 @@ async fn a_memory_bomb_is_reported_as_out_of_memory() {
         );
         let after = in_session(&engine, &session, "print('alive', open('kept.txt').read())").await;
         assert_eq!(text(&after.stdout), "alive kept\n");
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -384,13 +405,13 @@ async fn a_fork_bomb_is_contained() {
         assert!(result.timed_out, "{result:?}");
 
         // In a session the runner cleans up after the interrupt, and the next execution works.
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         in_session(&engine, &session, "x = 7").await;
         assert!(in_session(&engine, &session, bomb).await.timed_out);
         let after = in_session(&engine, &session, "import os\nprint(x, len([p for p in os.listdir('/proc') if p.isdigit()]))").await;
         // Left: init (pid 1) and the runner.
         assert_eq!(text(&after.stdout), "7 2\n", "{}", text(&after.stderr));
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     // The host still responds: a normal run right after.
@@ -477,7 +498,7 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
         assert_eq!(result.exit_code, 5);
         assert!(result.state_lost);
 
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         // A runner that dies is replaced in the same sandbox: variables go, files stay.
         in_session(&engine, &session, "x = 1\nopen('kept.txt', 'w').write('kept')").await;
         for death in ["import os\nos._exit(7)", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"] {
@@ -491,12 +512,12 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
         }
         // Garbage on every descriptor the code can find, the protocol stream included.
         let garbage = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\xff\\xff\\xff\\xffjunk')\n    except OSError:\n        pass\nimport time; time.sleep(1)";
-        let broken = engine.execute_in_session(&session, Task::Python(garbage), &RunOptions::default()).await;
+        let broken = engine.execute_in_session(Scope::Server, &session, Task::Python(garbage), &RunOptions::default()).await;
         assert!(broken.is_err(), "a broken protocol is an error: {broken:?}");
         let after = in_session(&engine, &session, "print('recovered')").await;
         assert_eq!(text(&after.stdout), "recovered\n");
         assert!(after.state_lost && after.workspace_lost, "a broken protocol restarts the whole sandbox");
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -509,13 +530,13 @@ async fn forked_children_cannot_speak_the_protocol() {
     }
     let engine = engine();
     no_hang(async {
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         let code = "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n    os.waitpid(pid, 0)\n    print('parent')";
         let result = in_session(&engine, &session, code).await;
         assert_eq!(text(&result.stdout), "child\nparent\n");
         let next = in_session(&engine, &session, "print('next')").await;
         assert_eq!(text(&next.stdout), "next\n");
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -529,11 +550,12 @@ async fn shell_commands_run_with_the_same_capture() {
     let engine = engine();
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         let result = engine
             .execute_in_session(
+                Scope::Server,
                 &session,
                 Task::Shell("echo out; echo err >&2; id -u; exit 4"),
                 &RunOptions::default(),
@@ -548,7 +570,10 @@ async fn shell_commands_run_with_the_same_capture() {
             ),
             ("out\n1000\n", "err\n", 4)
         );
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -562,7 +587,7 @@ async fn a_live_sandbox_carries_every_hardening_field() {
     let engine = engine();
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         let inspected = docker()
@@ -635,7 +660,10 @@ async fn a_live_sandbox_carries_every_hardening_field() {
         );
         // The agent's code is never in argv: only the fixed bootstrap is.
         assert_eq!(config.cmd, Some(bootstrap_command()));
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -649,7 +677,7 @@ async fn files_copy_in_and_out_of_a_session() {
     let engine = engine();
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         let mut archive = tar::Builder::new(Vec::new());
@@ -696,7 +724,10 @@ async fn files_copy_in_and_out_of_a_session() {
                 .is_err(),
             "the size bound holds"
         );
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -782,17 +813,17 @@ async fn shutdown_removes_every_sandbox_of_the_instance() {
     let engine = engine();
     no_hang(async {
         let a = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         let _b = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         in_session(&engine, &a, "x = 1").await;
-        assert_eq!(engine.sessions().len(), 2);
+        assert_eq!(engine.sessions(Scope::Server).len(), 2);
         engine.shutdown().await;
-        assert!(engine.sessions().is_empty());
+        assert!(engine.sessions(Scope::Server).is_empty());
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -863,7 +894,7 @@ async fn sandboxes_run_under_another_runtime() {
         let root = run(&engine, "open('/home/sandbox/evil', 'w')").await;
         assert!(text(&root.stderr).contains("Read-only file system"), "{}", text(&root.stderr));
 
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         in_session(&engine, &session, "kept = 'yes'").await;
         let looped = in_session(&engine, &session, "while True: pass").await;
         assert!(looped.timed_out && !looped.state_lost, "{looped:?}");
@@ -873,14 +904,14 @@ async fn sandboxes_run_under_another_runtime() {
         // timeout ends it; under gVisor the limit applies to the sandbox kernel's own threads, so
         // that kernel dies, and the session ends saying so.
         let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass";
-        match engine.execute_in_session(&session, Task::Python(bomb), &RunOptions::default()).await {
+        match engine.execute_in_session(Scope::Server, &session, Task::Python(bomb), &RunOptions::default()).await {
             Ok(bombed) => {
                 assert!(bombed.timed_out, "{bombed:?}");
                 let next = in_session(&engine, &session, "print('next')").await;
                 assert_eq!(text(&next.stdout), "next\n");
             }
             Err(EngineError::SandboxLost(reason)) => {
-                let next = engine.execute_in_session(&session, Task::Python("print(1)"), &RunOptions::default()).await;
+                let next = engine.execute_in_session(Scope::Server, &session, Task::Python("print(1)"), &RunOptions::default()).await;
                 assert!(
                     matches!(&next, Err(EngineError::SessionEnded { reason: r, .. }) if *r == reason),
                     "{next:?}"
@@ -889,7 +920,7 @@ async fn sandboxes_run_under_another_runtime() {
             }
             Err(e) => panic!("the fork bomb: {e}"),
         }
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;

@@ -6,6 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use python_code_sandbox::engine::sessions::Scope;
 use python_code_sandbox::engine::{RunOptions, Task};
 
 fn temp_dir() -> PathBuf {
@@ -146,7 +147,7 @@ async fn a_runner_that_lies_about_paths_is_stopped_and_nothing_is_written() {
     let root = temp_dir();
     let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
     no_hang(async {
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         // The code reaches the runner's own function and makes it report an escaping path.
         let code = r#"
 import gc
@@ -155,12 +156,12 @@ for f in gc.get_objects():
         f.__globals__['changes'] = lambda before, after: [{'path': '../../etc/passwd', 'kind': 'file', 'size': 10}]
 open('x.txt', 'w').write('x')
 "#;
-        let lied = engine.execute_in_session(&session, Task::Python(code), &RunOptions::default()).await;
+        let lied = engine.execute_in_session(Scope::Server, &session, Task::Python(code), &RunOptions::default()).await;
         assert!(lied.is_err(), "a lying runner is a protocol error: {lied:?}");
         let after = in_session(&engine, &session, "print('fresh runner')").await;
         assert_eq!(text(&after.stdout), "fresh runner\n");
         assert!(after.state_lost);
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
         assert!(saved_files(&root).iter().all(|(name, _)| !name.contains("passwd")));
     })
     .await;
@@ -253,7 +254,7 @@ async fn sessions_report_only_what_each_execution_changed() {
     let engine = engine_with(|c| c.files.persist_dir = None);
     no_hang(async {
         let session = engine
-            .create_session(&RunOptions::default())
+            .create_session(Scope::Server, &RunOptions::default())
             .await
             .expect("session");
         let first = in_session(&engine, &session, "open('a.txt', 'w').write('1')").await;
@@ -263,7 +264,10 @@ async fn sessions_report_only_what_each_execution_changed() {
         assert_eq!(paths, ["b.txt"], "an unchanged file is not returned again");
         let third = in_session(&engine, &session, "open('a.txt', 'a').write('more')").await;
         assert_eq!(third.files[0].content.as_deref(), Some(&b"1more"[..]));
-        engine.stop_session(&session).await.expect("stop");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -323,7 +327,7 @@ async fn only_what_the_sandbox_user_can_read_leaves_it_whatever_links_and_races(
         c.mounts = vec![mount];
     });
     no_hang(async {
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         let check = in_session(
             &engine,
             &session,
@@ -338,7 +342,7 @@ async fn only_what_the_sandbox_user_can_read_leaves_it_whatever_links_and_races(
         // Through the tool: a root-only file of a mount, a link to one, a link on the way.
         in_session(&engine, &session, "import os\nos.symlink('/etc/shadow', 'shadow')\nos.symlink('/etc', 'etc')\nos.symlink('/data', 'm')\nos.symlink('/data/secret.txt', 'secret')").await;
         for path in ["secret", "shadow", "etc/shadow", "m/secret.txt"] {
-            let refused = engine.read_file(&session, path).await;
+            let refused = engine.read_file(Scope::Server, &session, path).await;
             let error = refused.expect_err(path).to_string();
             assert!(!error.contains("root"), "{path}: {error}");
         }
@@ -385,7 +389,7 @@ subprocess.Popen([sys.executable, '-c', script], start_new_session=True)
             let content = String::from_utf8_lossy(content);
             assert!(!content.contains("root:") && !content.contains(ROOT_SECRET), "{name} leaked");
         }
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -405,7 +409,7 @@ async fn limits_hold_on_bytes_actually_read_and_hard_links_count_once() {
         c.files.max_total_bytes = 2 << 20;
     });
     no_hang(async {
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         // Fifty names of one 900 KiB file: copied once.
         let linked = in_session(
             &engine,
@@ -433,7 +437,7 @@ for n in range(40):
         assert!(lied.files.iter().any(|f| f.note.as_deref().unwrap_or("").contains("total limit")));
         let on_disk: usize = saved_files(&root).iter().map(|(_, c)| c.len()).sum();
         assert!(on_disk <= (2 << 20) + (900 << 10), "{on_disk} bytes on the host");
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -448,7 +452,7 @@ async fn odd_names_messages_and_signals_keep_the_session() {
     let root = temp_dir();
     let engine = engine_with(|c| c.files.persist_dir = Some(root.clone()));
     no_hang(async {
-        let session = engine.create_session(&RunOptions::default()).await.expect("session");
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         in_session(&engine, &session, "kept = 42").await;
         let odd = in_session(
             &engine,
@@ -474,11 +478,11 @@ async fn odd_names_messages_and_signals_keep_the_session() {
         assert_eq!(text(&again.stdout), "42 bytes\n");
         // Writing a file onto a directory is refused, and the directory kept.
         in_session(&engine, &session, "import os\nos.makedirs('folder/inner')\nopen('folder/inner/keep.txt', 'w').write('kept')").await;
-        let refused = engine.write_file(&session, "folder", b"clobber").await;
+        let refused = engine.write_file(Scope::Server, &session, "folder", b"clobber").await;
         assert!(refused.expect_err("onto a directory").to_string().contains("directory"));
         let kept = in_session(&engine, &session, "print(open('folder/inner/keep.txt').read())").await;
         assert_eq!(text(&kept.stdout), "kept\n");
-        engine.stop_session(&session).await.expect("stop");
+        engine.stop_session(Scope::Server, &session).await.expect("stop");
     })
     .await;
     assert_nothing_left(&engine).await;

@@ -21,15 +21,15 @@ async fn a_client_reaches_only_its_own_sessions() {
         let (alice, bob) = (ClientId::new(), ClientId::new());
         let options = RunOptions::default();
         let a = engine
-            .create_session_for(Scope::Client(&alice), &options)
+            .create_session(Scope::Client(&alice), &options)
             .await
             .expect("alice's session");
         let b = engine
-            .create_session_for(Scope::Client(&bob), &options)
+            .create_session(Scope::Client(&bob), &options)
             .await
             .expect("bob's session");
         engine
-            .execute_in_session_for(
+            .execute_in_session(
                 Scope::Client(&alice),
                 &a,
                 Task::Python("secret = 1"),
@@ -42,21 +42,19 @@ async fn a_client_reaches_only_its_own_sessions() {
             let bob_scope = Scope::Client(&bob);
             assert!(is_unknown(
                 engine
-                    .execute_in_session_for(bob_scope, id, Task::Python("print(secret)"), &options)
+                    .execute_in_session(bob_scope, id, Task::Python("print(secret)"), &options)
                     .await
             ));
             assert!(is_unknown(
-                engine.write_file_for(bob_scope, id, "x.txt", b"bob").await
+                engine.write_file(bob_scope, id, "x.txt", b"bob").await
             ));
-            assert!(is_unknown(
-                engine.read_file_for(bob_scope, id, "x.txt").await
-            ));
-            assert!(is_unknown(engine.list_files_for(bob_scope, id, "").await));
-            assert!(is_unknown(engine.stop_session_for(bob_scope, id).await));
+            assert!(is_unknown(engine.read_file(bob_scope, id, "x.txt").await));
+            assert!(is_unknown(engine.list_files(bob_scope, id, "").await));
+            assert!(is_unknown(engine.stop_session(bob_scope, id).await));
         }
         let ids = |scope| {
             engine
-                .sessions_for(scope)
+                .sessions(scope)
                 .into_iter()
                 .map(|s| s.id)
                 .collect::<Vec<_>>()
@@ -82,7 +80,7 @@ async fn a_client_reaches_only_its_own_sessions() {
         assert!(!containers.contains(&b), "bob's sandbox outlived him");
         assert!(containers.contains(&a));
         let gone = engine
-            .execute_in_session_for(Scope::Client(&bob), &b, Task::Python("1"), &options)
+            .execute_in_session(Scope::Client(&bob), &b, Task::Python("1"), &options)
             .await;
         assert!(
             matches!(gone, Err(EngineError::SessionEnded { .. })),
@@ -91,7 +89,7 @@ async fn a_client_reaches_only_its_own_sessions() {
         assert!(
             is_unknown(
                 engine
-                    .execute_in_session_for(Scope::Client(&alice), &b, Task::Python("1"), &options)
+                    .execute_in_session(Scope::Client(&alice), &b, Task::Python("1"), &options)
                     .await
             ),
             "another client does not even learn that it ended"

@@ -17,28 +17,12 @@ use std::path::{Path, PathBuf};
 use std::collections::HashMap;
 
 use super::files_dir::{self, Retention};
+use super::outcome::{Artifact, Changes};
 use super::protocol::is_safe_relative_path;
-use super::sandbox::{Changes, Sandbox, WorkspacePath};
+use super::sandbox::{Sandbox, WorkspacePath};
 use super::EngineError;
 use crate::config::FilePolicy;
 use crate::text;
-
-/// One file an execution produced, and what became of it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Artifact {
-    /// Relative to `/workspace` (figures: `figures/figure-N.png`, which is not in the workspace).
-    pub path: String,
-    pub size: u64,
-    pub mime_type: String,
-    /// The bytes, when they are returned to the client.
-    pub content: Option<Vec<u8>>,
-    /// Where the file was saved on the host.
-    pub saved_to: Option<PathBuf>,
-    /// Why it was not returned (or not even copied out).
-    pub note: Option<String>,
-    /// A matplotlib figure rather than a workspace file.
-    pub figure: bool,
-}
 
 /// Where an execution's files are saved: its run (or session) directory, and the retention that
 /// must spare that directory while they are written.
@@ -612,7 +596,6 @@ pub fn is_displayable_image(mime: &str) -> bool {
         "image/png" | "image/jpeg" | "image/gif" | "image/webp"
     )
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -23,21 +23,20 @@
 //!   staging left by a dead publisher). Sizes for eviction and `cache list` are the maintenance
 //!   script's own measurement.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use super::backend::{paths, SandboxSpec, VolumeMount};
 use super::deps::{self, IndexConfig, Installer, Requirement};
-use super::{EngineError, Task};
 use crate::config::{Config, DownloadCache, NetworkPolicy, OperatorMount};
 
 /// Where the installer's staging volume is mounted (and where maintenance reads it).
-const STAGE: &str = "/opt/stage";
+pub(super) const STAGE: &str = "/opt/stage";
 
 /// Runs in the installer sandbox. Arguments arrive as JSON literals spliced into the source (the
 /// code never goes through a shell; each requirement is its own argv element).
@@ -242,18 +241,6 @@ result["strays"] = strays
 print(json.dumps(result))
 "#;
 
-/// What a request's dependencies came to.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DependencyReport {
-    /// Canonical requirements in force for the execution.
-    pub requirements: Vec<String>,
-    pub key: String,
-    /// Where the sandbox sees the set (`/opt/deps/s-<random>`), on its `sys.path`.
-    pub path: String,
-    /// An installer ran for this request (false: the cache had it).
-    pub installed: bool,
-}
-
 /// One installed set, as `cache list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachedSet {
@@ -272,18 +259,18 @@ pub struct CachedSet {
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-struct UsageIndex {
-    sets: BTreeMap<String, CachedSet>,
+pub(super) struct UsageIndex {
+    pub(super) sets: BTreeMap<String, CachedSet>,
 }
 
 /// Serializes installs per key, counts installer launches, and keeps the cache under its cap.
 pub struct Dependencies {
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    installs: AtomicU64,
-    usage: Mutex<UsageIndex>,
-    usage_file: PathBuf,
+    pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) installs: AtomicU64,
+    pub(super) usage: Mutex<UsageIndex>,
+    pub(super) usage_file: PathBuf,
     /// Sets checked against their digest in this process: key -> directory name.
-    verified: Mutex<HashMap<String, String>>,
+    pub(super) verified: Mutex<HashMap<String, String>>,
 }
 
 impl Dependencies {
@@ -310,17 +297,17 @@ impl Dependencies {
         self.installs.load(Ordering::Relaxed)
     }
 
-    fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(super) fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         locks.entry(key.to_string()).or_default().clone()
     }
 
-    fn verified_name(&self, key: &str) -> Option<String> {
+    pub(super) fn verified_name(&self, key: &str) -> Option<String> {
         let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         verified.get(key).cloned()
     }
 
-    fn set_verified(&self, key: &str, name: Option<&str>) {
+    pub(super) fn set_verified(&self, key: &str, name: Option<&str>) {
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         match name {
             Some(name) => verified.insert(key.to_string(), name.to_string()),
@@ -329,7 +316,7 @@ impl Dependencies {
     }
 
     /// The digest this host recorded for `key` when it was published or first verified.
-    fn recorded_digest(&self, key: &str) -> Option<String> {
+    pub(super) fn recorded_digest(&self, key: &str) -> Option<String> {
         let usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         usage
             .sets
@@ -339,7 +326,7 @@ impl Dependencies {
     }
 
     /// Records what maintenance measured of a set (size, name, digest).
-    fn record(&self, key: &str, requirements: &[String], measured: &Measured) {
+    pub(super) fn record(&self, key: &str, requirements: &[String], measured: &Measured) {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         let entry = usage
             .sets
@@ -359,7 +346,7 @@ impl Dependencies {
     }
 
     /// Records a use, for least-recently-used eviction; returns the cache's total size.
-    fn touch(&self, key: &str) -> u64 {
+    pub(super) fn touch(&self, key: &str) -> u64 {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = usage.sets.get_mut(key) {
             entry.last_used = now();
@@ -369,7 +356,7 @@ impl Dependencies {
         total
     }
 
-    fn save_usage(&self, usage: &UsageIndex) {
+    pub(super) fn save_usage(&self, usage: &UsageIndex) {
         let Ok(bytes) = serde_json::to_vec_pretty(usage) else {
             return;
         };
@@ -384,7 +371,7 @@ impl Dependencies {
         }
     }
 
-    fn forget(&self, keys: &[String]) {
+    pub(super) fn forget(&self, keys: &[String]) {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         for key in keys {
             usage.sets.remove(key);
@@ -393,7 +380,7 @@ impl Dependencies {
         self.save_usage(&usage);
     }
 
-    fn usage_snapshot(&self) -> Vec<CachedSet> {
+    pub(super) fn usage_snapshot(&self) -> Vec<CachedSet> {
         self.usage
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -404,7 +391,7 @@ impl Dependencies {
     }
 }
 
-fn now() -> u64 {
+pub(super) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -413,10 +400,10 @@ fn now() -> u64 {
 
 /// What the maintenance script measured of a published set.
 #[derive(Debug, Clone, Deserialize)]
-struct Measured {
-    name: String,
-    digest: String,
-    size: u64,
+pub(super) struct Measured {
+    pub(super) name: String,
+    pub(super) digest: String,
+    pub(super) size: u64,
 }
 
 /// The index configuration that goes into keys and installer arguments (never into sandboxes).
@@ -454,7 +441,7 @@ pub fn sandbox_volumes(config: &Config) -> Vec<VolumeMount> {
 
 /// An installer: a network, its own staging tmpfs read-write, the download cache only when no
 /// package code runs (wheels only), never the cache volume nor the operator's mounts.
-fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str) -> SandboxSpec {
+pub(super) fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str) -> SandboxSpec {
     let mut volumes = vec![VolumeMount {
         name: staging.to_string(),
         target: STAGE.to_string(),
@@ -487,7 +474,11 @@ fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str) -> Sandbox
 }
 
 /// A maintenance sandbox: no network, the cache volume read-write, a staging volume read-only.
-fn maintenance_spec(base: &SandboxSpec, config: &Config, staging: Option<&str>) -> SandboxSpec {
+pub(super) fn maintenance_spec(
+    base: &SandboxSpec,
+    config: &Config,
+    staging: Option<&str>,
+) -> SandboxSpec {
     let mut volumes = vec![VolumeMount {
         name: config.deps.volume.clone(),
         target: paths::DEPS.to_string(),
@@ -511,7 +502,7 @@ fn maintenance_spec(base: &SandboxSpec, config: &Config, staging: Option<&str>) 
 }
 
 /// Whether the installer downloads through the shared cache.
-fn uses_download_cache(config: &Config) -> bool {
+pub(super) fn uses_download_cache(config: &Config) -> bool {
     !config.deps.allow_source_builds && config.deps.download_cache != DownloadCache::Off
 }
 
@@ -521,7 +512,11 @@ fn json_literal(value: &impl Serialize) -> String {
     serde_json::to_string(&inner).unwrap_or_else(|_| "\"null\"".into())
 }
 
-fn install_script(requirements: &[Requirement], index: &IndexConfig, cache: bool) -> String {
+pub(super) fn install_script(
+    requirements: &[Requirement],
+    index: &IndexConfig,
+    cache: bool,
+) -> String {
     let cache_dir = |sub: &str| cache.then(|| format!("{}/{sub}", paths::DOWNLOAD_CACHE));
     let uv = deps::installer_argv(
         requirements,
@@ -542,494 +537,22 @@ fn install_script(requirements: &[Requirement], index: &IndexConfig, cache: bool
         .replace("__PIP_ARGV__", &json_literal(&pip))
 }
 
-fn maintenance_script(op: &serde_json::Value) -> String {
+pub(super) fn maintenance_script(op: &serde_json::Value) -> String {
     MAINTENANCE_SCRIPT.replace("__OP__", &json_literal(op))
 }
 
 /// One install's way out: its internal network and the proxy on it.
-struct Egress {
-    network: String,
-    proxy: Option<super::backend::SandboxId>,
-    address: String,
+pub(super) struct Egress {
+    pub(super) network: String,
+    pub(super) proxy: Option<super::backend::SandboxId>,
+    pub(super) address: String,
 }
 
 /// What verifying a set found.
-enum Verified {
+pub(super) enum Verified {
     Ok(Measured),
     Missing,
     Tampered,
-}
-
-impl super::Engine {
-    /// Makes `requirements` importable in `sandbox`: finds their set in the cache (checked
-    /// against its digest once per process) or installs it (once, whoever else asks at the same
-    /// time), then puts it on the runner's `sys.path`. `replaces` is the path of a set the
-    /// sandbox used before (a session's previous one).
-    pub(crate) async fn prepare_dependencies(
-        &self,
-        sandbox: &mut super::sandbox::Sandbox,
-        base: &SandboxSpec,
-        requirements: &[Requirement],
-        replaces: Option<&str>,
-        options: &super::RunOptions,
-    ) -> Result<DependencyReport, EngineError> {
-        let image_id = self.backend.image_id(&base.image).await?;
-        let index = index_config(&self.config);
-        let key = deps::cache_key(&image_id, requirements, &index, "auto");
-        let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
-        let mut report = DependencyReport {
-            requirements: canonical.clone(),
-            key: key.clone(),
-            path: String::new(),
-            installed: false,
-        };
-        let path_of = |name: &str| format!("{}/{name}", paths::DEPS);
-
-        if let Some(name) = self.deps.verified_name(&key) {
-            if self.use_set(sandbox, &path_of(&name), replaces).await? {
-                self.deps.touch(&key);
-                report.path = path_of(&name);
-                return Ok(report);
-            }
-            // Gone (evicted by another server): look again under the lock.
-            self.deps.set_verified(&key, None);
-        }
-        let lock = self.deps.lock_for(&key);
-        let _installing = lock.lock().await;
-        let name = match self.deps.verified_name(&key) {
-            Some(name) => name,
-            None => match self.verify_set(base, &key).await? {
-                Verified::Ok(measured) => {
-                    self.deps.record(&key, &canonical, &measured);
-                    measured.name
-                }
-                found => {
-                    if matches!(found, Verified::Tampered) {
-                        tracing::warn!(
-                            key,
-                            "a cached dependency set was changed after it was published: \
-                             removed, installing it again"
-                        );
-                        options
-                            .report("the cached set was changed after publication; reinstalling");
-                    }
-                    options.report(&format!("installing {}", canonical.join(" ")));
-                    let measured = self
-                        .install(base, &key, requirements, &index, options)
-                        .await?;
-                    report.installed = true;
-                    self.deps.record(&key, &canonical, &measured);
-                    options.report("dependencies ready");
-                    measured.name
-                }
-            },
-        };
-        self.deps.set_verified(&key, Some(&name));
-        if !self.use_set(sandbox, &path_of(&name), replaces).await? {
-            self.deps.set_verified(&key, None);
-            return Err(EngineError::Dependencies(
-                "the dependencies were installed but the sandbox cannot see them".into(),
-            ));
-        }
-        report.path = path_of(&name);
-        let total = self.deps.touch(&key);
-        if report.installed && total > self.config.deps.cache_max_bytes {
-            self.evict(base, std::slice::from_ref(&key)).await;
-        }
-        Ok(report)
-    }
-
-    /// Puts a set's directory on the sandbox's `sys.path`; false when it does not exist.
-    async fn use_set(
-        &self,
-        sandbox: &mut super::sandbox::Sandbox,
-        dir: &str,
-        replaces: Option<&str>,
-    ) -> Result<bool, EngineError> {
-        let remove: Vec<String> = replaces
-            .filter(|old| *old != dir)
-            .map(|old| vec![old.to_string()])
-            .unwrap_or_default();
-        Ok(sandbox
-            .add_paths(&[dir.to_string()], &remove)
-            .await?
-            .is_empty())
-    }
-
-    /// Recomputes a set's digest in a maintenance sandbox and compares it with the one recorded
-    /// at publication (this host's copy when it has one); a changed set is removed.
-    async fn verify_set(&self, base: &SandboxSpec, key: &str) -> Result<Verified, EngineError> {
-        let op = serde_json::json!({
-            "op": "verify",
-            "key": key,
-            "expected": self.deps.recorded_digest(key),
-        });
-        let answer = self.run_maintenance(base, None, &op).await?;
-        match answer["status"].as_str() {
-            Some("ok") => serde_json::from_value(answer)
-                .map(Verified::Ok)
-                .map_err(|e| EngineError::Dependencies(format!("unreadable verification: {e}"))),
-            Some("tampered") => {
-                self.deps.forget(&[key.to_string()]);
-                Ok(Verified::Tampered)
-            }
-            _ => Ok(Verified::Missing),
-        }
-    }
-
-    /// Runs an installer sandbox into a staging volume, then publishes what it staged with a
-    /// maintenance sandbox; returns what maintenance measured.
-    async fn install(
-        &self,
-        base: &SandboxSpec,
-        key: &str,
-        requirements: &[Requirement],
-        index: &IndexConfig,
-        options: &super::RunOptions,
-    ) -> Result<Measured, EngineError> {
-        self.deps.installs.fetch_add(1, Ordering::Relaxed);
-        let staging = format!("pcs-stage-{}", uuid::Uuid::new_v4().simple());
-        let mut spec = installer_spec(base, &self.config, &staging);
-        spec.labels = self.owner.labels("installer");
-        let script = install_script(requirements, index, uses_download_cache(&self.config));
-        let outcome = async {
-            let egress = self.start_egress(base).await?;
-            spec.network_name = Some(egress.network.clone());
-            spec.env = super::egress::proxy_env(&egress.address);
-            let outcome = async {
-                let mut installer =
-                    super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
-                let outcome = installer
-                    .execute(
-                        Task::Python(&script),
-                        self.config.deps.install_timeout,
-                        256 << 10,
-                        options.cancel.as_ref(),
-                    )
-                    .await;
-                // The staging tmpfs lives while the installer runs: publish before removing it.
-                let published = match outcome {
-                    Ok(execution) if execution.succeeded() => {
-                        // Stop whatever the install left running before its staging is read.
-                        let _ = self.backend.kill_processes(installer.id()).await;
-                        let op = serde_json::json!({
-                            "op": "publish",
-                            "key": key,
-                            "requirements": requirements.iter().map(Requirement::canonical).collect::<Vec<_>>(),
-                        });
-                        self.run_maintenance(base, Some(&staging), &op)
-                            .await
-                            .map(Ok)
-                    }
-                    Ok(execution) => Ok(Err(execution)),
-                    Err(e) => Err(e),
-                };
-                installer.destroy().await;
-                published
-            }
-            .await;
-            self.stop_egress(egress).await;
-            outcome
-        }
-        .await;
-        if let Err(e) = self.backend.remove_volume(&staging).await {
-            tracing::warn!("could not remove the staging volume {staging}: {e}");
-        }
-        match outcome? {
-            Ok(answer) if answer["status"] == "exists" => {
-                // Another server published it meanwhile: check it like any cached set.
-                let lookup = self.verify_set(base, key).await?;
-                match lookup {
-                    Verified::Ok(measured) => Ok(measured),
-                    _ => Err(EngineError::Dependencies(
-                        "another server published this set, and it did not verify".into(),
-                    )),
-                }
-            }
-            Ok(answer) => serde_json::from_value(answer)
-                .map_err(|e| EngineError::Dependencies(format!("unreadable publication: {e}"))),
-            Err(execution) => {
-                let stdout = String::from_utf8_lossy(&execution.stdout);
-                let output = format!("{stdout}\n{}", String::from_utf8_lossy(&execution.stderr));
-                tracing::debug!(key, "installer failed:\n{output}");
-                let mut why = if execution.timed_out {
-                    format!(
-                        "the install did not finish within {}",
-                        crate::text::duration(self.config.deps.install_timeout)
-                    )
-                } else {
-                    deps::installer_error_summary(&output)
-                };
-                if !index.allow_source_builds {
-                    if let Some(hint) = deps::wheels_only_hint(&output) {
-                        why.push('\n');
-                        why.push_str(hint);
-                    }
-                }
-                if output.contains("No space left on device") {
-                    why.push_str(&format!(
-                        "\nThe install is larger than SANDBOX_DEPS_INSTALL_MAX ({} bytes).",
-                        self.config.deps.install_max_bytes
-                    ));
-                }
-                Err(EngineError::Dependencies(why))
-            }
-        }
-    }
-
-    /// Runs `code` in a sandbox with an installer's network (its egress network and proxy, no
-    /// cache, no staging): what package code in an install could reach. For tests and `doctor`.
-    #[doc(hidden)]
-    pub async fn probe_installer_network(
-        &self,
-        code: &str,
-    ) -> Result<super::Execution, EngineError> {
-        let base = self.base_spec(self.config.image.clone(), "installer").await;
-        self.backend.ensure_image(&base.image).await?;
-        let egress = self.start_egress(&base).await?;
-        let mut spec = base.clone();
-        spec.network = NetworkPolicy::Bridge;
-        spec.network_name = Some(egress.network.clone());
-        spec.env = super::egress::proxy_env(&egress.address);
-        spec.volumes = Vec::new();
-        spec.mounts = Vec::new();
-        let outcome = async {
-            let mut sandbox = super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
-            let outcome = sandbox
-                .execute(Task::Python(code), Duration::from_secs(60), 1 << 20, None)
-                .await;
-            sandbox.destroy().await;
-            outcome
-        }
-        .await;
-        self.stop_egress(egress).await;
-        outcome
-    }
-
-    /// Starts the install's egress: an internal network and the proxy on it (see `egress`).
-    async fn start_egress(&self, base: &SandboxSpec) -> Result<Egress, EngineError> {
-        let network = format!("pcs-egress-{}", uuid::Uuid::new_v4().simple());
-        let labels = self.owner.labels("egress");
-        self.backend.create_network(&network, true, &labels).await?;
-        let mut spec = base.clone();
-        spec.network = NetworkPolicy::Bridge;
-        spec.network_name = None;
-        spec.volumes = Vec::new();
-        spec.mounts = Vec::new();
-        spec.maintenance = false;
-        spec.labels = labels;
-        spec.command = super::egress::proxy_command(&super::egress::policy(&self.config));
-        let mut egress = Egress {
-            network,
-            proxy: None,
-            address: String::new(),
-        };
-        let started = async {
-            let id = self.backend.create(&spec).await?;
-            egress.proxy = Some(id.clone());
-            self.backend.connect_network(&id, &egress.network).await?;
-            let mut streams = self.backend.start(&id).await?;
-            // Ready once it says so (a dead proxy ends the stream).
-            let ready = tokio::time::timeout(Duration::from_secs(30), async {
-                use futures_util::StreamExt;
-                let mut seen = Vec::new();
-                while let Some(Ok(chunk)) = streams.output.next().await {
-                    if let super::backend::OutputChunk::Stdout(bytes) = chunk {
-                        seen.extend_from_slice(&bytes);
-                        if seen.windows(9).any(|w| w == b"listening") {
-                            return true;
-                        }
-                    }
-                }
-                false
-            })
-            .await;
-            if ready != Ok(true) {
-                return Err(EngineError::Dependencies(
-                    "the installer's egress proxy did not start".into(),
-                ));
-            }
-            self.backend
-                .address_on(&id, &egress.network)
-                .await
-                .map_err(EngineError::from)
-        }
-        .await;
-        match started {
-            Ok(address) => {
-                egress.address = address;
-                Ok(egress)
-            }
-            Err(e) => {
-                self.stop_egress(egress).await;
-                Err(e)
-            }
-        }
-    }
-
-    async fn stop_egress(&self, egress: Egress) {
-        if let Some(proxy) = &egress.proxy {
-            if let Err(e) = self.backend.destroy(proxy).await {
-                tracing::warn!("could not remove the installer's egress proxy: {e}");
-            }
-        }
-        if let Err(e) = self.backend.remove_network(&egress.network).await {
-            tracing::warn!("could not remove the network {}: {e}", egress.network);
-        }
-    }
-
-    /// Runs the maintenance script with `op` (see [`MAINTENANCE_SCRIPT`]); returns its answer.
-    async fn run_maintenance(
-        &self,
-        base: &SandboxSpec,
-        staging: Option<&str>,
-        op: &serde_json::Value,
-    ) -> Result<serde_json::Value, EngineError> {
-        let mut spec = maintenance_spec(base, &self.config, staging);
-        spec.labels = self.owner.labels("maintenance");
-        let script = maintenance_script(op);
-        let mut sandbox = super::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
-        let outcome = sandbox
-            .execute(
-                Task::Python(&script),
-                Duration::from_secs(600),
-                16 << 20,
-                None,
-            )
-            .await;
-        sandbox.destroy().await;
-        let execution = outcome?;
-        if !execution.succeeded() {
-            return Err(EngineError::Dependencies(format!(
-                "the dependency cache's maintenance failed: {}",
-                deps::installer_error_summary(&String::from_utf8_lossy(&execution.stderr))
-            )));
-        }
-        let answer: serde_json::Value = serde_json::from_slice(execution.stdout.trim_ascii())
-            .map_err(|e| {
-                EngineError::Dependencies(format!("unreadable maintenance answer: {e}"))
-            })?;
-        if let Some(strays) = answer["strays"].as_array().filter(|s| !s.is_empty()) {
-            tracing::info!(
-                "removed {} entr(ies) of the dependency cache that were no set",
-                strays.len()
-            );
-        }
-        Ok(answer)
-    }
-
-    /// Removes least-recently-used sets until the cache fits its cap, never `keep` nor a set a
-    /// live session uses.
-    async fn evict(&self, base: &SandboxSpec, keep: &[String]) {
-        let in_use: HashSet<String> = self
-            .sessions_dependency_keys()
-            .into_iter()
-            .chain(keep.iter().cloned())
-            .collect();
-        let entries: Vec<deps::CacheEntry> = self
-            .deps
-            .usage_snapshot()
-            .into_iter()
-            .map(|s| deps::CacheEntry {
-                in_use: in_use.contains(&s.key),
-                key: s.key,
-                size_bytes: s.size,
-                last_used: UNIX_EPOCH + Duration::from_secs(s.last_used),
-            })
-            .collect();
-        let evict = deps::select_evictions(&entries, self.config.deps.cache_max_bytes);
-        if evict.is_empty() {
-            return;
-        }
-        tracing::info!(
-            "dependency cache over its cap: removing {} set(s)",
-            evict.len()
-        );
-        if let Err(e) = self.maintain(base, &evict).await {
-            tracing::warn!("could not evict dependency sets: {e}");
-        }
-    }
-
-    /// Runs a maintenance sandbox that removes `remove` (and whatever is no set) and lists what
-    /// the cache holds.
-    async fn maintain(
-        &self,
-        base: &SandboxSpec,
-        remove: &[String],
-    ) -> Result<Vec<CachedSet>, EngineError> {
-        let op = serde_json::json!({"op": "list", "remove": remove});
-        let answer = self.run_maintenance(base, None, &op).await?;
-        self.deps.forget(remove);
-        #[derive(Deserialize)]
-        struct Listed {
-            key: String,
-            name: String,
-            size: u64,
-            digest: String,
-            requirements: Vec<String>,
-            mtime: u64,
-        }
-        let listed: Vec<Listed> = serde_json::from_value(answer["sets"].clone())
-            .map_err(|e| EngineError::Dependencies(format!("unreadable cache listing: {e}")))?;
-        let usage = self.deps.usage_snapshot();
-        Ok(listed
-            .into_iter()
-            .map(|l| CachedSet {
-                last_used: usage
-                    .iter()
-                    .find(|u| u.key == l.key)
-                    .map_or(l.mtime, |u| u.last_used),
-                key: l.key,
-                size: l.size,
-                requirements: l.requirements,
-                name: l.name,
-                digest: l.digest,
-            })
-            .collect())
-    }
-
-    /// The installed dependency sets (`cache list`); removes what in the volume is no set.
-    pub async fn cached_dependency_sets(&self) -> Result<Vec<CachedSet>, EngineError> {
-        let base = self
-            .base_spec(self.config.image.clone(), "maintenance")
-            .await;
-        self.backend.ensure_image(&base.image).await?;
-        self.maintain(&base, &[]).await
-    }
-
-    /// Removes cached sets: all of them not in use (`all`), or the least recently used beyond
-    /// the cap. Returns what was removed.
-    pub async fn prune_dependency_sets(&self, all: bool) -> Result<Vec<CachedSet>, EngineError> {
-        let sets = self.cached_dependency_sets().await?;
-        let in_use: HashSet<String> = self.sessions_dependency_keys().into_iter().collect();
-        let remove: Vec<String> = if all {
-            sets.iter()
-                .filter(|s| !in_use.contains(&s.key))
-                .map(|s| s.key.clone())
-                .collect()
-        } else {
-            let entries: Vec<deps::CacheEntry> = sets
-                .iter()
-                .map(|s| deps::CacheEntry {
-                    key: s.key.clone(),
-                    size_bytes: s.size,
-                    last_used: UNIX_EPOCH + Duration::from_secs(s.last_used),
-                    in_use: in_use.contains(&s.key),
-                })
-                .collect();
-            deps::select_evictions(&entries, self.config.deps.cache_max_bytes)
-        };
-        if !remove.is_empty() {
-            let base = self
-                .base_spec(self.config.image.clone(), "maintenance")
-                .await;
-            self.maintain(&base, &remove).await?;
-        }
-        Ok(sets
-            .into_iter()
-            .filter(|s| remove.contains(&s.key))
-            .collect())
-    }
 }
 
 #[cfg(test)]

@@ -8,16 +8,14 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
 use super::sandbox::Sandbox;
-use super::Engine;
 
 /// Sandboxes started at once while refilling.
-const REFILL_CONCURRENCY: usize = 2;
+pub(super) const REFILL_CONCURRENCY: usize = 2;
 
 pub struct Pool {
     target: usize,
@@ -69,71 +67,34 @@ impl Pool {
         self.lock().drain(..).collect()
     }
 
-    fn deficit(&self) -> usize {
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Counts `n` sandboxes being started for the pool (they count against its target).
+    pub(super) fn starting(&self, n: usize) {
+        self.starting.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// `n` of the sandboxes being started are done (ready or failed).
+    pub(super) fn started(&self, n: usize) {
+        self.starting.fetch_sub(n, Ordering::SeqCst);
+    }
+
+    /// Adds a started sandbox; hands it back when the pool is closed (to be removed).
+    #[must_use]
+    pub(super) fn put(&self, sandbox: Sandbox) -> Option<Sandbox> {
+        let mut ready = self.lock();
+        if self.is_closed() {
+            return Some(sandbox);
+        }
+        ready.push_back(sandbox);
+        None
+    }
+
+    /// How many more sandboxes the pool needs to reach its target.
+    pub(super) fn deficit(&self) -> usize {
         self.target
             .saturating_sub(self.ready() + self.starting.load(Ordering::SeqCst))
     }
-}
-
-/// Keeps the pool full until it is closed or the engine is gone.
-pub(crate) fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
-    if engine.pool.target() == 0 {
-        return None;
-    }
-    let weak: Weak<Engine> = Arc::downgrade(engine);
-    Some(tokio::spawn(async move {
-        // Pooled sandboxes must carry the server's container label, if it has one.
-        if let Some(engine) = weak.upgrade() {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(2), engine.identify_server_container())
-                    .await;
-        }
-        let mut backoff = Duration::from_millis(500);
-        loop {
-            let Some(engine) = weak.upgrade() else { return };
-            let pool = &engine.pool;
-            if pool.closed.load(Ordering::SeqCst) {
-                return;
-            }
-            let wanted = pool.deficit().min(REFILL_CONCURRENCY);
-            if wanted == 0 {
-                drop(engine);
-                // Wake on a take, or look again now and then. The engine is not held meanwhile,
-                // so dropping it ends this task.
-                let Some(engine) = weak.upgrade() else { return };
-                let wake = engine.pool_wake();
-                drop(engine);
-                let _ = tokio::time::timeout(Duration::from_secs(5), wake.notified()).await;
-                continue;
-            }
-            pool.starting.fetch_add(wanted, Ordering::SeqCst);
-            let launches = (0..wanted).map(|_| engine.launch_pooled());
-            let results = futures_util::future::join_all(launches).await;
-            pool.starting.fetch_sub(wanted, Ordering::SeqCst);
-            let mut failed = false;
-            for result in results {
-                match result {
-                    Ok(sandbox) if !pool.closed.load(Ordering::SeqCst) => {
-                        pool.lock().push_back(sandbox)
-                    }
-                    Ok(sandbox) => engine.retire(sandbox),
-                    Err(e) => {
-                        tracing::warn!("could not start a pool sandbox: {e}");
-                        failed = true;
-                    }
-                }
-            }
-            drop(engine);
-            if failed {
-                // The engine may be down: try again later, not in a tight loop (a close wakes us).
-                let Some(engine) = weak.upgrade() else { return };
-                let wake = engine.pool_wake();
-                drop(engine);
-                let _ = tokio::time::timeout(backoff, wake.notified()).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-            } else {
-                backoff = Duration::from_millis(500);
-            }
-        }
-    }))
 }

@@ -22,13 +22,13 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::artifacts::Artifact;
 use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
+use super::outcome::{Changes, Execution};
 use super::protocol::{
-    encode_frame, ChangedEntry, DirEntry, FrameDecoder, ProtocolError,
-    RaisedException, Reply, Request, RunnerExit, RUNNER_SOURCE,
+    encode_frame, ChangedEntry, DirEntry, FrameDecoder, ProtocolError, RaisedException, Reply,
+    Request, RunnerExit, RUNNER_SOURCE,
 };
 use super::EngineError;
 use crate::text::{self, truncate_chars};
@@ -98,55 +98,6 @@ pub struct FileChunk {
     pub size_hint: u64,
     /// Which file it is (`device:inode`): hard links share it.
     pub inode: String,
-}
-
-/// What an execution changed, as the runner reported it (checked, not yet copied out).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Changes {
-    pub entries: Vec<ChangedEntry>,
-    /// Changed entries the runner counted but did not name (over the listing's bounds).
-    pub left_out: u64,
-    pub truncated: bool,
-    /// PNG images of matplotlib figures.
-    pub figures: Vec<Vec<u8>>,
-}
-
-/// The outcome of one execution.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Execution {
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    /// The code's exit status: 0, `sys.exit(n)`, 1 for an uncaught exception, 130 when interrupted,
-    /// 137 when the sandbox was killed.
-    pub exit_code: i32,
-    /// Time the code ran, as measured inside the sandbox (or on the host when the runner died).
-    pub duration: Duration,
-    /// Bytes of output beyond the cap: counted, not kept.
-    pub truncated_bytes: u64,
-    /// The wall-clock limit expired.
-    pub timed_out: bool,
-    /// The caller cancelled the execution.
-    pub cancelled: bool,
-    /// The runner was restarted: variables and imports of earlier executions are gone.
-    pub state_lost: bool,
-    /// The whole sandbox was restarted: the workspace's files are gone too.
-    pub workspace_lost: bool,
-    /// The sandbox ran out of memory.
-    pub out_of_memory: bool,
-    /// The exception that ended the code, if one did.
-    pub error: Option<RaisedException>,
-    /// What the execution changed in the workspace (consumed when files are collected).
-    pub changes: Changes,
-    /// The files collected from the workspace, and figures.
-    pub files: Vec<Artifact>,
-    /// The dependencies made importable for this execution, if any were requested.
-    pub dependencies: Option<super::installer::DependencyReport>,
-}
-
-impl Execution {
-    pub fn succeeded(&self) -> bool {
-        self.exit_code == 0 && !self.timed_out && !self.cancelled && !self.out_of_memory
-    }
 }
 
 enum State {

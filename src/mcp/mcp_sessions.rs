@@ -171,17 +171,17 @@ impl McpSessions {
     }
 
     async fn reap(&self) {
-        let candidates: Vec<(String, bool)> = self
-            .lock_live()
-            .iter()
-            .map(|(id, t)| {
-                let idle = t.in_progress == 0 && t.last_request.elapsed() >= self.idle_unowned;
-                let owns_nothing = t.client.as_ref().is_some_and(|client| {
-                    self.engine.sessions_for(Scope::Client(client)).is_empty()
-                });
-                (id.clone(), idle && owns_nothing)
-            })
-            .collect();
+        let candidates: Vec<(String, bool)> =
+            self.lock_live()
+                .iter()
+                .map(|(id, t)| {
+                    let idle = t.in_progress == 0 && t.last_request.elapsed() >= self.idle_unowned;
+                    let owns_nothing = t.client.as_ref().is_some_and(|client| {
+                        self.engine.sessions(Scope::Client(client)).is_empty()
+                    });
+                    (id.clone(), idle && owns_nothing)
+                })
+                .collect();
         for (id, expired) in candidates {
             let key: Arc<str> = id.as_str().into();
             if !self.manager.has_session(&key).await.unwrap_or(false) {

@@ -286,13 +286,13 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let options = self.options_for(&context, params.image, None);
-        let id = match self.engine.create_session_for(self.scope(), &options).await {
+        let id = match self.engine.create_session(self.scope(), &options).await {
             Ok(id) => id,
             Err(e) => return Ok(render::error(&e)),
         };
         let image = self
             .engine
-            .sessions_for(self.scope())
+            .sessions(self.scope())
             .into_iter()
             .find(|s| s.id == id)
             .map(|s| s.image)
@@ -352,7 +352,7 @@ impl SandboxServer {
         Ok(
             match self
                 .engine
-                .stop_session_for(self.scope(), &params.container_id)
+                .stop_session(self.scope(), &params.container_id)
                 .await
             {
                 Ok(id) => structured(
@@ -399,7 +399,7 @@ impl SandboxServer {
         Ok(
             match self
                 .engine
-                .write_file_for(self.scope(), &params.container_id, &params.path, &content)
+                .write_file(self.scope(), &params.container_id, &params.path, &content)
                 .await
             {
                 Ok(path) => structured(
@@ -419,7 +419,7 @@ impl SandboxServer {
         Ok(
             match self
                 .engine
-                .read_file_for(self.scope(), &params.container_id, &params.path)
+                .read_file(self.scope(), &params.container_id, &params.path)
                 .await
             {
                 Ok(file) => {
@@ -449,7 +449,7 @@ impl SandboxServer {
         let path = params.path.unwrap_or_default();
         let listing = match self
             .engine
-            .list_files_for(self.scope(), &params.container_id, &path)
+            .list_files(self.scope(), &params.container_id, &path)
             .await
         {
             Ok(listing) => listing,
@@ -491,7 +491,7 @@ impl SandboxServer {
         let config = self.engine.config();
         let sessions: Vec<SessionEntry> = self
             .engine
-            .sessions_for(self.scope())
+            .sessions(self.scope())
             .into_iter()
             .map(|s| SessionEntry {
                 container_id: s.id,
@@ -631,7 +631,7 @@ impl SandboxServer {
     ) -> CallToolResult {
         match self
             .engine
-            .execute_in_session_for(self.scope(), container_id, task, options)
+            .execute_in_session(self.scope(), container_id, task, options)
             .await
         {
             Ok(execution) => self.execution_result(context, &execution, Some(container_id)),

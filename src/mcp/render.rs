@@ -7,10 +7,10 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::config::Limits;
-pub use crate::text::bytes;
-use crate::engine::artifacts::{display_path, is_displayable_image, Artifact};
+use crate::engine::artifacts::{display_path, is_displayable_image};
 use crate::engine::backend::BackendError;
-use crate::engine::{EngineError, Execution};
+use crate::engine::{Artifact, EngineError, Execution};
+pub use crate::text::bytes;
 
 /// What an execution tool returns as structured content.
 #[derive(Debug, Serialize, JsonSchema)]

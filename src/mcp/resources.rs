@@ -93,7 +93,7 @@ pub async fn list(
             .map_err(|_| ErrorData::invalid_params(format!("invalid cursor {c:?}"), None))?,
     };
     let mut all = Vec::new();
-    for session in engine.sessions_for(scope) {
+    for session in engine.sessions(scope) {
         if all.len() >= MAX_LISTED {
             break;
         }
@@ -117,7 +117,7 @@ async fn walk(engine: &Engine, scope: Scope<'_>, session: &str, into: &mut Vec<R
             return;
         }
         opened += 1;
-        let Ok(listing) = engine.list_files_for(scope, session, &directory).await else {
+        let Ok(listing) = engine.list_files(scope, session, &directory).await else {
             return;
         };
         let mut subdirectories = Vec::new();
@@ -162,7 +162,7 @@ pub async fn read(
         )));
     };
     let file = engine
-        .read_file_for(scope, &session, &path)
+        .read_file(scope, &session, &path)
         .await
         .map_err(|e| match e {
             EngineError::File { .. }
@@ -221,7 +221,7 @@ pub async fn complete(
     let value = request.argument.value.as_str();
     let values = match request.argument.name.as_str() {
         "session" => engine
-            .sessions_for(scope)
+            .sessions(scope)
             .into_iter()
             .map(|s| s.id)
             .filter(|id| id.starts_with(value))
@@ -265,7 +265,7 @@ async fn complete_path(
         Some((folder, prefix)) => (folder, prefix),
         None => ("", value),
     };
-    let Ok(listing) = engine.list_files_for(scope, session, folder).await else {
+    let Ok(listing) = engine.list_files(scope, session, folder).await else {
         return Vec::new();
     };
     listing

@@ -10,6 +10,7 @@ use bollard::Docker;
 use python_code_sandbox::config::Config;
 use python_code_sandbox::engine::docker::DockerBackend;
 use python_code_sandbox::engine::owner::LABEL_INSTANCE;
+use python_code_sandbox::engine::sessions::Scope;
 use python_code_sandbox::engine::{Engine, Execution, RunOptions, Task};
 
 /// The configuration tests run with: the defaults, with a short timeout so a hang fails fast, and
@@ -132,7 +133,12 @@ pub async fn run_with_timeout(engine: &Engine, code: &str, timeout: Duration) ->
 
 pub async fn in_session(engine: &Engine, id: &str, code: &str) -> Execution {
     engine
-        .execute_in_session(id, Task::Python(code), &RunOptions::default())
+        .execute_in_session(
+            Scope::Server,
+            id,
+            Task::Python(code),
+            &RunOptions::default(),
+        )
         .await
         .expect("the session runs the code")
 }

@@ -1,0 +1,59 @@
+//! The engine's one error type: what went wrong with a request, a sandbox, the backend or the
+//! dependencies, with the underlying error kept as its source.
+
+use super::backend::BackendError;
+use super::deps;
+use super::protocol::ProtocolError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("the sandbox failed to start: {0}")]
+    SandboxStart(String),
+    #[error("the sandbox broke the runner protocol and was stopped: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("the sandbox has been removed")]
+    SandboxGone,
+    #[error("the sandbox was lost: {0}")]
+    SandboxLost(String),
+    #[error("no session {0}: it was stopped or never created by this server; start one with sandbox_initialize")]
+    UnknownSession(String),
+    #[error("session {id} has ended: {reason}; start a new one with sandbox_initialize")]
+    SessionEnded { id: String, reason: String },
+    #[error("{0:?} is not a valid container_id: use the id sandbox_initialize returned")]
+    MalformedSessionId(String),
+    #[error("image {image} is not allowed; allowed: {allowed}")]
+    ImageNotAllowed { image: String, allowed: String },
+    #[error("the limit of {0} live sessions is reached; stop one with sandbox_stop first")]
+    TooManySessions(usize),
+    #[error("the code is {size} bytes, more than the {limit}-byte limit")]
+    CodeTooLarge { size: usize, limit: usize },
+    #[error("{0:?} is not a path inside /workspace: give a relative path without `..`")]
+    InvalidPath(String),
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
+    #[error(transparent)]
+    InvalidDependency(#[from] deps::DependencyError),
+    #[error("installing the dependencies failed:\n{0}")]
+    Dependencies(String),
+}
+
+impl EngineError {
+    /// Whether the caller's request was at fault (as opposed to the engine or the sandbox).
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            EngineError::UnknownSession(_)
+                | EngineError::SessionEnded { .. }
+                | EngineError::MalformedSessionId(_)
+                | EngineError::ImageNotAllowed { .. }
+                | EngineError::TooManySessions(_)
+                | EngineError::CodeTooLarge { .. }
+                | EngineError::InvalidPath(_)
+                | EngineError::File { .. }
+                | EngineError::InvalidDependency(_)
+                | EngineError::Dependencies(_)
+        )
+    }
+}

@@ -1,0 +1,86 @@
+//! What an execution comes to: its output and status, the files it made and the dependencies it
+//! ran with. Plain data, below everything that produces it (the sandbox, the file collection,
+//! the installer), so none of those depend on each other for it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::protocol::{ChangedEntry, RaisedException};
+
+/// The outcome of one execution.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Execution {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// The code's exit status: 0, `sys.exit(n)`, 1 for an uncaught exception, 130 when interrupted,
+    /// 137 when the sandbox was killed.
+    pub exit_code: i32,
+    /// Time the code ran, as measured inside the sandbox (or on the host when the runner died).
+    pub duration: Duration,
+    /// Bytes of output beyond the cap: counted, not kept.
+    pub truncated_bytes: u64,
+    /// The wall-clock limit expired.
+    pub timed_out: bool,
+    /// The caller cancelled the execution.
+    pub cancelled: bool,
+    /// The runner was restarted: variables and imports of earlier executions are gone.
+    pub state_lost: bool,
+    /// The whole sandbox was restarted: the workspace's files are gone too.
+    pub workspace_lost: bool,
+    /// The sandbox ran out of memory.
+    pub out_of_memory: bool,
+    /// The exception that ended the code, if one did.
+    pub error: Option<RaisedException>,
+    /// What the execution changed in the workspace (consumed when files are collected).
+    pub changes: Changes,
+    /// The files collected from the workspace, and figures.
+    pub files: Vec<Artifact>,
+    /// The dependencies made importable for this execution, if any were requested.
+    pub dependencies: Option<DependencyReport>,
+}
+
+impl Execution {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == 0 && !self.timed_out && !self.cancelled && !self.out_of_memory
+    }
+}
+
+/// What an execution changed, as the runner reported it (checked, not yet copied out).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Changes {
+    pub entries: Vec<ChangedEntry>,
+    /// Changed entries the runner counted but did not name (over the listing's bounds).
+    pub left_out: u64,
+    pub truncated: bool,
+    /// PNG images of matplotlib figures.
+    pub figures: Vec<Vec<u8>>,
+}
+
+/// One file an execution produced, and what became of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Artifact {
+    /// Relative to `/workspace` (figures: `figures/figure-N.png`, which is not in the workspace).
+    pub path: String,
+    pub size: u64,
+    pub mime_type: String,
+    /// The bytes, when they are returned to the client.
+    pub content: Option<Vec<u8>>,
+    /// Where the file was saved on the host.
+    pub saved_to: Option<PathBuf>,
+    /// Why it was not returned (or not even copied out).
+    pub note: Option<String>,
+    /// A matplotlib figure rather than a workspace file.
+    pub figure: bool,
+}
+
+/// What a request's dependencies came to.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DependencyReport {
+    /// Canonical requirements in force for the execution.
+    pub requirements: Vec<String>,
+    pub key: String,
+    /// Where the sandbox sees the set (`/opt/deps/s-<random>`), on its `sys.path`.
+    pub path: String,
+    /// An installer ran for this request (false: the cache had it).
+    pub installed: bool,
+}

@@ -1,0 +1,170 @@
+//! The engine's life beyond single requests: finding the server's own container (so what it
+//! starts names it), removing what dead servers left, and removing everything at shutdown.
+
+use std::time::Duration;
+
+use super::Engine;
+use crate::engine::backend::{Backend, BackendError, SandboxId};
+use crate::engine::owner::{self, LABEL_INSTANCE, LABEL_MANAGED};
+use crate::engine::{sessions, EngineError};
+
+impl Engine {
+    /// Starts keeping the saved files within their retention, in the background (a sweep now,
+    /// after saves, and hourly); `None` when nothing is saved. Abort the handle to stop.
+    pub fn spawn_file_retention(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.retention.as_ref().map(|retention| retention.spawn())
+    }
+
+    /// Finds whether this server runs in a container of the engine it uses, and labels what it
+    /// creates from now on with that container: then, if the server is killed outright, another
+    /// server can tell it is gone although its pid is in another namespace. Outside a container
+    /// this costs nothing; inside, one inspection.
+    pub(super) async fn identified(&self) {
+        self.identified
+            .get_or_init(|| async {
+                // Bounded: an engine that does not answer must not hold up the first sandbox.
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), self.identify_server_container())
+                        .await;
+            })
+            .await;
+    }
+
+    pub(super) async fn identify_server_container(&self) {
+        let Some(id) = owner::own_container_id() else {
+            return;
+        };
+        match self.backend.exit_info(&SandboxId(id.clone())).await {
+            Ok(info) if info.running => {
+                if let Some(started_at) = info.started_at {
+                    tracing::debug!(container = %id, "this server runs in a container of its engine");
+                    let _ = self
+                        .owner
+                        .container
+                        .set(owner::ServerContainer { id, started_at });
+                }
+            }
+            // Another engine's container (the server uses a remote one): not ours to name.
+            Ok(_) | Err(BackendError::NotFound(_)) => {}
+            Err(e) => tracing::debug!("could not look up this server's own container: {e}"),
+        }
+    }
+
+    /// Removes sandboxes left behind by server instances that are no longer running.
+    pub async fn remove_leftovers(&self) -> Result<usize, EngineError> {
+        self.identified().await;
+        let records = self.backend.list(LABEL_MANAGED, "true").await?;
+        let servers = self
+            .server_containers(records.iter().map(|r| &r.labels))
+            .await;
+        let mut removed = 0;
+        for record in records
+            .into_iter()
+            .filter(|r| self.owner.is_leftover(&r.labels, &servers))
+        {
+            tracing::info!(sandbox = %record.id, "removing a sandbox left by a server that is gone");
+            self.backend.destroy(&record.id).await?;
+            removed += 1;
+        }
+        let owner = &self.owner;
+        removed += self
+            .backend
+            .remove_orphaned_storage(LABEL_MANAGED, "true", &|labels| {
+                owner.is_leftover(labels, &servers)
+            })
+            .await?;
+        Ok(removed)
+    }
+
+    /// The state of every server container the labels name (other than this server's own).
+    async fn server_containers<'a>(
+        &self,
+        labels: impl Iterator<Item = &'a std::collections::BTreeMap<String, String>>,
+    ) -> owner::ServerContainers {
+        let ids: std::collections::BTreeSet<&String> = labels
+            .filter_map(|l| l.get(owner::LABEL_SERVER_CONTAINER))
+            .collect();
+        let mut servers = owner::ServerContainers::new();
+        for id in ids {
+            let state = match self.backend.exit_info(&SandboxId(id.clone())).await {
+                Ok(info) if info.running => Some(info.started_at.unwrap_or_default()),
+                Ok(_) | Err(BackendError::NotFound(_)) => None,
+                Err(_) => continue, // unknown: left alone
+            };
+            servers.insert(id.clone(), state);
+        }
+        servers
+    }
+
+    /// Removes everything carrying this instance's label. A request dropped mid-way (a signal,
+    /// a cancelled call) may have a create still completing in the engine, so this looks again
+    /// until a listing comes back empty, a few times at most.
+    async fn sweep(&self) {
+        for round in 0..5 {
+            let records = match self
+                .backend
+                .list(LABEL_INSTANCE, &self.owner.instance)
+                .await
+            {
+                Ok(records) => records,
+                Err(e) => {
+                    tracing::warn!("could not list this server's sandboxes at shutdown: {e}");
+                    return;
+                }
+            };
+            if records.is_empty() {
+                return;
+            }
+            let removals = records.iter().map(|r| self.backend.destroy(&r.id));
+            for (record, result) in records
+                .iter()
+                .zip(futures_util::future::join_all(removals).await)
+            {
+                if let Err(e) = result {
+                    tracing::warn!(sandbox = %record.id, round, "could not remove at shutdown: {e}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
+    /// an MCP client gives a closing server only a moment before it kills it.
+    pub async fn shutdown(&self) {
+        for sandbox in self.pool.close() {
+            self.retire(sandbox);
+        }
+        // A refill may be starting sandboxes: let it finish (it retires them once closed).
+        let refill = self
+            .pool_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(refill) = refill {
+            if tokio::time::timeout(Duration::from_secs(60), refill)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the pool refill did not stop in time");
+            }
+        }
+        self.settle().await;
+        let sessions = self.take_all_sessions();
+        self.sweep().await;
+        remove_unused_storage(self.backend.as_ref(), &self.owner.instance).await;
+        sessions::forget(sessions);
+    }
+}
+
+/// Removes an instance's storage no sandbox uses any more: the workspace of a sandbox that was
+/// removed from outside without its volumes (`docker rm -f` without `-v`).
+pub(crate) async fn remove_unused_storage(backend: &dyn Backend, instance: &str) {
+    match backend
+        .remove_orphaned_storage(LABEL_INSTANCE, instance, &|_| true)
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("removed {n} workspace volume(s) left without a sandbox"),
+        Err(e) => tracing::warn!("could not remove unused workspace volumes: {e}"),
+    }
+}

@@ -1,0 +1,307 @@
+//! The [`Engine`]: the one object the layers above talk to. It applies the configuration to every
+//! request and composes the parts below it (sandboxes, the warm pool, sessions, dependencies,
+//! file collection) without any of them knowing about it. Its methods are grouped by what they
+//! do, one file each:
+//!
+//! - this file: construction, the sandbox a request runs in, and what every execution shares;
+//! - `run`: code in a disposable sandbox;
+//! - `sessions`: stateful sandboxes: start, execute, stop, list, expire, a client's end;
+//! - `files`: the workspace file tools of a session;
+//! - `dependencies`: installing and finding dependency sets, and the cache's maintenance;
+//! - `pool`: keeping the warm pool full and drawing from it;
+//! - `lifecycle`: finding the server's own container, removing what dead servers left, and
+//!   removing everything at shutdown.
+
+mod dependencies;
+mod files;
+mod lifecycle;
+mod pool;
+mod run;
+mod sessions;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::artifacts;
+use super::backend::{Backend, SandboxSpec};
+use super::deps;
+use super::files_dir::{self, Retention};
+use super::installer::{self, Dependencies};
+use super::outcome::{DependencyReport, Execution};
+use super::owner::Owner;
+use super::pool::Pool;
+use super::protocol;
+use super::sandbox::{Sandbox, Task};
+use super::sessions::Sessions;
+use super::EngineError;
+use crate::config::{glob_matches, Config};
+
+/// The largest code (or shell command) accepted for one execution.
+pub const MAX_CODE_BYTES: usize = 8 << 20;
+
+/// Receives short progress messages ("starting the sandbox", ...).
+pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Per-call options that override the configuration.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    pub timeout: Option<Duration>,
+    /// Another image than the configured one; it must be allowed.
+    pub image: Option<String>,
+    /// Fires to interrupt the execution (an MCP `notifications/cancelled`).
+    pub cancel: Option<CancellationToken>,
+    pub progress: Option<ProgressSink>,
+    /// PyPI requirements to make importable first (PEP 508 strings, validated here).
+    pub dependencies: Vec<String>,
+}
+
+impl RunOptions {
+    fn report(&self, message: &str) {
+        if let Some(progress) = &self.progress {
+            progress(message);
+        }
+    }
+}
+
+/// The engine: applies the configuration to every request, runs code in sandboxes and sessions,
+/// and removes everything it made at shutdown.
+pub struct Engine {
+    backend: Arc<dyn Backend>,
+    config: Config,
+    owner: Owner,
+    sessions: std::sync::Mutex<Sessions>,
+    executions: Semaphore,
+    deps: Dependencies,
+    pool: Pool,
+    /// Sandbox removals running after their result was returned.
+    background: tokio_util::task::TaskTracker,
+    /// Set once the server has looked for its own container (see `identified`).
+    identified: tokio::sync::OnceCell<()>,
+    /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
+    pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The retention of saved files (`None` when nothing is saved).
+    retention: Option<Arc<Retention>>,
+}
+
+impl Engine {
+    pub fn new(backend: Arc<dyn Backend>, config: Config) -> Engine {
+        let executions = Semaphore::new(config.max_concurrent.max(1));
+        let deps = installer::Dependencies::new(&config);
+        Engine {
+            deps,
+            pool: Pool::new(config.pool_size),
+            background: tokio_util::task::TaskTracker::new(),
+            identified: tokio::sync::OnceCell::new(),
+            pool_task: std::sync::Mutex::new(None),
+            retention: files_dir::Retention::new(&config.files),
+            backend,
+            config,
+            owner: Owner::current(),
+            sessions: Default::default(),
+            executions,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The image a request may use: the configured one, or one the operator allowed.
+    pub fn check_image(&self, requested: Option<&str>) -> Result<String, EngineError> {
+        let image = match requested.map(str::trim).filter(|i| !i.is_empty()) {
+            None => return Ok(self.config.image.clone()),
+            Some(image) => image,
+        };
+        if image == self.config.image
+            || self
+                .config
+                .allowed_images
+                .iter()
+                .any(|p| glob_matches(p, image))
+        {
+            return Ok(image.to_string());
+        }
+        let mut allowed = vec![self.config.image.clone()];
+        allowed.extend(self.config.allowed_images.iter().cloned());
+        Err(EngineError::ImageNotAllowed {
+            image: image.to_string(),
+            allowed: allowed.join(", "),
+        })
+    }
+
+    /// What every sandbox of this server is made from. Waits, once, for the server to find its
+    /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]).
+    pub(crate) async fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
+        self.identified().await;
+        SandboxSpec {
+            image,
+            limits: self.config.limits.clone(),
+            network: self.config.network,
+            ca_bundle: self.config.ca_bundle.clone(),
+            mounts: self.config.mounts.clone(),
+            volumes: installer::sandbox_volumes(&self.config),
+            runtime: self.config.runtime.clone(),
+            command: protocol::bootstrap_command(),
+            labels: self.owner.labels(kind),
+            network_name: None,
+            env: Vec::new(),
+            maintenance: false,
+        }
+    }
+
+    /// A sandbox for a request, with its dependencies on `sys.path`: from the warm pool when the
+    /// request uses the default image, else started now.
+    async fn launch(
+        &self,
+        kind: &str,
+        options: &RunOptions,
+        requirements: &[deps::Requirement],
+    ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
+        let image = self.check_image(options.image.as_deref())?;
+        let spec = self.base_spec(image, kind).await;
+        let mut sandbox = match self.take_pooled(&spec.image).await {
+            Some(sandbox) => sandbox,
+            None => {
+                options.report(&format!("preparing image {}", spec.image));
+                self.backend.ensure_image(&spec.image).await?;
+                options.report("starting the sandbox");
+                Sandbox::launch(self.backend.clone(), &spec).await?
+            }
+        };
+        if requirements.is_empty() {
+            return Ok((sandbox, None));
+        }
+        match self
+            .prepare_dependencies(&mut sandbox, &spec, requirements, None, options)
+            .await
+        {
+            Ok(report) => Ok((sandbox, Some(report))),
+            Err(e) => {
+                self.retire(sandbox);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes a sandbox in the background; `shutdown` waits for these removals.
+    pub(crate) fn retire(&self, sandbox: Sandbox) {
+        self.background.spawn(async move {
+            let started = Instant::now();
+            let id = sandbox.id().clone();
+            sandbox.destroy().await;
+            tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "sandbox removed");
+        });
+    }
+
+    /// Validates a request's dependencies (before anything starts).
+    fn requirements(&self, entries: &[String]) -> Result<Vec<deps::Requirement>, EngineError> {
+        Ok(deps::parse_requirements(
+            entries,
+            self.config.deps.allow_urls,
+        )?)
+    }
+
+    /// How many installers this engine started.
+    pub fn installs_started(&self) -> u64 {
+        self.deps.installs_started()
+    }
+
+    fn check_task(task: Task<'_>) -> Result<(), EngineError> {
+        let size = match task {
+            Task::Python(code) => code.len(),
+            Task::Shell(command) => command.len(),
+        };
+        if size > MAX_CODE_BYTES {
+            return Err(EngineError::CodeTooLarge {
+                size,
+                limit: MAX_CODE_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    async fn permit(&self) -> tokio::sync::SemaphorePermit<'_> {
+        // The semaphore is never closed, so acquiring cannot fail; a closed one would mean shutdown.
+        match self.executions.acquire().await {
+            Ok(permit) => permit,
+            Err(_) => unreachable!("the execution semaphore is never closed"),
+        }
+    }
+
+    /// One execution with the configured limits and the call's overrides.
+    async fn execute_in(
+        &self,
+        sandbox: &mut Sandbox,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
+        let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
+        sandbox
+            .execute(
+                task,
+                timeout,
+                self.config.limits.max_output_bytes,
+                options.cancel.as_ref(),
+            )
+            .await
+    }
+
+    /// Copies out, saves and selects the files an execution made.
+    async fn collect_files(&self, sandbox: &mut Sandbox, execution: &mut Execution, run_dir: &str) {
+        let changes = std::mem::take(&mut execution.changes);
+        if changes.entries.is_empty()
+            && changes.figures.is_empty()
+            && !changes.truncated
+            && changes.left_out == 0
+        {
+            return;
+        }
+        execution.files = artifacts::collect(
+            sandbox,
+            changes,
+            &self.config.files,
+            artifacts::Destination {
+                run_dir,
+                retention: self.retention.as_deref(),
+            },
+        )
+        .await;
+    }
+
+    /// Waits until sandboxes removed in the background are gone (the CLI does before it exits).
+    pub async fn settle(&self) {
+        self.background.close();
+        self.background.wait().await;
+        self.background.reopen();
+    }
+
+    /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
+    pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
+        let spec = self.base_spec(self.config.image.clone(), "ephemeral").await;
+        self.backend.ensure_image(&spec.image).await?;
+        let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
+        let mut samples = Vec::with_capacity(count);
+        let mut outcome = Ok(());
+        for _ in 0..count {
+            let started = Instant::now();
+            if let Err(e) = sandbox.add_paths(&[], &[]).await {
+                outcome = Err(e);
+                break;
+            }
+            samples.push(started.elapsed());
+        }
+        sandbox.destroy().await;
+        outcome.map(|()| samples)
+    }
+}

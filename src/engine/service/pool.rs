@@ -1,0 +1,117 @@
+//! Keeping the warm pool full, in the background, and drawing a live sandbox from it.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::Engine;
+use crate::engine::pool::REFILL_CONCURRENCY;
+use crate::engine::sandbox::Sandbox;
+use crate::engine::EngineError;
+
+impl Engine {
+    /// A live pooled sandbox for `image`, if the pool serves it and has one.
+    pub(super) async fn take_pooled(&self, image: &str) -> Option<Sandbox> {
+        if image != self.config.image {
+            return None;
+        }
+        while let Some(mut sandbox) = self.pool.take() {
+            // A round trip to the runner: a sandbox that died while waiting is not handed out.
+            match sandbox.add_paths(&[], &[]).await {
+                Ok(_) => return Some(sandbox),
+                Err(e) => {
+                    tracing::info!(sandbox = %sandbox.id(), "a pool sandbox is dead ({e}); removing it");
+                    self.retire(sandbox);
+                }
+            }
+        }
+        None
+    }
+
+    /// Starts a sandbox for the pool (the default image and configuration).
+    pub(crate) async fn launch_pooled(&self) -> Result<Sandbox, EngineError> {
+        let spec = self.base_spec(self.config.image.clone(), "pool").await;
+        self.backend.ensure_image(&spec.image).await?;
+        Sandbox::launch(self.backend.clone(), &spec).await
+    }
+
+    /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), in the background, until
+    /// `shutdown`.
+    pub fn start_pool(self: &Arc<Self>) {
+        if let Some(task) = spawn_refill(self) {
+            *self.pool_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        }
+    }
+
+    pub(crate) fn pool_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.pool.wake()
+    }
+
+    /// Sandboxes waiting in the pool now.
+    pub fn pool_ready(&self) -> usize {
+        self.pool.ready()
+    }
+}
+
+/// Keeps the pool full until it is closed or the engine is gone.
+fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
+    if engine.pool.target() == 0 {
+        return None;
+    }
+    let weak: Weak<Engine> = Arc::downgrade(engine);
+    Some(tokio::spawn(async move {
+        // Pooled sandboxes must carry the server's container label, if it has one.
+        if let Some(engine) = weak.upgrade() {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), engine.identify_server_container())
+                    .await;
+        }
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let Some(engine) = weak.upgrade() else { return };
+            let pool = &engine.pool;
+            if pool.is_closed() {
+                return;
+            }
+            let wanted = pool.deficit().min(REFILL_CONCURRENCY);
+            if wanted == 0 {
+                drop(engine);
+                // Wake on a take, or look again now and then. The engine is not held meanwhile,
+                // so dropping it ends this task.
+                let Some(engine) = weak.upgrade() else { return };
+                let wake = engine.pool_wake();
+                drop(engine);
+                let _ = tokio::time::timeout(Duration::from_secs(5), wake.notified()).await;
+                continue;
+            }
+            pool.starting(wanted);
+            let launches = (0..wanted).map(|_| engine.launch_pooled());
+            let results = futures_util::future::join_all(launches).await;
+            pool.started(wanted);
+            let mut failed = false;
+            for result in results {
+                match result {
+                    Ok(sandbox) => {
+                        if let Some(sandbox) = pool.put(sandbox) {
+                            engine.retire(sandbox);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("could not start a pool sandbox: {e}");
+                        failed = true;
+                    }
+                }
+            }
+            drop(engine);
+            if failed {
+                // The engine may be down: try again later, not in a tight loop (a close wakes us).
+                let Some(engine) = weak.upgrade() else { return };
+                let wake = engine.pool_wake();
+                drop(engine);
+                let _ = tokio::time::timeout(backoff, wake.notified()).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            } else {
+                backoff = Duration::from_millis(500);
+            }
+        }
+    }))
+}

@@ -1,0 +1,61 @@
+//! Code in a disposable sandbox: started (or drawn from the pool), run, its files collected, and
+//! removed in the background once the result is on its way.
+
+use std::time::{Duration, Instant};
+
+use super::{Engine, RunOptions};
+use crate::engine::outcome::Execution;
+use crate::engine::sandbox::Task;
+use crate::engine::EngineError;
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// The host directory name of an ephemeral run: sortable by time, unique.
+fn ephemeral_run_dir() -> String {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let stamp: String = stamp
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    format!(
+        "run-{stamp}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+impl Engine {
+    /// Runs code in a fresh sandbox that is removed, with its workspace, before this returns.
+    pub async fn run_ephemeral(
+        &self,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<Execution, EngineError> {
+        Self::check_task(task)?;
+        let requirements = self.requirements(&options.dependencies)?;
+        let _permit = self.permit().await;
+        let started = Instant::now();
+        let (mut sandbox, report) = self.launch("ephemeral", options, &requirements).await?;
+        let acquired = started.elapsed();
+        options.report("running");
+        let mut result = self.execute_in(&mut sandbox, task, options).await;
+        let executed = started.elapsed();
+        if let Ok(execution) = &mut result {
+            execution.dependencies = report;
+            self.collect_files(&mut sandbox, execution, &ephemeral_run_dir())
+                .await;
+        }
+        let collected = started.elapsed();
+        // The result goes back now; the sandbox is removed in the background.
+        self.retire(sandbox);
+        tracing::debug!(
+            acquire_ms = ms(acquired),
+            execute_ms = ms(executed - acquired),
+            collect_ms = ms(collected - executed),
+            total_ms = ms(collected),
+            "ephemeral run"
+        );
+        result
+    }
+}
