@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -125,16 +126,44 @@ pub struct BackendInfo {
     pub api_version: String,
 }
 
+/// The error a backend's client library gave, kept as the source of a [`BackendError`] (shared,
+/// so the error stays cheap to clone).
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
-    #[error("the container engine is not reachable: {0}")]
-    Unavailable(String),
+    /// The engine could not be reached at all (no socket, connection refused, a transport error).
+    #[error("the container engine is not reachable: {source}")]
+    Unavailable {
+        #[source]
+        source: Cause,
+    },
     #[error("image {image} is not available: {hint}")]
     ImageMissing { image: String, hint: String },
     #[error("sandbox {0} no longer exists")]
     NotFound(SandboxId),
+    /// The engine answered with an error status.
+    #[error("container engine error {status}: {message}")]
+    Refused { status: u16, message: String },
+    /// The engine's answer could not be read.
+    #[error("{source}")]
+    Unreadable {
+        #[source]
+        source: Cause,
+    },
+    /// The engine or the sandbox did something the backend cannot work with (no id, no address,
+    /// an archive over its limit, no answer in time).
     #[error("{0}")]
-    Other(String),
+    Unexpected(String),
+}
+
+impl BackendError {
+    /// The engine is unreachable because of `source`.
+    pub fn unavailable(source: impl std::error::Error + Send + Sync + 'static) -> BackendError {
+        BackendError::Unavailable {
+            source: Arc::new(source),
+        }
+    }
 }
 
 #[async_trait]

@@ -37,6 +37,14 @@ pub enum EngineError {
     InvalidDependency(#[from] deps::DependencyError),
     #[error("installing the dependencies failed:\n{0}")]
     Dependencies(String),
+    /// The installer or the cache's maintenance answered something that is not the JSON the
+    /// project's own script prints.
+    #[error("installing the dependencies failed:\nunreadable {what}: {source}")]
+    UnreadableAnswer {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl EngineError {
@@ -54,6 +62,7 @@ impl EngineError {
                 | EngineError::File { .. }
                 | EngineError::InvalidDependency(_)
                 | EngineError::Dependencies(_)
+                | EngineError::UnreadableAnswer { .. }
         )
     }
 }

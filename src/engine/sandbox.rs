@@ -162,7 +162,7 @@ impl Runner {
                 "a reply before the runner was ready".into(),
             ))),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(RunnerFailure::Backend(BackendError::Other(format!(
+            Err(_) => Err(RunnerFailure::Backend(BackendError::Unexpected(format!(
                 "the runner did not start within {}s",
                 START_TIMEOUT.as_secs()
             )))),
@@ -717,7 +717,7 @@ impl Sandbox {
             Err(failure) => Err(failure),
             Ok(()) => match tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply()).await {
                 Ok(reply) => reply,
-                Err(_) => Err(RunnerFailure::Backend(BackendError::Other(
+                Err(_) => Err(RunnerFailure::Backend(BackendError::Unexpected(
                     "the sandbox did not answer in time".into(),
                 ))),
             },

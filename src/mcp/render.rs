@@ -342,7 +342,7 @@ fn summary(
 /// An error as a tool result the model can act on.
 pub fn error(e: &EngineError) -> CallToolResult {
     let hint = match e {
-        EngineError::Backend(BackendError::Unavailable(_)) => {
+        EngineError::Backend(BackendError::Unavailable { .. }) => {
             " The Docker engine must be running (start it, e.g. `systemctl start docker` or \
              `bash scripts/dev-env.sh`); the server reconnects on the next call."
         }

@@ -70,10 +70,10 @@ impl DockerBackend {
             return Ok(client.clone());
         }
         let client = Docker::connect_with_defaults()
-            .map_err(|e| BackendError::Unavailable(e.to_string()))?
+            .map_err(BackendError::unavailable)?
             .negotiate_version()
             .await
-            .map_err(|e| unavailable(&e))?;
+            .map_err(BackendError::unavailable)?;
         *slot = Some(client.clone());
         Ok(client)
     }
@@ -249,21 +249,23 @@ fn workspace_mount_options(bytes: u64) -> String {
     format!("size={bytes},nr_inodes={inodes},uid={uid},gid={gid},mode=0755,nosuid,nodev")
 }
 
-/// Classifies a client error: transport failures mean the engine is unavailable.
-fn unavailable(e: &DockerError) -> BackendError {
-    BackendError::Unavailable(e.to_string())
-}
-
+/// Classifies a client error: the engine's own refusals, answers that could not be read, and
+/// transport failures (the engine is unavailable).
 fn classify(e: DockerError) -> BackendError {
     match e {
         DockerError::DockerResponseServerError {
             status_code,
             message,
-        } => BackendError::Other(format!("container engine error {status_code}: {message}")),
+        } => BackendError::Refused {
+            status: status_code,
+            message,
+        },
         DockerError::JsonDataError { .. } | DockerError::JsonSerdeError { .. } => {
-            BackendError::Other(e.to_string())
+            BackendError::Unreadable {
+                source: std::sync::Arc::new(e),
+            }
         }
-        other => unavailable(&other),
+        other => BackendError::unavailable(other),
     }
 }
 
@@ -301,7 +303,7 @@ impl Backend for DockerBackend {
         match docker.inspect_image(image).await {
             Ok(inspected) => inspected
                 .id
-                .ok_or_else(|| BackendError::Other(format!("image {image} has no id"))),
+                .ok_or_else(|| BackendError::Unexpected(format!("image {image} has no id"))),
             Err(e) if status_of(&e) == Some(404) => Err(BackendError::ImageMissing {
                 image: image.to_string(),
                 hint: image::missing_hint(image),
@@ -423,7 +425,7 @@ impl Backend for DockerBackend {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| not_found_or(e, id))?;
             if (archive.len() + chunk.len()) as u64 > max_bytes {
-                return Err(BackendError::Other(format!(
+                return Err(BackendError::Unexpected(format!(
                     "{path} is larger than the {max_bytes}-byte limit for copying out"
                 )));
             }
@@ -460,7 +462,7 @@ impl Backend for DockerBackend {
                         let _ = docker.remove_container(&id.0, Some(options)).await;
                     }
                 }
-                Err(BackendError::Other(format!(
+                Err(BackendError::Unexpected(format!(
                     "sandbox {id} is still being removed after 10s"
                 )))
             }
@@ -551,7 +553,9 @@ impl Backend for DockerBackend {
             .and_then(|mut n| n.remove(network))
             .and_then(|endpoint| endpoint.ip_address)
             .filter(|ip| !ip.is_empty())
-            .ok_or_else(|| BackendError::Other(format!("sandbox {id} has no address on {network}")))
+            .ok_or_else(|| {
+                BackendError::Unexpected(format!("sandbox {id} has no address on {network}"))
+            })
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), BackendError> {

@@ -128,7 +128,10 @@ impl Engine {
         match answer["status"].as_str() {
             Some("ok") => serde_json::from_value(answer)
                 .map(Verified::Ok)
-                .map_err(|e| EngineError::Dependencies(format!("unreadable verification: {e}"))),
+                .map_err(|e| EngineError::UnreadableAnswer {
+                    what: "verification",
+                    source: e,
+                }),
             Some("tampered") => {
                 self.deps.forget(&[key.to_string()]);
                 Ok(Verified::Tampered)
@@ -206,8 +209,12 @@ impl Engine {
                     )),
                 }
             }
-            Ok(answer) => serde_json::from_value(answer)
-                .map_err(|e| EngineError::Dependencies(format!("unreadable publication: {e}"))),
+            Ok(answer) => {
+                serde_json::from_value(answer).map_err(|e| EngineError::UnreadableAnswer {
+                    what: "publication",
+                    source: e,
+                })
+            }
             Err(execution) => {
                 let stdout = String::from_utf8_lossy(&execution.stdout);
                 let output = format!("{stdout}\n{}", String::from_utf8_lossy(&execution.stderr));
@@ -369,8 +376,9 @@ impl Engine {
             )));
         }
         let answer: serde_json::Value = serde_json::from_slice(execution.stdout.trim_ascii())
-            .map_err(|e| {
-                EngineError::Dependencies(format!("unreadable maintenance answer: {e}"))
+            .map_err(|e| EngineError::UnreadableAnswer {
+                what: "maintenance answer",
+                source: e,
             })?;
         if let Some(strays) = answer["strays"].as_array().filter(|s| !s.is_empty()) {
             tracing::info!(
@@ -432,8 +440,12 @@ impl Engine {
             requirements: Vec<String>,
             mtime: u64,
         }
-        let listed: Vec<Listed> = serde_json::from_value(answer["sets"].clone())
-            .map_err(|e| EngineError::Dependencies(format!("unreadable cache listing: {e}")))?;
+        let listed: Vec<Listed> = serde_json::from_value(answer["sets"].clone()).map_err(|e| {
+            EngineError::UnreadableAnswer {
+                what: "cache listing",
+                source: e,
+            }
+        })?;
         let usage = self.deps.usage_snapshot();
         Ok(listed
             .into_iter()

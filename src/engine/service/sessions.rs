@@ -318,7 +318,7 @@ impl Engine {
             | Err(EngineError::SandboxGone) => {
                 "its container was removed from outside the server".into()
             }
-            Err(EngineError::Backend(BackendError::Unavailable(_))) => {
+            Err(EngineError::Backend(BackendError::Unavailable { .. })) => {
                 "it was lost when the container engine became unreachable during a call".into()
             }
             _ => return,
@@ -341,7 +341,7 @@ impl Engine {
                         super::lifecycle::remove_unused_storage(backend.as_ref(), &instance).await;
                         return;
                     }
-                    Err(BackendError::Unavailable(_)) => {
+                    Err(BackendError::Unavailable { .. }) => {
                         tokio::time::sleep(Duration::from_secs(2)).await
                     }
                     Err(e) => {
