@@ -1,5 +1,5 @@
 """The server image (docker/server/Dockerfile, built by scripts/server-image.sh): the server runs in
-a container with the host's Docker socket, driven by the official MCP client through the seed's
+a container with the host's Docker socket, driven by the official MCP client through the original project's
 `docker run -i --rm -v /var/run/docker.sock:/var/run/docker.sock ... IMAGE stdio` line."""
 
 import base64
@@ -43,7 +43,7 @@ def server_image():
 
 
 def docker_run(*extra, env=None, name=None):
-    """The seed's line: `docker run -i --rm -v SOCKET:SOCKET -e SANDBOX_MEMORY_LIMIT=1g ...`, with
+    """The original project's line: `docker run -i --rm -v SOCKET:SOCKET -e SANDBOX_MEMORY_LIMIT=1g ...`, with
     the socket's group (the server runs as uid 10001) and what the test environment configures:
     the host CA bundle mounted at its own path, the dependency volume, the download cache (a host
     path, used as is)."""
