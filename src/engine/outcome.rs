@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::protocol::{ChangedEntry, RaisedException};
+use super::protocol::{ChangedEntry, RaisedException, RunnerResult};
 
 /// The outcome of one execution.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -40,6 +40,25 @@ pub struct Execution {
 }
 
 impl Execution {
+    /// The outcome the runner reported (checked), before files and dependencies are added.
+    pub fn from_result(result: RunnerResult) -> Execution {
+        Execution {
+            stdout: result.stdout,
+            stderr: result.stderr,
+            exit_code: result.exit_code,
+            duration: Duration::from_secs_f64(result.duration_ms / 1000.0),
+            truncated_bytes: result.dropped_bytes,
+            error: result.error,
+            changes: Changes {
+                entries: result.changed,
+                left_out: result.changed_left_out,
+                truncated: result.changed_truncated,
+                figures: result.figures,
+            },
+            ..Default::default()
+        }
+    }
+
     pub fn succeeded(&self) -> bool {
         self.exit_code == 0 && !self.timed_out && !self.cancelled && !self.out_of_memory
     }

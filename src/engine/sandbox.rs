@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
-use super::outcome::{Changes, Execution};
+use super::outcome::Execution;
 use super::protocol::{
     encode_frame, ChangedEntry, DirEntry, FrameDecoder, ProtocolError, RaisedException, Reply,
     Request, RunnerExit, RUNNER_SOURCE,
@@ -213,6 +213,57 @@ pub struct Sandbox {
     python_version: String,
 }
 
+/// Why an execution was interrupted, if it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    None,
+    Timeout,
+    Cancelled,
+}
+
+/// The runner's request for a task.
+fn request_for(task: Task<'_>, id: u64, max_output: u64) -> Request<'_> {
+    match task {
+        Task::Python(code) => Request::Exec {
+            id,
+            code,
+            max_output,
+        },
+        Task::Shell(command) => Request::Shell {
+            id,
+            command,
+            max_output,
+        },
+    }
+}
+
+/// What an execution comes to when its code ignored the interrupt and had to be killed.
+fn unresponsive(
+    stop: Stop,
+    timeout: Duration,
+    workspace_lost: bool,
+    elapsed: Duration,
+) -> Execution {
+    let why = if stop == Stop::Cancelled {
+        "Cancelled".to_string()
+    } else {
+        format!("Timed out after {}", text::duration(timeout))
+    };
+    let what = if workspace_lost {
+        "the sandbox was killed: its output, variables and workspace files are lost"
+    } else {
+        "its processes were killed: its output and variables are lost, the workspace files remain"
+    };
+    Execution {
+        stderr: format!("{why}; the code did not stop on interrupt, so {what}.\n").into_bytes(),
+        exit_code: 137,
+        duration: elapsed,
+        state_lost: true,
+        workspace_lost,
+        ..Default::default()
+    }
+}
+
 /// How an execution's wait for its reply ended.
 enum Waited {
     Replied(Result<Reply, RunnerFailure>),
@@ -367,88 +418,25 @@ impl Sandbox {
         let (mut runner, restarted) = self.take_runner("an execution was abandoned").await?;
         self.next_request += 1;
         let id = self.next_request;
-        let request = match task {
-            Task::Python(code) => Request::Exec {
-                id,
-                code,
-                max_output,
-            },
-            Task::Shell(command) => Request::Shell {
-                id,
-                command,
-                max_output,
-            },
-        };
         runner
             .decoder
             .set_limit(FrameDecoder::limit_for_output(max_output));
         let started = Instant::now();
-        let never = CancellationToken::new();
-        let cancel = cancel.unwrap_or(&never);
-        let mut cancelled = false;
-        let mut sent = Duration::ZERO;
-        let waited = match runner.send(&request.to_frame()).await {
-            Err(failure) => Waited::Replied(Err(failure)),
-            Ok(()) => {
-                sent = started.elapsed();
-                let reply = runner.next_reply();
-                tokio::pin!(reply);
-                let stop = tokio::select! {
-                    r = &mut reply => Err(r),
-                    () = tokio::time::sleep(timeout) => Ok("timeout"),
-                    () = cancel.cancelled() => Ok("cancelled"),
-                };
-                match stop {
-                    Err(r) => Waited::Replied(r),
-                    Ok(why) => {
-                        cancelled = why == "cancelled";
-                        tracing::debug!(sandbox = %self.id, "{why}: interrupting");
-                        if let Err(e) = self.backend.interrupt(&self.id).await {
-                            tracing::warn!(sandbox = %self.id, "interrupt failed: {e}");
-                        }
-                        tokio::select! {
-                            r = &mut reply => Waited::Interrupted(r),
-                            () = tokio::time::sleep(INTERRUPT_GRACE) => Waited::Unresponsive,
-                        }
-                    }
-                }
-            }
-        };
+        let (waited, stop) = self
+            .await_result(
+                &mut runner,
+                &request_for(task, id, max_output),
+                timeout,
+                cancel,
+            )
+            .await;
         let elapsed = started.elapsed();
-        tracing::debug!(
-            sandbox = %self.id,
-            send_ms = sent.as_secs_f64() * 1000.0,
-            reply_ms = (elapsed - sent).as_secs_f64() * 1000.0,
-            "execution"
-        );
-        let timed_out =
-            !cancelled && matches!(waited, Waited::Interrupted(_) | Waited::Unresponsive);
         let mut execution = match waited {
             Waited::Replied(Ok(Reply::Result(raw)))
             | Waited::Interrupted(Ok(Reply::Result(raw))) => match raw.validate(id, max_output) {
-                Ok(r) => {
+                Ok(result) => {
                     self.state = State::Ready(runner);
-                    Execution {
-                        stdout: r.stdout,
-                        stderr: r.stderr,
-                        exit_code: r.exit_code,
-                        duration: Duration::from_secs_f64(r.duration_ms / 1000.0),
-                        truncated_bytes: r.dropped_bytes,
-                        timed_out,
-                        cancelled,
-                        state_lost: false,
-                        workspace_lost: false,
-                        out_of_memory: false,
-                        error: r.error,
-                        changes: Changes {
-                            entries: r.changed,
-                            left_out: r.changed_left_out,
-                            truncated: r.changed_truncated,
-                            figures: r.figures,
-                        },
-                        files: Vec::new(),
-                        dependencies: None,
-                    }
+                    Execution::from_result(result)
                 }
                 Err(e) => return Err(self.broken(e).await),
             },
@@ -458,45 +446,69 @@ impl Sandbox {
                 return Err(self.broken(e).await);
             }
             Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
-                let mut execution = self.runner_died(runner, failure, elapsed).await?;
-                execution.timed_out = timed_out;
-                execution.cancelled = cancelled;
-                execution
+                self.runner_died(runner, failure, elapsed).await?
             }
             Waited::Unresponsive => {
                 tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing its processes");
                 let workspace_lost = !self.kill_processes(runner).await?;
-                let why = if cancelled {
-                    "Cancelled".to_string()
-                } else {
-                    format!("Timed out after {}", text::duration(timeout))
-                };
-                let what = if workspace_lost {
-                    "the sandbox was killed: its output, variables and workspace files are lost"
-                } else {
-                    "its processes were killed: its output and variables are lost, the workspace \
-                     files remain"
-                };
-                Execution {
-                    stdout: Vec::new(),
-                    stderr: format!("{why}; the code did not stop on interrupt, so {what}.\n")
-                        .into_bytes(),
-                    exit_code: 137,
-                    duration: elapsed,
-                    truncated_bytes: 0,
-                    timed_out,
-                    cancelled,
-                    state_lost: true,
-                    workspace_lost,
-                    ..Default::default()
-                }
+                unresponsive(stop, timeout, workspace_lost, elapsed)
             }
         };
+        execution.timed_out = stop == Stop::Timeout;
+        execution.cancelled = stop == Stop::Cancelled;
         if restarted == Restarted::Sandbox {
             execution.state_lost = true;
             execution.workspace_lost = true;
         }
         Ok(execution)
+    }
+
+    /// Sends the request and waits for its result, interrupting the code when the time is up or
+    /// the caller cancels, and giving it [`INTERRUPT_GRACE`] to stop.
+    async fn await_result(
+        &mut self,
+        runner: &mut Runner,
+        request: &Request<'_>,
+        timeout: Duration,
+        cancel: Option<&CancellationToken>,
+    ) -> (Waited, Stop) {
+        let started = Instant::now();
+        if let Err(failure) = runner.send(&request.to_frame()).await {
+            return (Waited::Replied(Err(failure)), Stop::None);
+        }
+        let sent = started.elapsed();
+        let never = CancellationToken::new();
+        let cancel = cancel.unwrap_or(&never);
+        let reply = runner.next_reply();
+        tokio::pin!(reply);
+        let stop = tokio::select! {
+            r = &mut reply => {
+                self.log_timing(started, sent);
+                return (Waited::Replied(r), Stop::None);
+            }
+            () = tokio::time::sleep(timeout) => Stop::Timeout,
+            () = cancel.cancelled() => Stop::Cancelled,
+        };
+        tracing::debug!(sandbox = %self.id, "{stop:?}: interrupting");
+        if let Err(e) = self.backend.interrupt(&self.id).await {
+            tracing::warn!(sandbox = %self.id, "interrupt failed: {e}");
+        }
+        let waited = tokio::select! {
+            r = &mut reply => Waited::Interrupted(r),
+            () = tokio::time::sleep(INTERRUPT_GRACE) => Waited::Unresponsive,
+        };
+        self.log_timing(started, sent);
+        (waited, stop)
+    }
+
+    fn log_timing(&self, started: Instant, sent: Duration) {
+        let elapsed = started.elapsed();
+        tracing::debug!(
+            sandbox = %self.id,
+            send_ms = sent.as_secs_f64() * 1000.0,
+            reply_ms = (elapsed - sent).as_secs_f64() * 1000.0,
+            "execution"
+        );
     }
 
     /// Has the supervisor kill every process but itself, and waits for its report. Returns
