@@ -206,10 +206,9 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
         }) => {
             let durations = (
                 config::parse_duration("--throughput", &throughput),
-                humantime::parse_duration(&think).map_err(|_| config::ConfigError {
-                    var: "--think",
-                    value: think.clone(),
-                    expected: "a duration such as 250ms",
+                humantime::parse_duration(&think).map_err(|e| {
+                    config::ConfigError::new("--think", think.clone(), "a duration such as 250ms")
+                        .because(e)
                 }),
             );
             let (throughput, think) = match durations {

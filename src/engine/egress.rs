@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+pub use crate::config::parse_host_port;
 use crate::config::Config;
 
 /// The port the proxy listens on.
@@ -149,29 +150,6 @@ pub fn host_port(url: &str) -> Option<(String, u16)> {
     let authority = rest.split(['/', '?', '#']).next()?;
     let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
     parse_host_port(authority, default)
-}
-
-/// `host`, `host:port`, `[v6]` or `[v6]:port`, lowercased.
-pub fn parse_host_port(text: &str, default: u16) -> Option<(String, u16)> {
-    let (host, port) = if let Some(inner) = text.strip_prefix('[') {
-        let (host, rest) = inner.split_once(']')?;
-        (host, rest.strip_prefix(':'))
-    } else {
-        match text.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (text, None),
-        }
-    };
-    let port = match port {
-        Some(p) => p.parse().ok().filter(|p| *p > 0)?,
-        None => default,
-    };
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let valid = !host.is_empty()
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
-    valid.then_some((host, port))
 }
 
 /// The proxy's policy: the index hosts (PyPI's two without a custom index), plus the operator's

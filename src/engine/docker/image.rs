@@ -158,9 +158,7 @@ fn tempdir() -> Result<std::path::PathBuf, String> {
 }
 
 async fn debootstrap(rootfs: &Path) -> Result<(), String> {
-    let mirror = std::env::var("DEBOOTSTRAP_MIRROR")
-        .ok()
-        .filter(|m| !m.is_empty());
+    let mirror = crate::config::settings::DEBOOTSTRAP_MIRROR.read_process_env();
     tracing::info!(
         "debootstrap bookworm into {} (about a minute)",
         rootfs.display()

@@ -1,0 +1,1073 @@
+//! Every setting, defined once: its variable name, the default as users read it, one line of
+//! documentation, and how its value is parsed into [`Config`].
+//!
+//! [`SETTINGS`] is the only list of what the program reads from its environment. `from_lookup`
+//! applies it in order, the README's Configuration table is checked against it row by row, and
+//! the few variables read by other parts of the program ([`Read::Elsewhere`]) are listed here too
+//! so that they are documented and checked with the rest. A setting's parser sees only its own
+//! value; rules between settings live in `validate`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::address::normalize_origin;
+use super::address::parse_host;
+use super::error::ConfigError;
+use super::parse::{
+    is_image_reference, is_volume_name, parse_bool, parse_bytes, parse_count, parse_duration,
+    parse_duration_within, parse_hosts, parse_mounts, parse_token, parse_url,
+};
+use super::{
+    Config, DownloadCache, HostPattern, NetworkPolicy, DEFAULT_IMAGE, MAX_OUTPUT_CEILING,
+    SSE_PING_INTERVAL,
+};
+
+/// One environment variable the program reads.
+pub struct Setting {
+    pub name: &'static str,
+    /// The default, as the documentation shows it.
+    pub default: Shown,
+    /// What it does, in one line of Markdown (the README's "meaning" column).
+    pub doc: &'static str,
+    pub read: Read,
+}
+
+/// How a default is shown to users.
+pub enum Shown {
+    /// A value the setting itself accepts; shown as code, and a test checks that setting it
+    /// changes nothing.
+    Value(&'static str),
+    /// A description, for defaults that are derived or absent (shown as written, in Markdown).
+    Prose(&'static str),
+}
+
+/// Puts a setting's value into the configuration: `(config, variable name, trimmed value)`.
+pub type Apply = fn(&mut Config, &'static str, &str) -> Result<(), ConfigError>;
+
+/// Who reads a setting, and when it counts as set.
+pub enum Read {
+    /// `Config::from_lookup`, when the variable is set and not blank (blank means the default).
+    Value(Apply),
+    /// `Config::from_lookup`, also when it is set to blank, which means something of its own.
+    EvenEmpty(Apply),
+    /// Another part of the program, named here; it reads the value with
+    /// [`Setting::read_process_env`] or leaves it to a library.
+    Elsewhere(&'static str),
+}
+
+impl Setting {
+    /// The value in the process environment, trimmed, when set and not blank: for the settings
+    /// read where they are used rather than into [`Config`].
+    pub fn read_process_env(&self) -> Option<String> {
+        non_blank(std::env::var(self.name).ok())
+    }
+
+    /// The row of the README's Configuration table that documents this setting.
+    pub fn markdown_row(&self) -> String {
+        let default = match self.default {
+            Shown::Value(value) => format!("`{value}`"),
+            Shown::Prose(text) => text.to_string(),
+        };
+        let cell = |text: &str| text.replace('|', "\\|");
+        format!(
+            "| `{}` | {} | {} |",
+            self.name,
+            cell(&default),
+            cell(self.doc)
+        )
+    }
+
+    /// Reads this setting from `env` into `config`, when `from_lookup` is its reader.
+    pub(super) fn apply(&self, config: &mut Config, env: &Env) -> Result<(), ConfigError> {
+        match self.read {
+            Read::Value(apply) => match env.get(self) {
+                Some(value) => apply(config, self.name, &value),
+                None => Ok(()),
+            },
+            Read::EvenEmpty(apply) => match env.raw(self) {
+                Some(value) => apply(config, self.name, value.trim()),
+                None => Ok(()),
+            },
+            Read::Elsewhere(_) => Ok(()),
+        }
+    }
+}
+
+/// The variables `from_lookup` is given, seen through the settings that name them.
+pub(super) struct Env<'a>(pub(super) &'a dyn Fn(&str) -> Option<String>);
+
+impl Env<'_> {
+    /// The value exactly as set (for a message that shows what the operator wrote).
+    pub(super) fn raw(&self, setting: &Setting) -> Option<String> {
+        (self.0)(setting.name)
+    }
+
+    /// The value trimmed; `None` when unset or blank.
+    pub(super) fn get(&self, setting: &Setting) -> Option<String> {
+        non_blank(self.raw(setting))
+    }
+}
+
+fn non_blank(value: Option<String>) -> Option<String> {
+    value
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+// The sandbox: image and resource limits.
+
+pub const SANDBOX_IMAGE: Setting = Setting {
+    name: "SANDBOX_IMAGE",
+    default: Shown::Value(DEFAULT_IMAGE),
+    doc: "image of every sandbox; the default one is built by `image build`, another is pulled on first use",
+    read: Read::Value(|config, var, v| {
+        if !is_image_reference(v) {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "an image reference such as python-code-sandbox:py3.11",
+            ));
+        }
+        config.image = v.to_string();
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_MEMORY_LIMIT: Setting = Setting {
+    name: "SANDBOX_MEMORY_LIMIT",
+    default: Shown::Value("2g"),
+    doc: "memory per sandbox; swap is disabled (memory+swap = memory)",
+    read: Read::Value(|config, var, v| {
+        config.limits.memory_bytes = parse_bytes(var, v, 16 << 20)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_CPU_LIMIT: Setting = Setting {
+    name: "SANDBOX_CPU_LIMIT",
+    default: Shown::Value("0.5"),
+    doc: "CPUs per sandbox",
+    read: Read::Value(|config, var, v| {
+        let error = || {
+            ConfigError::new(
+                var,
+                v,
+                "a number of CPUs from 0.01 to 1024, such as 0.5 or 2",
+            )
+        };
+        config.limits.cpus = match v.parse::<f64>() {
+            Ok(cpus) if cpus.is_finite() && (0.01..=1024.0).contains(&cpus) => cpus,
+            Ok(_) => return Err(error()),
+            Err(e) => return Err(error().because(e)),
+        };
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_PIDS_LIMIT: Setting = Setting {
+    name: "SANDBOX_PIDS_LIMIT",
+    default: Shown::Value("256"),
+    doc: "processes and threads per sandbox",
+    read: Read::Value(|config, var, v| {
+        let error = || {
+            ConfigError::new(
+                var,
+                v,
+                "a whole number of processes from 8 to 1000000, such as 256",
+            )
+        };
+        config.limits.pids = match v.parse::<u64>() {
+            Ok(n) if (8..=1_000_000).contains(&n) => n,
+            Ok(_) => return Err(error()),
+            Err(e) => return Err(error().because(e)),
+        };
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_TMP_SIZE: Setting = Setting {
+    name: "SANDBOX_TMP_SIZE",
+    default: Shown::Value("64m"),
+    doc: "size of the `/tmp` tmpfs (counts against memory)",
+    read: Read::Value(|config, var, v| {
+        config.limits.tmp_bytes = parse_bytes(var, v, 1 << 20)?;
+        Ok(())
+    }),
+};
+
+/// Unset, its default is derived from the memory limit (in `validate`).
+pub const SANDBOX_WORKSPACE_SIZE: Setting = Setting {
+    name: "SANDBOX_WORKSPACE_SIZE",
+    default: Shown::Prose("`512m`, at most half the memory limit"),
+    doc: "size of `/workspace`, a tmpfs that counts against memory and survives runner restarts; full, writes fail with \"No space left on device\" (ENOSPC) and the host's disk is untouched; larger than the memory limit is refused",
+    read: Read::Value(|config, var, v| {
+        config.limits.workspace_bytes = parse_bytes(var, v, 1 << 20)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_TIMEOUT",
+    default: Shown::Value("60s"),
+    doc: "wall-clock limit of one execution",
+    read: Read::Value(|config, var, v| {
+        config.limits.timeout = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_MAX_OUTPUT: Setting = Setting {
+    name: "SANDBOX_MAX_OUTPUT",
+    default: Shown::Value("1m"),
+    doc: "bytes of stdout+stderr kept per execution (at most `64m`); the rest is counted and reported as cut",
+    read: Read::Value(|config, var, v| {
+        let bytes = parse_bytes(var, v, 1)?;
+        if bytes > MAX_OUTPUT_CEILING {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "a size from 1 byte to 64m, such as 1m",
+            ));
+        }
+        config.limits.max_output_bytes = bytes;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_NETWORK: Setting = Setting {
+    name: "SANDBOX_NETWORK",
+    default: Shown::Value("none"),
+    doc: "`none`: loopback only; `bridge`: Docker's default bridge",
+    read: Read::Value(|config, var, v| {
+        config.network = match v.to_ascii_lowercase().as_str() {
+            "none" => NetworkPolicy::None,
+            "bridge" => NetworkPolicy::Bridge,
+            _ => return Err(ConfigError::new(var, v, "none or bridge")),
+        };
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_RUNTIME: Setting = Setting {
+    name: "SANDBOX_RUNTIME",
+    default: Shown::Prose("the engine's default (runc)"),
+    doc: "OCI runtime of the sandboxes that run the agent's code, e.g. `runsc` for gVisor (register it with the engine first: `scripts/runsc.sh` does, for Debian's `runsc`); installers keep the default runtime. Under gVisor the pids limit bounds gVisor's own host threads, not the processes inside, so it must be at least `256`; a fork bomb then ends the sandbox (reported as lost) instead of stopping at the limit",
+    read: Read::Value(|config, var, v| {
+        if !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "the name of a runtime registered with the engine, such as runsc",
+            ));
+        }
+        config.runtime = Some(v.to_string());
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_CA_BUNDLE: Setting = Setting {
+    name: "SANDBOX_CA_BUNDLE",
+    default: Shown::Prose("unset"),
+    doc: "absolute path of a host CA bundle, mounted read-only into sandboxes that have a network, with `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` and `CURL_CA_BUNDLE` pointing at it",
+    read: Read::Value(|config, var, v| {
+        let path = PathBuf::from(v);
+        if !path.is_absolute() || !path.is_file() {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "the absolute path of an existing CA bundle file on the host",
+            ));
+        }
+        config.ca_bundle = Some(path);
+        Ok(())
+    }),
+};
+
+// Images, sessions and concurrency.
+
+pub const SANDBOX_ALLOWED_IMAGES: Setting = Setting {
+    name: "SANDBOX_ALLOWED_IMAGES",
+    default: Shown::Prose("none"),
+    doc: "comma-separated glob patterns (`*`, `?`) of other images an agent may ask for with `image`; anything else is refused with the list of what is allowed",
+    read: Read::Value(|config, var, v| {
+        let patterns: Vec<String> = v
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty())
+            .collect();
+        if !patterns.iter().all(|p| is_image_reference(p)) {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "comma-separated image patterns such as python:3.12-slim,myorg/*",
+            ));
+        }
+        config.allowed_images = patterns;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_MAX_SESSIONS: Setting = Setting {
+    name: "SANDBOX_MAX_SESSIONS",
+    default: Shown::Value("10"),
+    doc: "live sessions at once; `sandbox_initialize` beyond it is refused",
+    read: Read::Value(|config, var, v| {
+        config.sessions.max_sessions = parse_count(var, v, 0, 10_000)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SESSION_IDLE_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_SESSION_IDLE_TIMEOUT",
+    default: Shown::Value("30m"),
+    doc: "a session unused this long is stopped; later calls on it say it expired",
+    read: Read::Value(|config, var, v| {
+        config.sessions.idle_timeout = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SESSION_MAX_LIFETIME: Setting = Setting {
+    name: "SANDBOX_SESSION_MAX_LIFETIME",
+    default: Shown::Value("8h"),
+    doc: "a session is stopped this long after it started",
+    read: Read::Value(|config, var, v| {
+        config.sessions.max_lifetime = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_POOL_SIZE: Setting = Setting {
+    name: "SANDBOX_POOL_SIZE",
+    default: Shown::Value("2"),
+    doc: "sandboxes of the default image kept started (runner up, Python initialised) by the server; `0` disables the pool",
+    read: Read::Value(|config, var, v| {
+        config.pool_size = parse_count(var, v, 0, 64)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_MAX_CONCURRENT: Setting = Setting {
+    name: "SANDBOX_MAX_CONCURRENT",
+    default: Shown::Value("8"),
+    doc: "executions (and sandbox start-ups) running at once; further calls wait",
+    read: Read::Value(|config, var, v| {
+        config.max_concurrent = parse_count(var, v, 1, 10_000)?;
+        Ok(())
+    }),
+};
+
+// Package search.
+
+pub const SANDBOX_PYPI_URL: Setting = Setting {
+    name: "SANDBOX_PYPI_URL",
+    default: Shown::Value("https://pypi.org"),
+    doc: "index used by `search_pypi_packages` (its JSON API and simple index)",
+    read: Read::Value(|config, var, v| {
+        if !(v.starts_with("https://") || v.starts_with("http://"))
+            || v.contains(char::is_whitespace)
+        {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "an http(s) URL such as https://pypi.org",
+            ));
+        }
+        config.pypi_url = v.trim_end_matches('/').to_string();
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_PYPI_INDEX_TTL: Setting = Setting {
+    name: "SANDBOX_PYPI_INDEX_TTL",
+    default: Shown::Value("24h"),
+    doc: "how long the downloaded list of PyPI project names is reused",
+    read: Read::Value(|config, var, v| {
+        config.pypi_index_ttl = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_CACHE_DIR: Setting = Setting {
+    name: "SANDBOX_CACHE_DIR",
+    default: Shown::Prose("`~/.cache/python-code-sandbox`"),
+    doc: "where the server keeps that list",
+    read: Read::Value(|config, var, v| {
+        let path = PathBuf::from(v);
+        if !path.is_absolute() {
+            return Err(ConfigError::new(var, v, "an absolute directory path"));
+        }
+        config.cache_dir = path;
+        Ok(())
+    }),
+};
+
+// Files executions create.
+
+pub const SANDBOX_FILES_DIR: Setting = Setting {
+    name: "SANDBOX_FILES_DIR",
+    default: Shown::Prose("`$XDG_STATE_HOME/python-code-sandbox/files`, else `~/.local/state/python-code-sandbox/files`, else (no `HOME`) `$TMPDIR/python-code-sandbox-<uid>/files`"),
+    doc: "where files an execution creates or changes are saved, as `<dir>/<run-… or session-…>/<path>`; created 0700; start-up is refused (exit 2) when it is a link, not a directory, another uid's, writable by group or others, or below a directory another user could replace (see [Files](#files)); set to an empty string to save nothing",
+    // Set but empty means "do not save files", unlike other variables.
+    read: Read::EvenEmpty(|config, var, v| {
+        config.files.persist_dir = if v.is_empty() {
+            None
+        } else if PathBuf::from(v).is_absolute() {
+            Some(PathBuf::from(v))
+        } else {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "an absolute directory path, or empty to disable saving files",
+            ));
+        };
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_FILES_MAX_AGE: Setting = Setting {
+    name: "SANDBOX_FILES_MAX_AGE",
+    default: Shown::Value("7d"),
+    doc: "a saved run or session directory whose newest file is older than this is removed (in the background)",
+    read: Read::Value(|config, var, v| {
+        config.files.max_age = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+/// Must hold what one execution saves (`SANDBOX_FILES_MAX_TOTAL`), checked in `validate`.
+pub const SANDBOX_FILES_MAX_BYTES: Setting = Setting {
+    name: "SANDBOX_FILES_MAX_BYTES",
+    default: Shown::Value("1g"),
+    doc: "total size of the saved files; beyond it the oldest run and session directories are removed first; at least `SANDBOX_FILES_MAX_TOTAL`",
+    read: Read::Value(|config, var, v| {
+        config.files.max_saved_bytes = parse_bytes(var, v, 1)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_FILES_MAX_FILE: Setting = Setting {
+    name: "SANDBOX_FILES_MAX_FILE",
+    default: Shown::Value("100m"),
+    doc: "largest file copied out of a sandbox (larger ones are listed, not copied)",
+    read: Read::Value(|config, var, v| {
+        config.files.max_file_bytes = parse_bytes(var, v, 1)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_FILES_MAX_TOTAL: Setting = Setting {
+    name: "SANDBOX_FILES_MAX_TOTAL",
+    default: Shown::Value("500m"),
+    doc: "bytes copied out per execution",
+    read: Read::Value(|config, var, v| {
+        config.files.max_total_bytes = parse_bytes(var, v, 1)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_FILES_MAX_COUNT: Setting = Setting {
+    name: "SANDBOX_FILES_MAX_COUNT",
+    default: Shown::Value("100"),
+    doc: "files copied out per execution",
+    read: Read::Value(|config, var, v| {
+        config.files.max_count = parse_count(var, v, 0, 10_000)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_RETURN_MAX_FILE: Setting = Setting {
+    name: "SANDBOX_RETURN_MAX_FILE",
+    default: Shown::Value("5m"),
+    doc: "largest file returned to the client inline (larger ones are saved and listed)",
+    read: Read::Value(|config, var, v| {
+        config.files.return_max_file_bytes = parse_bytes(var, v, 1)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_RETURN_MAX_TOTAL: Setting = Setting {
+    name: "SANDBOX_RETURN_MAX_TOTAL",
+    default: Shown::Value("10m"),
+    doc: "bytes returned inline per execution",
+    read: Read::Value(|config, var, v| {
+        config.files.return_max_total_bytes = parse_bytes(var, v, 1)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_RETURN_MAX_COUNT: Setting = Setting {
+    name: "SANDBOX_RETURN_MAX_COUNT",
+    default: Shown::Value("20"),
+    doc: "files returned inline per execution",
+    read: Read::Value(|config, var, v| {
+        config.files.return_max_count = parse_count(var, v, 0, 1000)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_MOUNTS: Setting = Setting {
+    name: "SANDBOX_MOUNTS",
+    default: Shown::Prose("none"),
+    doc: "host directories the operator mounts into every sandbox: comma-separated `HOST:CONTAINER[:ro|rw]`, read-only by default; the agent can never choose a host path",
+    read: Read::Value(|config, var, v| {
+        config.mounts = parse_mounts(var, v)?;
+        Ok(())
+    }),
+};
+
+// Dependencies.
+
+pub const SANDBOX_DEPS_VOLUME: Setting = Setting {
+    name: "SANDBOX_DEPS_VOLUME",
+    default: Shown::Value("python-code-sandbox-deps"),
+    doc: "Docker volume holding installed dependency sets",
+    read: Read::Value(|config, var, v| {
+        if !is_volume_name(v) {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "a Docker volume name: letters, digits, '_', '.', '-'",
+            ));
+        }
+        config.deps.volume = v.to_string();
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_DEPS_CACHE_MAX: Setting = Setting {
+    name: "SANDBOX_DEPS_CACHE_MAX",
+    default: Shown::Value("10g"),
+    doc: "beyond this, least recently used sets are removed",
+    read: Read::Value(|config, var, v| {
+        config.deps.cache_max_bytes = parse_bytes(var, v, 1 << 20)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_DEPS_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_DEPS_TIMEOUT",
+    default: Shown::Value("10m"),
+    doc: "time limit of one install",
+    read: Read::Value(|config, var, v| {
+        config.deps.install_timeout = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_ALLOW_URL_DEPS: Setting = Setting {
+    name: "SANDBOX_ALLOW_URL_DEPS",
+    default: Shown::Value("false"),
+    doc: "accept `name @ https://…` direct references",
+    read: Read::Value(|config, var, v| {
+        config.deps.allow_urls = parse_bool(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const PIP_INDEX_URL: Setting = Setting {
+    name: "PIP_INDEX_URL",
+    default: Shown::Prose("PyPI"),
+    doc: "the package index, given to the installer only; credentials in it (`user:pass@`, a query) are refused together with `SANDBOX_ALLOW_SOURCE_BUILDS`",
+    read: Read::Value(|config, var, v| {
+        config.deps.index_url = Some(parse_url(var, v)?);
+        Ok(())
+    }),
+};
+
+pub const PIP_EXTRA_INDEX_URL: Setting = Setting {
+    name: "PIP_EXTRA_INDEX_URL",
+    default: Shown::Prose("none"),
+    doc: "more indexes, separated by spaces, given to the installer only; credentials in them are refused together with `SANDBOX_ALLOW_SOURCE_BUILDS`",
+    read: Read::Value(|config, var, v| {
+        config.deps.extra_index_urls = v
+            .split_whitespace()
+            .map(|url| parse_url(var, url))
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }),
+};
+
+/// Refused with credential-bearing indexes, checked in `validate`.
+pub const SANDBOX_ALLOW_SOURCE_BUILDS: Setting = Setting {
+    name: "SANDBOX_ALLOW_SOURCE_BUILDS",
+    default: Shown::Value("false"),
+    doc: "`true`: build packages published only as source (their build code runs in the installer, which then gets no download cache); otherwise wheels only",
+    read: Read::Value(|config, var, v| {
+        config.deps.allow_source_builds = parse_bool(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_DEPS_EGRESS_ALLOW: Setting = Setting {
+    name: "SANDBOX_DEPS_EGRESS_ALLOW",
+    default: Shown::Prose("none"),
+    doc: "comma-separated `host[:port]` (443 by default) the installer's proxy lets through besides the index hosts",
+    read: Read::Value(|config, var, v| {
+        config.deps.egress_allow = parse_hosts(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE: Setting = Setting {
+    name: "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE",
+    default: Shown::Prose("none"),
+    doc: "comma-separated allowed hosts that may resolve to non-public addresses (a local index); others are refused after resolution",
+    read: Read::Value(|config, var, v| {
+        config.deps.egress_allow_private = parse_hosts(var, v)?
+            .into_iter()
+            .map(|(host, _)| host)
+            .collect();
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_DEPS_INSTALL_MAX: Setting = Setting {
+    name: "SANDBOX_DEPS_INSTALL_MAX",
+    default: Shown::Value("2g"),
+    doc: "size of an installer's staging tmpfs (counts against its memory limit): a larger install fails",
+    read: Read::Value(|config, var, v| {
+        config.deps.install_max_bytes = parse_bytes(var, v, 16 << 20)?;
+        Ok(())
+    }),
+};
+
+pub const PIP_CACHE_PATH: Setting = Setting {
+    name: "PIP_CACHE_PATH",
+    default: Shown::Prose("a volume"),
+    doc: "host directory for the installers' download cache (writable by uid 1000)",
+    read: Read::Value(|config, var, v| {
+        let path = PathBuf::from(v);
+        if !path.is_absolute() {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "an absolute host directory path (writable by uid 1000)",
+            ));
+        }
+        // `ENABLE_PIP_CACHE=false` wins, whichever is read first.
+        if config.deps.download_cache != DownloadCache::Off {
+            config.deps.download_cache = DownloadCache::HostPath(path);
+        }
+        Ok(())
+    }),
+};
+
+pub const ENABLE_PIP_CACHE: Setting = Setting {
+    name: "ENABLE_PIP_CACHE",
+    default: Shown::Value("true"),
+    doc: "`false`: no download cache",
+    read: Read::Value(|config, var, v| {
+        if !parse_bool(var, v)? {
+            config.deps.download_cache = DownloadCache::Off;
+        }
+        Ok(())
+    }),
+};
+
+// Streamable HTTP (`serve --http`).
+
+/// Not together with `SANDBOX_HTTP_TOKEN_FILE`, checked in `validate`.
+pub const SANDBOX_HTTP_TOKEN: Setting = Setting {
+    name: "SANDBOX_HTTP_TOKEN",
+    default: Shown::Prose("unset"),
+    doc: "`serve --http`: the bearer token every request must carry (`Authorization: Bearer …`, at least 16 characters, e.g. `openssl rand -hex 32`); required to listen on anything but loopback",
+    read: Read::Value(|config, var, v| {
+        config.http.token = Some(parse_token(var, v)?);
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_TOKEN_FILE: Setting = Setting {
+    name: "SANDBOX_HTTP_TOKEN_FILE",
+    default: Shown::Prose("unset"),
+    doc: "a file holding that token instead (surrounding whitespace ignored); not both",
+    read: Read::Value(|config, var, v| {
+        let token = std::fs::read_to_string(v).map_err(|e| {
+            ConfigError::new(var, v, "the path of a readable file holding the token").because(e)
+        })?;
+        config.http.token = Some(parse_token(var, token.trim())?);
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_ALLOWED_ORIGINS: Setting = Setting {
+    name: "SANDBOX_HTTP_ALLOWED_ORIGINS",
+    default: Shown::Prose("none"),
+    doc: "comma-separated browser origins (`https://app.example.com`, `http://localhost:3000`) allowed to call `serve --http`; a request with any other `Origin` gets 403, one without `Origin` (a non-browser client) is allowed",
+    read: Read::Value(|config, var, v| {
+        config.http.allowed_origins = v
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(|o| {
+                normalize_origin(o).ok_or_else(|| ConfigError::new(
+                    var,
+                    v,
+                    "comma-separated origins such as https://app.example.com or http://localhost:3000 (scheme, host, optional port; no path)",
+                ))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_ALLOWED_HOSTS: Setting = Setting {
+    name: "SANDBOX_HTTP_ALLOWED_HOSTS",
+    default: Shown::Prose("`localhost`, `127.0.0.1`, `::1` and the bind address"),
+    doc: "comma-separated `Host` headers accepted by `serve --http` (a name or address, optionally `:PORT`); replaces the default; anything else gets 403 (DNS-rebinding protection)",
+    read: Read::Value(|config, var, v| {
+        let hosts = v
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                parse_host(h).map(|(host, port)| HostPattern { host, port }).ok_or_else(|| ConfigError::new(
+                    var,
+                    v,
+                    "comma-separated host names or addresses, each with an optional port, such as mcp.example.com,10.0.0.5:8080",
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if hosts.is_empty() {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "at least one host name or address",
+            ));
+        }
+        config.http.allowed_hosts = Some(hosts);
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_MAX_BODY: Setting = Setting {
+    name: "SANDBOX_HTTP_MAX_BODY",
+    default: Shown::Value("12m"),
+    doc: "largest request body `serve --http` accepts (413 beyond); 4 MiB more than the largest code, and the bound on `sandbox_write_file` content over HTTP",
+    read: Read::Value(|config, var, v| {
+        let bytes = parse_bytes(var, v, 64 << 10)?;
+        if bytes > 1 << 30 {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "a size from 64k to 1g, such as 12m",
+            ));
+        }
+        config.http.max_body_bytes = bytes;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_HEADER_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_HTTP_HEADER_TIMEOUT",
+    default: Shown::Value("10s"),
+    doc: "time a connection gets to send a complete request head, from opening or from its previous response (1s to 10m); then it is closed",
+    read: Read::Value(|config, var, v| {
+        config.http.header_timeout = parse_duration_within(
+            var,
+            v,
+            Duration::from_secs(1)..=Duration::from_secs(600),
+            "a duration from 1s to 10m, such as 10s",
+        )?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_IDLE_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_HTTP_IDLE_TIMEOUT",
+    default: Shown::Value("2m"),
+    doc: "a connection on which no byte moves for this long is closed (30s to 24h: longer than the 15 s SSE ping)",
+    read: Read::Value(|config, var, v| {
+        config.http.idle_timeout = parse_duration_within(
+            var,
+            v,
+            SSE_PING_INTERVAL * 2..=Duration::from_secs(24 * 3600),
+            "a duration from 30s (twice the SSE ping interval) to 24h, such as 2m",
+        )?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_MAX_CONNECTIONS: Setting = Setting {
+    name: "SANDBOX_HTTP_MAX_CONNECTIONS",
+    default: Shown::Value("256"),
+    doc:
+        "connections `serve --http` serves at once (1 to 100000); further ones wait to be accepted",
+    read: Read::Value(|config, var, v| {
+        config.http.max_connections = parse_count(var, v, 1, 100_000)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_MAX_MCP_SESSIONS: Setting = Setting {
+    name: "SANDBOX_HTTP_MAX_MCP_SESSIONS",
+    default: Shown::Value("64"),
+    doc:
+        "MCP sessions alive at once over HTTP (1 to 100000); a new `initialize` beyond it gets 429",
+    read: Read::Value(|config, var, v| {
+        config.http.max_mcp_sessions = parse_count(var, v, 1, 100_000)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_MCP_IDLE_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_HTTP_MCP_IDLE_TIMEOUT",
+    default: Shown::Value("5m"),
+    doc: "an MCP session owning no sandbox session, with no call in progress, ends after this long without a request (1s to 24h)",
+    read: Read::Value(|config, var, v| {
+        config.http.mcp_idle_timeout = parse_duration_within(
+            var,
+            v,
+            Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
+            "a duration from 1s to 24h, such as 5m",
+        )?;
+        Ok(())
+    }),
+};
+
+// The process itself.
+
+pub const LOG_LEVEL: Setting = Setting {
+    name: "LOG_LEVEL",
+    default: Shown::Prose("`info` (`run`: `warn`)"),
+    doc: "log filter (`debug`, `python_code_sandbox=trace`, ...); logs go to stderr only",
+    read: Read::Value(|config, var, v| {
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(v) {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "a log level (error, warn, info, debug, trace) or a tracing filter",
+            )
+            .because(e));
+        }
+        config.log_level = Some(v.to_string());
+        Ok(())
+    }),
+};
+
+pub const DOCKER_HOST: Setting = Setting {
+    name: "DOCKER_HOST",
+    default: Shown::Prose("local socket"),
+    doc: "the Docker engine to use",
+    read: Read::Elsewhere("the Docker client library (bollard's `connect_with_defaults`)"),
+};
+
+pub const DEBOOTSTRAP_MIRROR: Setting = Setting {
+    name: "DEBOOTSTRAP_MIRROR",
+    default: Shown::Prose("Debian's default"),
+    doc: "mirror for the offline image build",
+    read: Read::Elsewhere(
+        "`image build --offline` (engine::docker::image), when it runs debootstrap",
+    ),
+};
+
+/// Every setting, in the order `from_lookup` reads them and the README lists them.
+pub const SETTINGS: &[Setting] = &[
+    SANDBOX_IMAGE,
+    SANDBOX_MEMORY_LIMIT,
+    SANDBOX_CPU_LIMIT,
+    SANDBOX_PIDS_LIMIT,
+    SANDBOX_TMP_SIZE,
+    SANDBOX_WORKSPACE_SIZE,
+    SANDBOX_TIMEOUT,
+    SANDBOX_MAX_OUTPUT,
+    SANDBOX_NETWORK,
+    SANDBOX_RUNTIME,
+    SANDBOX_CA_BUNDLE,
+    SANDBOX_ALLOWED_IMAGES,
+    SANDBOX_MAX_SESSIONS,
+    SANDBOX_SESSION_IDLE_TIMEOUT,
+    SANDBOX_SESSION_MAX_LIFETIME,
+    SANDBOX_POOL_SIZE,
+    SANDBOX_MAX_CONCURRENT,
+    SANDBOX_PYPI_URL,
+    SANDBOX_PYPI_INDEX_TTL,
+    SANDBOX_CACHE_DIR,
+    SANDBOX_FILES_DIR,
+    SANDBOX_FILES_MAX_AGE,
+    SANDBOX_FILES_MAX_BYTES,
+    SANDBOX_FILES_MAX_FILE,
+    SANDBOX_FILES_MAX_TOTAL,
+    SANDBOX_FILES_MAX_COUNT,
+    SANDBOX_RETURN_MAX_FILE,
+    SANDBOX_RETURN_MAX_TOTAL,
+    SANDBOX_RETURN_MAX_COUNT,
+    SANDBOX_MOUNTS,
+    SANDBOX_DEPS_VOLUME,
+    SANDBOX_DEPS_CACHE_MAX,
+    SANDBOX_DEPS_TIMEOUT,
+    SANDBOX_ALLOW_URL_DEPS,
+    PIP_INDEX_URL,
+    PIP_EXTRA_INDEX_URL,
+    SANDBOX_ALLOW_SOURCE_BUILDS,
+    SANDBOX_DEPS_EGRESS_ALLOW,
+    SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE,
+    SANDBOX_DEPS_INSTALL_MAX,
+    PIP_CACHE_PATH,
+    ENABLE_PIP_CACHE,
+    SANDBOX_HTTP_TOKEN,
+    SANDBOX_HTTP_TOKEN_FILE,
+    SANDBOX_HTTP_ALLOWED_ORIGINS,
+    SANDBOX_HTTP_ALLOWED_HOSTS,
+    SANDBOX_HTTP_MAX_BODY,
+    SANDBOX_HTTP_HEADER_TIMEOUT,
+    SANDBOX_HTTP_IDLE_TIMEOUT,
+    SANDBOX_HTTP_MAX_CONNECTIONS,
+    SANDBOX_HTTP_MAX_MCP_SESSIONS,
+    SANDBOX_HTTP_MCP_IDLE_TIMEOUT,
+    LOG_LEVEL,
+    DOCKER_HOST,
+    DEBOOTSTRAP_MIRROR,
+];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use super::*;
+
+    const README: &str = include_str!("../../README.md");
+
+    /// How the README's Configuration table differs from [`SETTINGS`]: a setting without its
+    /// row, a row that differs from the one the table renders, a row naming no setting, rows out
+    /// of order. Empty when they agree.
+    fn readme_differences(readme: &str) -> Vec<String> {
+        let Some(section) = readme
+            .split("\n## Configuration\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+        else {
+            return vec!["the README has no Configuration section".to_string()];
+        };
+        let mut differences = Vec::new();
+        if !section.contains("\n| variable | default | meaning |\n") {
+            differences.push(
+                "the Configuration section has no `| variable | default | meaning |` table"
+                    .to_string(),
+            );
+        }
+        let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| `")).collect();
+        let named = |row: &str| {
+            row.strip_prefix("| `")
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(name, _)| name.to_string())
+                .unwrap_or_default()
+        };
+        let by_name: HashMap<String, &str> = rows.iter().map(|row| (named(row), *row)).collect();
+        for setting in SETTINGS {
+            let expected = setting.markdown_row();
+            match by_name.get(setting.name) {
+                None => {
+                    differences.push(format!("no row for {}; expected\n{expected}", setting.name))
+                }
+                Some(row) if *row != expected => differences.push(format!(
+                    "the row for {} differs\n README: {row}\n table:  {expected}",
+                    setting.name
+                )),
+                Some(_) => {}
+            }
+        }
+        let known: HashSet<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        for row in &rows {
+            if !known.contains(named(row).as_str()) {
+                differences.push(format!("a row names no setting: {row}"));
+            }
+        }
+        let order: Vec<String> = rows.iter().map(|row| named(row)).collect();
+        let expected_order: Vec<String> = SETTINGS.iter().map(|s| s.name.to_string()).collect();
+        if differences.is_empty() && order != expected_order {
+            differences.push("the rows are not in the order of SETTINGS".to_string());
+        }
+        differences
+    }
+
+    #[test]
+    fn the_readme_documents_every_setting_as_defined() {
+        let differences = readme_differences(README);
+        let table: Vec<String> = SETTINGS.iter().map(Setting::markdown_row).collect();
+        assert!(
+            differences.is_empty(),
+            "README.md's Configuration table disagrees with config::SETTINGS:\n{}\n\nThe table as SETTINGS renders it:\n{}",
+            differences.join("\n"),
+            table.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_readme_check_catches_a_missing_extra_or_changed_row() {
+        let row = SANDBOX_TIMEOUT.markdown_row();
+        assert!(README.contains(&row));
+        let missing = README.replace(&format!("{row}\n"), "");
+        assert!(readme_differences(&missing)
+            .iter()
+            .any(|d| d.contains("no row for SANDBOX_TIMEOUT")));
+
+        let extra = README.replace(
+            &format!("{row}\n"),
+            &format!("{row}\n| `SANDBOX_TIMEOUT_TYPO` | `1s` | nothing |\n"),
+        );
+        assert!(readme_differences(&extra)
+            .iter()
+            .any(|d| d.contains("SANDBOX_TIMEOUT_TYPO")));
+
+        let changed = README.replace(&row, &row.replace("`60s`", "`90s`"));
+        assert!(readme_differences(&changed)
+            .iter()
+            .any(|d| d.contains("the row for SANDBOX_TIMEOUT differs")));
+
+        let next = SANDBOX_MAX_OUTPUT.markdown_row();
+        let swapped = README.replace(&format!("{row}\n{next}\n"), &format!("{next}\n{row}\n"));
+        assert_ne!(swapped, README);
+        assert_eq!(
+            readme_differences(&swapped),
+            vec!["the rows are not in the order of SETTINGS"]
+        );
+    }
+
+    #[test]
+    fn each_setting_is_defined_once() {
+        let mut names = HashSet::new();
+        for setting in SETTINGS {
+            assert!(
+                names.insert(setting.name),
+                "{} is defined twice",
+                setting.name
+            );
+            assert!(!setting.doc.is_empty(), "{} has no doc", setting.name);
+        }
+    }
+
+    /// A default shown as a value is the default used: setting it changes nothing.
+    #[test]
+    fn the_defaults_shown_are_the_defaults_used() {
+        let nothing = Config::from_lookup(|_| None).expect("the defaults are valid");
+        for setting in SETTINGS {
+            let Shown::Value(shown) = setting.default else {
+                continue;
+            };
+            let given =
+                Config::from_lookup(|name| (name == setting.name).then(|| shown.to_string()))
+                    .unwrap_or_else(|e| panic!("{}'s default is refused: {e}", setting.name));
+            assert_eq!(
+                given, nothing,
+                "{}={shown} is not the default",
+                setting.name
+            );
+        }
+    }
+
+    #[test]
+    fn settings_read_elsewhere_are_not_read_into_the_config() {
+        let everything_set = Config::from_lookup(|name| {
+            [DOCKER_HOST.name, DEBOOTSTRAP_MIRROR.name]
+                .contains(&name)
+                .then(|| "tcp://elsewhere:1".to_string())
+        })
+        .expect("values read elsewhere are not checked here");
+        assert_eq!(everything_set, Config::from_lookup(|_| None).unwrap());
+    }
+}

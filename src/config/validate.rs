@@ -1,0 +1,87 @@
+//! Rules between settings, which no single setting's parser can check: what may not be set
+//! together, and what one value requires of another. Defaults derived from other settings are
+//! filled in here too.
+
+use super::address::{redact_url, url_has_credentials};
+use super::error::ConfigError;
+use super::settings::{
+    Env, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN,
+    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_PIDS_LIMIT, SANDBOX_WORKSPACE_SIZE,
+};
+use super::{Config, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
+
+/// Settings that may not be given together, checked before any value is read (so the token file
+/// is not read when it would be refused anyway).
+pub(super) fn conflicts(env: &Env) -> Result<(), ConfigError> {
+    if let (Some(_), Some(file)) = (
+        env.get(&SANDBOX_HTTP_TOKEN),
+        env.get(&SANDBOX_HTTP_TOKEN_FILE),
+    ) {
+        return Err(ConfigError::new(
+            SANDBOX_HTTP_TOKEN_FILE.name,
+            file,
+            "either SANDBOX_HTTP_TOKEN or SANDBOX_HTTP_TOKEN_FILE, not both",
+        ));
+    }
+    Ok(())
+}
+
+/// What values require of each other, once every setting is read.
+pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigError> {
+    let limits = &mut config.limits;
+    match env.get(&SANDBOX_WORKSPACE_SIZE) {
+        Some(v) if limits.workspace_bytes > limits.memory_bytes => {
+            return Err(ConfigError::new(
+                SANDBOX_WORKSPACE_SIZE.name,
+                v,
+                "a size no larger than SANDBOX_MEMORY_LIMIT (the workspace is \
+                 kept in memory and counts against that limit), such as 512m",
+            ));
+        }
+        Some(_) => {}
+        None => limits.workspace_bytes = DEFAULT_WORKSPACE_BYTES.min(limits.memory_bytes / 2),
+    }
+
+    let under_gvisor = config
+        .runtime
+        .as_deref()
+        .is_some_and(|runtime| runtime.starts_with("runsc"));
+    if under_gvisor && config.limits.pids < GVISOR_MIN_PIDS {
+        return Err(ConfigError::new(
+            SANDBOX_PIDS_LIMIT.name,
+            config.limits.pids.to_string(),
+            "at least 256 with SANDBOX_RUNTIME=runsc: under gVisor the limit \
+             bounds the gVisor kernel's own host threads, which need that many",
+        ));
+    }
+
+    let files = &config.files;
+    if files.max_saved_bytes < files.max_total_bytes {
+        return Err(ConfigError::new(
+            SANDBOX_FILES_MAX_BYTES.name,
+            env.raw(&SANDBOX_FILES_MAX_BYTES)
+                .unwrap_or_else(|| files.max_saved_bytes.to_string()),
+            "a total at least SANDBOX_FILES_MAX_TOTAL (the files one execution \
+             saves must fit), such as 1g",
+        ));
+    }
+
+    let deps = &config.deps;
+    if deps.allow_source_builds {
+        // A package's build code runs in the installer, which is given the index URLs.
+        let mut urls = deps.index_url.iter().chain(&deps.extra_index_urls);
+        if let Some(url) = urls.find(|u| url_has_credentials(u)) {
+            return Err(ConfigError::new(
+                SANDBOX_ALLOW_SOURCE_BUILDS.name,
+                format!(
+                    "true (with the credential-bearing index {})",
+                    redact_url(url)
+                ),
+                "false while PIP_INDEX_URL or PIP_EXTRA_INDEX_URL carry credentials: \
+                 a source build runs the package's own code in the installer, which \
+                 could read them; use wheels only, or an index without credentials",
+            ));
+        }
+    }
+    Ok(())
+}
