@@ -27,6 +27,8 @@ pub mod pool;
 pub mod protocol;
 pub mod sandbox;
 pub mod sessions;
+#[cfg(test)]
+mod testing;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
