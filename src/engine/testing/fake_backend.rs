@@ -141,13 +141,18 @@ impl FakeBackend {
 
     /// How many logged events `matches` accepts.
     pub fn count(&self, matches: impl Fn(&Event) -> bool) -> usize {
-        self.shared.lock().events.iter().filter(|e| matches(e)).count()
+        self.shared
+            .lock()
+            .events
+            .iter()
+            .filter(|e| matches(e))
+            .count()
     }
 
     /// The sandboxes that exist (created and not destroyed), in creation order.
     pub fn sandboxes(&self) -> Vec<SandboxId> {
         let mut ids: Vec<SandboxId> = self.shared.lock().sandboxes.keys().cloned().collect();
-        ids.sort_by_key(|id| id.0.trim_start_matches("fake-").parse::<u64>().ok());
+        ids.sort();
         ids
     }
 
@@ -215,7 +220,13 @@ impl FakeBackend {
     pub fn add_foreign(&self, labels: BTreeMap<String, String>) -> SandboxId {
         let mut state = self.shared.lock();
         state.next_id += 1;
-        let id = SandboxId(format!("fake-{}", state.next_id));
+        // Sortable by creation, and as long and random as an engine's ids (sessions are found by
+        // a unique prefix of 12 characters or more).
+        let id = SandboxId(format!(
+            "{:04}{}",
+            state.next_id,
+            uuid::Uuid::new_v4().simple()
+        ));
         let workspace = self.root.join(&id.0);
         state.sandboxes.insert(
             id.clone(),
@@ -336,7 +347,9 @@ impl Backend for FakeBackend {
             let mut state = self.shared.lock();
             if state.faults.failing_starts > 0 {
                 state.faults.failing_starts -= 1;
-                return Err(BackendError::Other("a start failed (injected fault)".into()));
+                return Err(BackendError::Other(
+                    "a start failed (injected fault)".into(),
+                ));
             }
             let sandbox = state.sandboxes.get_mut(id).ok_or_else(|| not_found(id))?;
             let Some(command) = sandbox.command.clone() else {
@@ -428,10 +441,7 @@ impl Backend for FakeBackend {
         self.stop(id, 137, false).await;
         let (removed, not_found_fault) = {
             let mut state = self.shared.lock();
-            (
-                state.sandboxes.remove(id),
-                state.faults.destroy_not_found,
-            )
+            (state.sandboxes.remove(id), state.faults.destroy_not_found)
         };
         let Some(sandbox) = removed else {
             return Ok(()); // gone already: success, as the trait says
@@ -602,8 +612,16 @@ impl Supervisor {
             }
             *stdin.lock().await = pipe;
             let readers = [
-                forward(child.stdout.take(), OutputChunk::Stdout, self.output.clone()),
-                forward(child.stderr.take(), OutputChunk::Stderr, self.output.clone()),
+                forward(
+                    child.stdout.take(),
+                    OutputChunk::Stdout,
+                    self.output.clone(),
+                ),
+                forward(
+                    child.stderr.take(),
+                    OutputChunk::Stderr,
+                    self.output.clone(),
+                ),
             ];
             let mut requested = false;
             let mut oom = false;
@@ -801,9 +819,9 @@ fn forward(
 /// The runner as a host process: the bootstrap, told it runs on the host, in a process group of
 /// its own, in its workspace.
 fn spawn_runner(argv: &[String], workspace: &Path) -> std::io::Result<Child> {
-    let (program, args) = argv.split_first().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "an empty command")
-    })?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "an empty command"))?;
     tokio::process::Command::new(program)
         .args(args)
         .current_dir(workspace)

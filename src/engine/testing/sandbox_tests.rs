@@ -25,12 +25,22 @@ async fn launches_and_keeps_variables_between_executions() {
     let (mut sandbox, fake) = launch().await;
     assert!(!sandbox.python_version().is_empty());
     let first = sandbox
-        .execute(Task::Python("x = 41"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("x = 41"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert_eq!(first.exit_code, 0, "{first:?}");
     let second = sandbox
-        .execute(Task::Python("print(x + 1)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(x + 1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert_eq!(String::from_utf8_lossy(&second.stdout), "42\n");
@@ -61,7 +71,10 @@ async fn an_exception_and_a_shell_status_come_back() {
         )
         .await
         .expect("execute");
-    assert_eq!((shell.exit_code, shell.stdout.as_slice()), (3, &b"hi\n"[..]));
+    assert_eq!(
+        (shell.exit_code, shell.stdout.as_slice()),
+        (3, &b"hi\n"[..])
+    );
     sandbox.destroy().await;
 }
 
@@ -104,7 +117,12 @@ async fn written_files_are_reported_and_readable_through_the_runner() {
 async fn a_timeout_interrupts_the_code_and_keeps_its_state() {
     let (mut sandbox, fake) = launch().await;
     sandbox
-        .execute(Task::Python("kept = 7"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("kept = 7"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     let looped = sandbox
@@ -122,7 +140,12 @@ async fn a_timeout_interrupts_the_code_and_keeps_its_state() {
     assert_eq!(fake.count(|e| matches!(e, Event::Interrupted(_))), 1);
     assert_eq!(fake.count(|e| matches!(e, Event::KilledProcesses(_))), 0);
     let after = sandbox
-        .execute(Task::Python("print(kept)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(kept)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert_eq!(String::from_utf8_lossy(&after.stdout), "7\n");
@@ -191,7 +214,10 @@ async fn code_that_ignores_the_interrupt_is_killed_and_the_runner_restarts_with_
         .await
         .expect("execute");
     assert_eq!(String::from_utf8_lossy(&after.stdout), "kept False\n");
-    assert!(!after.state_lost, "the loss was reported once, with the kill");
+    assert!(
+        !after.state_lost,
+        "the loss was reported once, with the kill"
+    );
     sandbox.destroy().await;
 }
 
@@ -220,7 +246,11 @@ async fn a_runner_that_exits_is_replaced_and_the_workspace_stays() {
         .await
         .expect("execute");
     assert_eq!(String::from_utf8_lossy(&after.stdout), "x\n");
-    assert_eq!(fake.count(|e| matches!(e, Event::Started(_))), 1, "no restart of the sandbox");
+    assert_eq!(
+        fake.count(|e| matches!(e, Event::Started(_))),
+        1,
+        "no restart of the sandbox"
+    );
     sandbox.destroy().await;
 }
 
@@ -242,14 +272,22 @@ async fn a_runner_killed_for_memory_is_reported_as_out_of_memory() {
         )
         .await
         .expect("execute");
-    assert!(execution.out_of_memory && execution.state_lost, "{execution:?}");
+    assert!(
+        execution.out_of_memory && execution.state_lost,
+        "{execution:?}"
+    );
     assert_eq!(execution.exit_code, 137);
     assert_eq!(
         execution.error.as_ref().map(|e| e.kind.as_str()),
         Some("MemoryError")
     );
     let after = sandbox
-        .execute(Task::Python("print(1)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert_eq!(after.stdout, b"1\n");
@@ -262,13 +300,23 @@ async fn a_runner_death_between_requests_is_noticed_on_the_next_one() {
     fake.kill_runner(sandbox.id(), false);
     // The supervisor's report waits in the stream: the next request meets it.
     let died = sandbox
-        .execute(Task::Python("print(1)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert!(died.state_lost, "{died:?}");
     assert_eq!(died.exit_code, 137);
     let after = sandbox
-        .execute(Task::Python("print(2)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(2)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert_eq!(after.stdout, b"2\n");
@@ -289,7 +337,12 @@ async fn a_sandbox_killed_from_outside_is_lost_then_restarts_empty() {
         .expect("execute");
     fake.stop_from_outside(sandbox.id(), 137, false).await;
     let lost = sandbox
-        .execute(Task::Python("print(1)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await;
     match lost {
         Err(EngineError::SandboxLost(reason)) => {
@@ -330,7 +383,12 @@ async fn a_sandbox_removed_from_outside_is_lost() {
     let (mut sandbox, fake) = launch().await;
     fake.remove_from_outside(sandbox.id()).await;
     match sandbox
-        .execute(Task::Python("print(1)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
     {
         Err(EngineError::SandboxLost(reason)) => {
@@ -348,7 +406,12 @@ async fn protocol_garbage_stops_the_sandbox_and_the_next_call_restarts_it() {
     garbage.extend_from_slice(b"nope!");
     fake.inject_output(sandbox.id(), &garbage);
     let broken = sandbox
-        .execute(Task::Python("print(1)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await;
     assert!(
         matches!(broken, Err(EngineError::Protocol(_))),
@@ -356,7 +419,12 @@ async fn protocol_garbage_stops_the_sandbox_and_the_next_call_restarts_it() {
     );
     assert_eq!(fake.count(|e| matches!(e, Event::Killed(_))), 1);
     let restarted = sandbox
-        .execute(Task::Python("print(2)"), Duration::from_secs(10), OUTPUT, None)
+        .execute(
+            Task::Python("print(2)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
         .await
         .expect("execute");
     assert!(restarted.workspace_lost);
