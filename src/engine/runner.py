@@ -54,7 +54,7 @@ import time
 # Tests only: the fake backend (src/engine/testing) runs this file as a plain host process and
 # passes `--host-test-workspace=DIR` after the bootstrap (a sandbox's command never has it): DIR is
 # then the workspace, and kill_others does nothing, since kill(-1) would reach the host's processes.
-HOST_TEST_WORKSPACE = next((a[22:] for a in sys.argv[1:] if a.startswith("--host-test-workspace=")), None)
+HOST_TEST_WORKSPACE = next((a.partition("=")[2] for a in sys.argv[1:] if a.startswith("--host-test-workspace=")), None)
 
 
 def valid_text(obj):
