@@ -33,6 +33,8 @@ pub mod protocol;
 pub mod sandbox;
 pub mod service;
 pub mod sessions;
+#[cfg(test)]
+mod testing;
 
 pub use error::EngineError;
 pub use outcome::{Artifact, DependencyReport, Execution};

@@ -1,0 +1,385 @@
+//! Sessions, the warm pool, expiry, the reaper and shutdown, on the fake backend.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::fake_backend::Event;
+use super::{engine_with, eventually, within};
+use crate::engine::owner::{LABEL_BOOT, LABEL_HOST, LABEL_INSTANCE, LABEL_PID_START};
+use crate::engine::sessions::{ClientId, Scope};
+use crate::engine::{EngineError, RunOptions, Task};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn stdout(execution: &crate::engine::Execution) -> String {
+    String::from_utf8_lossy(&execution.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn an_ephemeral_run_leaves_no_sandbox() {
+    let (engine, fake) = engine_with(|_| {});
+    let execution = within(
+        LIMIT,
+        engine.run_ephemeral(Task::Python("print(6 * 7)"), &RunOptions::default()),
+    )
+    .await
+    .expect("run");
+    assert_eq!(stdout(&execution), "42\n");
+    engine.settle().await;
+    assert!(fake.sandboxes().is_empty());
+    assert_eq!(fake.count(|e| matches!(e, Event::Destroyed(_))), 1);
+}
+
+#[tokio::test]
+async fn a_session_keeps_state_until_it_is_stopped() {
+    let (engine, fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let id = within(LIMIT, engine.create_session(&options))
+        .await
+        .expect("create");
+    engine
+        .execute_in_session(&id, Task::Python("total = 40"), &options)
+        .await
+        .expect("execute");
+    // A unique prefix of at least 12 characters names the session too.
+    let prefix: String = id.chars().take(12).collect();
+    let execution = engine
+        .execute_in_session(&prefix, Task::Python("print(total + 2)"), &options)
+        .await
+        .expect("execute");
+    assert_eq!(stdout(&execution), "42\n");
+    assert_eq!(engine.sessions().len(), 1);
+    assert_eq!(engine.stop_session(&id).await.expect("stop"), id);
+    assert!(engine.sessions().is_empty());
+    assert!(fake.sandboxes().is_empty());
+    let after = engine
+        .execute_in_session(&id, Task::Python("print(1)"), &options)
+        .await;
+    assert!(
+        matches!(after, Err(EngineError::UnknownSession(_))),
+        "{after:?}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_session_ids_are_refused() {
+    let (engine, _fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let short = engine
+        .execute_in_session("abc", Task::Python("1"), &options)
+        .await;
+    assert!(
+        matches!(short, Err(EngineError::MalformedSessionId(_))),
+        "{short:?}"
+    );
+    let odd = engine
+        .execute_in_session("not/an/id/at/all", Task::Python("1"), &options)
+        .await;
+    assert!(
+        matches!(odd, Err(EngineError::MalformedSessionId(_))),
+        "{odd:?}"
+    );
+    let unknown = engine.stop_session("0123456789abcdef").await;
+    assert!(
+        matches!(unknown, Err(EngineError::UnknownSession(_))),
+        "{unknown:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_number_of_live_sessions_is_limited() {
+    let (engine, _fake) = engine_with(|config| config.sessions.max_sessions = 2);
+    let options = RunOptions::default();
+    let first = engine.create_session(&options).await.expect("first");
+    engine.create_session(&options).await.expect("second");
+    let third = engine.create_session(&options).await;
+    assert!(
+        matches!(third, Err(EngineError::TooManySessions(2))),
+        "{third:?}"
+    );
+    engine.stop_session(&first).await.expect("stop");
+    engine.create_session(&options).await.expect("room again");
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_reaches_only_its_own_sessions() {
+    let (engine, fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let (alice, bob) = (ClientId::new(), ClientId::new());
+    let id = engine
+        .create_session_for(Scope::Client(&alice), &options)
+        .await
+        .expect("create");
+    assert_eq!(engine.sessions_for(Scope::Client(&alice)).len(), 1);
+    assert!(engine.sessions_for(Scope::Client(&bob)).is_empty());
+    assert_eq!(engine.sessions_for(Scope::Server).len(), 1);
+    let foreign = engine
+        .execute_in_session_for(Scope::Client(&bob), &id, Task::Python("1"), &options)
+        .await;
+    assert!(
+        matches!(foreign, Err(EngineError::UnknownSession(_))),
+        "{foreign:?}"
+    );
+    let stop = engine.stop_session_for(Scope::Client(&bob), &id).await;
+    assert!(
+        matches!(stop, Err(EngineError::UnknownSession(_))),
+        "{stop:?}"
+    );
+    engine
+        .execute_in_session_for(Scope::Client(&alice), &id, Task::Python("1"), &options)
+        .await
+        .expect("the owner's call");
+    // The client goes away: its sessions end, and later calls say why.
+    assert_eq!(engine.end_client(&alice), 1);
+    let ended = engine
+        .execute_in_session_for(Scope::Client(&alice), &id, Task::Python("1"), &options)
+        .await;
+    match ended {
+        Err(EngineError::SessionEnded { reason, .. }) => {
+            assert!(reason.contains("disconnected"), "{reason}")
+        }
+        other => panic!("expected an ended session, got {other:?}"),
+    }
+    engine.settle().await;
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn a_session_lost_from_outside_ends_and_says_why() {
+    let (engine, fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let id = engine.create_session(&options).await.expect("create");
+    let sandbox = fake.sandboxes().pop().expect("its sandbox");
+    fake.stop_from_outside(&sandbox, 137, false).await;
+    let lost = engine
+        .execute_in_session(&id, Task::Python("1"), &options)
+        .await;
+    assert!(matches!(lost, Err(EngineError::SandboxLost(_))), "{lost:?}");
+    let later = engine
+        .execute_in_session(&id, Task::Python("1"), &options)
+        .await;
+    match later {
+        Err(EngineError::SessionEnded { reason, .. }) => {
+            assert!(reason.contains("killed from outside"), "{reason}")
+        }
+        other => panic!("expected an ended session, got {other:?}"),
+    }
+    engine.settle().await;
+    assert!(fake.sandboxes().is_empty(), "the lost sandbox is removed");
+}
+
+#[tokio::test]
+async fn idle_sessions_expire() {
+    let (engine, fake) = engine_with(|config| {
+        config.sessions.idle_timeout = Duration::from_millis(300);
+    });
+    let options = RunOptions::default();
+    let id = engine.create_session(&options).await.expect("create");
+    assert_eq!(engine.reap_expired_sessions().await, 0, "not idle yet");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(engine.reap_expired_sessions().await, 1);
+    assert!(fake.sandboxes().is_empty());
+    match engine
+        .execute_in_session(&id, Task::Python("1"), &options)
+        .await
+    {
+        Err(EngineError::SessionEnded { reason, .. }) => {
+            assert!(reason.contains("idle"), "{reason}")
+        }
+        other => panic!("expected an ended session, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_session_running_code_is_not_idle() {
+    let (engine, _fake) = engine_with(|config| {
+        config.sessions.idle_timeout = Duration::from_millis(200);
+    });
+    let options = RunOptions::default();
+    let id = engine.create_session(&options).await.expect("create");
+    let running = engine.execute_in_session(
+        &id,
+        Task::Python("import time\ntime.sleep(1)\nprint('done')"),
+        &options,
+    );
+    let reaping = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        engine.reap_expired_sessions().await
+    };
+    let (execution, reaped) = tokio::join!(running, reaping);
+    assert_eq!(reaped, 0);
+    assert_eq!(stdout(&execution.expect("execute")), "done\n");
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn sessions_expire_at_their_maximum_lifetime_even_when_used() {
+    let (engine, fake) = engine_with(|config| {
+        config.sessions.max_lifetime = Duration::from_millis(600);
+    });
+    let options = RunOptions::default();
+    let id = engine.create_session(&options).await.expect("create");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    engine
+        .execute_in_session(&id, Task::Python("1"), &options)
+        .await
+        .expect("execute");
+    assert_eq!(engine.reap_expired_sessions().await, 0);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(engine.reap_expired_sessions().await, 1);
+    assert!(fake.sandboxes().is_empty());
+    match engine
+        .execute_in_session(&id, Task::Python("1"), &options)
+        .await
+    {
+        Err(EngineError::SessionEnded { reason, .. }) => {
+            assert!(reason.contains("maximum lifetime"), "{reason}")
+        }
+        other => panic!("expected an ended session, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_pool_hands_out_a_live_sandbox_and_refills() {
+    let (engine, fake) = engine_with(|config| config.pool_size = 1);
+    engine.start_pool();
+    eventually("a pooled sandbox", LIMIT, || engine.pool_ready() == 1).await;
+    let pooled = fake.sandboxes().pop().expect("the pooled sandbox");
+    let execution = engine
+        .run_ephemeral(Task::Python("print(1)"), &RunOptions::default())
+        .await
+        .expect("run");
+    assert_eq!(stdout(&execution), "1\n");
+    engine.settle().await;
+    assert!(
+        fake.events().contains(&Event::Destroyed(pooled.clone())),
+        "the run used (and removed) the pooled sandbox"
+    );
+    eventually("a refill", LIMIT, || engine.pool_ready() == 1).await;
+    assert_eq!(fake.count(|e| matches!(e, Event::Created(_))), 2);
+    engine.shutdown().await;
+    assert_eq!(engine.pool_ready(), 0);
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn a_dead_pooled_sandbox_is_not_handed_out() {
+    let (engine, fake) = engine_with(|config| config.pool_size = 1);
+    engine.start_pool();
+    eventually("a pooled sandbox", LIMIT, || engine.pool_ready() == 1).await;
+    let pooled = fake.sandboxes().pop().expect("the pooled sandbox");
+    fake.stop_from_outside(&pooled, 137, false).await;
+    let execution = engine
+        .run_ephemeral(Task::Python("print(2)"), &RunOptions::default())
+        .await
+        .expect("run in another sandbox");
+    assert_eq!(stdout(&execution), "2\n");
+    assert!(!execution.workspace_lost && !execution.state_lost);
+    engine.settle().await;
+    assert!(
+        !fake.sandboxes().contains(&pooled),
+        "the dead one is removed"
+    );
+    engine.shutdown().await;
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_a_slow_refill_and_leaves_nothing() {
+    let (engine, fake) = engine_with(|config| config.pool_size = 2);
+    fake.set_start_delay(Duration::from_millis(500));
+    engine.start_pool();
+    eventually("a start under way", LIMIT, || {
+        fake.count(|e| matches!(e, Event::Created(_))) > 0
+    })
+    .await;
+    within(LIMIT, engine.shutdown()).await;
+    assert!(fake.sandboxes().is_empty(), "{:?}", fake.events());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        fake.sandboxes().is_empty(),
+        "nothing started after shutdown"
+    );
+    assert_eq!(engine.pool_ready(), 0);
+}
+
+#[tokio::test]
+async fn shutdown_removes_sessions_the_pool_and_stray_creates() {
+    let (engine, fake) = engine_with(|config| config.pool_size = 1);
+    engine.start_pool();
+    let options = RunOptions::default();
+    engine.create_session(&options).await.expect("one");
+    engine.create_session(&options).await.expect("two");
+    eventually("a pooled sandbox", LIMIT, || engine.pool_ready() == 1).await;
+    // A create that completed after its request was dropped: only its labels say whose it is.
+    let stray = fake.add_foreign(engine.owner().labels("ephemeral"));
+    fake.add_storage("ours", engine.owner().labels("session"));
+    // Removing what is already gone answers NotFound: shutdown carries on.
+    fake.destroy_reports_not_found(true);
+    within(LIMIT, engine.shutdown()).await;
+    assert!(fake.sandboxes().is_empty(), "{:?}", fake.sandboxes());
+    assert!(fake.events().contains(&Event::Destroyed(stray)));
+    assert!(fake.storage().is_empty());
+    assert!(engine.sessions().is_empty());
+    assert_eq!(fake.running(), 0);
+}
+
+/// Labels of a sandbox made by another server instance on this machine, adjusted by `change`.
+fn other_server(
+    engine: &crate::engine::Engine,
+    change: impl FnOnce(&mut BTreeMap<String, String>),
+) -> BTreeMap<String, String> {
+    let mut labels = engine.owner().labels("session");
+    labels.insert(LABEL_INSTANCE.into(), "another-instance".into());
+    change(&mut labels);
+    labels
+}
+
+#[tokio::test]
+async fn leftovers_of_dead_servers_are_removed_and_nothing_else() {
+    let (engine, fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let ours = engine.create_session(&options).await.expect("create");
+    let before_boot = fake.add_foreign(other_server(&engine, |l| {
+        l.insert(LABEL_BOOT.into(), "an-earlier-boot".into());
+    }));
+    // This process's pid with another start time: a server whose pid was reused.
+    let dead_pid = fake.add_foreign(other_server(&engine, |l| {
+        l.insert(LABEL_PID_START.into(), "1".into());
+    }));
+    // This very process: a live server (another instance of it).
+    let live = fake.add_foreign(other_server(&engine, |_| {}));
+    let other_host = fake.add_foreign(other_server(&engine, |l| {
+        l.insert(LABEL_HOST.into(), "another-host".into());
+        l.insert(LABEL_BOOT.into(), "an-earlier-boot".into());
+    }));
+    let unmanaged = fake.add_foreign(BTreeMap::new());
+    fake.add_storage(
+        "dead-volume",
+        other_server(&engine, |l| {
+            l.insert(LABEL_BOOT.into(), "an-earlier-boot".into());
+        }),
+    );
+    fake.add_storage(
+        "other-host-volume",
+        other_server(&engine, |l| {
+            l.insert(LABEL_HOST.into(), "another-host".into());
+        }),
+    );
+    let removed = engine.remove_leftovers().await.expect("remove");
+    assert_eq!(removed, 3);
+    let left = fake.sandboxes();
+    assert!(
+        !left.contains(&before_boot) && !left.contains(&dead_pid),
+        "{left:?}"
+    );
+    assert!(left.contains(&live) && left.contains(&other_host) && left.contains(&unmanaged));
+    assert_eq!(fake.storage(), ["other-host-volume"]);
+    assert_eq!(engine.sessions().len(), 1, "this server's session stays");
+    engine
+        .execute_in_session(&ours, Task::Python("1"), &options)
+        .await
+        .expect("still usable");
+    engine.shutdown().await;
+}

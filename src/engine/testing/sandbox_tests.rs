@@ -1,0 +1,467 @@
+//! The sandbox state machine on the fake backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::fake_backend::{Event, FakeBackend};
+use super::spec;
+use crate::engine::backend::Backend;
+use crate::engine::sandbox::{Sandbox, Task, WorkspacePath};
+use crate::engine::EngineError;
+
+const OUTPUT: u64 = 1 << 20;
+
+async fn launch() -> (Sandbox, Arc<FakeBackend>) {
+    let fake = Arc::new(FakeBackend::new());
+    let backend: Arc<dyn Backend> = fake.clone();
+    let sandbox = Sandbox::launch(backend, &spec()).await.expect("launch");
+    (sandbox, fake)
+}
+
+#[tokio::test]
+async fn launches_and_keeps_variables_between_executions() {
+    let (mut sandbox, fake) = launch().await;
+    assert!(!sandbox.python_version().is_empty());
+    let first = sandbox
+        .execute(
+            Task::Python("x = 41"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(first.exit_code, 0, "{first:?}");
+    let second = sandbox
+        .execute(
+            Task::Python("print(x + 1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(String::from_utf8_lossy(&second.stdout), "42\n");
+    assert!(!second.state_lost && !second.workspace_lost);
+    sandbox.destroy().await;
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn an_exception_and_a_shell_status_come_back() {
+    let (mut sandbox, _fake) = launch().await;
+    let raised = sandbox
+        .execute(Task::Python("1 / 0"), Duration::from_secs(10), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(raised.exit_code, 1);
+    assert_eq!(
+        raised.error.as_ref().map(|e| e.kind.as_str()),
+        Some("ZeroDivisionError")
+    );
+    assert!(String::from_utf8_lossy(&raised.stderr).contains("ZeroDivisionError"));
+    let shell = sandbox
+        .execute(
+            Task::Shell("echo hi; exit 3"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(
+        (shell.exit_code, shell.stdout.as_slice()),
+        (3, &b"hi\n"[..])
+    );
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn written_files_are_reported_and_readable_through_the_runner() {
+    let (mut sandbox, fake) = launch().await;
+    let execution = sandbox
+        .execute(
+            Task::Python("open('out.txt', 'w').write('data')"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    let changed: Vec<&str> = execution
+        .changes
+        .entries
+        .iter()
+        .map(|e| e.path.as_str())
+        .collect();
+    assert_eq!(changed, ["out.txt"]);
+    let workspace = fake.workspace(sandbox.id()).expect("workspace");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("out.txt")).ok(),
+        Some("data".into())
+    );
+    let listing = sandbox.list("").await.expect("list");
+    assert_eq!(listing.entries.len(), 1);
+    let chunk = sandbox
+        .read_chunk(&WorkspacePath::text("out.txt"), 0, 100)
+        .await
+        .expect("read")
+        .expect("readable");
+    assert_eq!(chunk.data, b"data");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_timeout_interrupts_the_code_and_keeps_its_state() {
+    let (mut sandbox, fake) = launch().await;
+    sandbox
+        .execute(
+            Task::Python("kept = 7"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    let looped = sandbox
+        .execute(
+            Task::Python("while True: pass"),
+            Duration::from_millis(300),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(looped.timed_out && !looped.cancelled, "{looped:?}");
+    assert_eq!(looped.exit_code, 130);
+    assert!(!looped.state_lost);
+    assert_eq!(fake.count(|e| matches!(e, Event::Interrupted(_))), 1);
+    assert_eq!(fake.count(|e| matches!(e, Event::KilledProcesses(_))), 0);
+    let after = sandbox
+        .execute(
+            Task::Python("print(kept)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(String::from_utf8_lossy(&after.stdout), "7\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn cancelling_interrupts_the_code() {
+    let (mut sandbox, _fake) = launch().await;
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    let execution = sandbox
+        .execute(
+            Task::Python("import time\ntime.sleep(30)"),
+            Duration::from_secs(20),
+            OUTPUT,
+            Some(&cancel),
+        )
+        .await
+        .expect("execute");
+    assert!(execution.cancelled && !execution.timed_out, "{execution:?}");
+    assert_eq!(execution.exit_code, 130);
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn code_that_ignores_the_interrupt_is_killed_and_the_runner_restarts_with_the_files() {
+    let (mut sandbox, fake) = launch().await;
+    sandbox
+        .execute(
+            Task::Python("lost = 1\nopen('kept.txt', 'w').write('kept')"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    let stubborn = "import signal, time\n\
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+                    while True: time.sleep(0.01)";
+    let killed = sandbox
+        .execute(
+            Task::Python(stubborn),
+            Duration::from_millis(200),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(killed.timed_out, "{killed:?}");
+    assert_eq!(killed.exit_code, 137);
+    assert!(killed.state_lost && !killed.workspace_lost, "{killed:?}");
+    assert_eq!(fake.count(|e| matches!(e, Event::KilledProcesses(_))), 1);
+    assert_eq!(fake.count(|e| matches!(e, Event::Killed(_))), 0);
+    let after = sandbox
+        .execute(
+            Task::Python("print(open('kept.txt').read(), 'lost' in globals())"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(String::from_utf8_lossy(&after.stdout), "kept False\n");
+    assert!(
+        !after.state_lost,
+        "the loss was reported once, with the kill"
+    );
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_runner_that_exits_is_replaced_and_the_workspace_stays() {
+    let (mut sandbox, fake) = launch().await;
+    let died = sandbox
+        .execute(
+            Task::Python("open('f', 'w').write('x')\nimport os\nos._exit(3)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(died.exit_code, 3);
+    assert!(died.state_lost && !died.workspace_lost && !died.out_of_memory);
+    assert!(String::from_utf8_lossy(&died.stderr).contains("exited with status 3"));
+    let after = sandbox
+        .execute(
+            Task::Python("print(open('f').read())"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(String::from_utf8_lossy(&after.stdout), "x\n");
+    assert_eq!(
+        fake.count(|e| matches!(e, Event::Started(_))),
+        1,
+        "no restart of the sandbox"
+    );
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_runner_killed_for_memory_is_reported_as_out_of_memory() {
+    let (mut sandbox, fake) = launch().await;
+    let id = sandbox.id().clone();
+    let killer = fake.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        killer.kill_runner(&id, true);
+    });
+    let execution = sandbox
+        .execute(
+            Task::Python("import time\ntime.sleep(30)"),
+            Duration::from_secs(20),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(
+        execution.out_of_memory && execution.state_lost,
+        "{execution:?}"
+    );
+    assert_eq!(execution.exit_code, 137);
+    assert_eq!(
+        execution.error.as_ref().map(|e| e.kind.as_str()),
+        Some("MemoryError")
+    );
+    let after = sandbox
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(after.stdout, b"1\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_runner_death_between_requests_is_noticed_on_the_next_one() {
+    let (mut sandbox, fake) = launch().await;
+    fake.kill_runner(sandbox.id(), false);
+    // The supervisor's report waits in the stream: the next request meets it.
+    let died = sandbox
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(died.state_lost, "{died:?}");
+    assert_eq!(died.exit_code, 137);
+    let after = sandbox
+        .execute(
+            Task::Python("print(2)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(after.stdout, b"2\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_sandbox_killed_from_outside_is_lost_then_restarts_empty() {
+    let (mut sandbox, fake) = launch().await;
+    sandbox
+        .execute(
+            Task::Python("open('f', 'w').write('x')"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    fake.stop_from_outside(sandbox.id(), 137, false).await;
+    let lost = sandbox
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await;
+    match lost {
+        Err(EngineError::SandboxLost(reason)) => {
+            assert!(reason.contains("killed from outside"), "{reason}")
+        }
+        other => panic!("expected a lost sandbox, got {other:?}"),
+    }
+    let restarted = sandbox
+        .execute(
+            Task::Python("import os\nprint(os.path.exists('f'))"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(restarted.workspace_lost && restarted.state_lost);
+    assert_eq!(restarted.stdout, b"False\n");
+    assert_eq!(fake.count(|e| matches!(e, Event::Started(_))), 2);
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_sandbox_stopped_for_memory_says_so() {
+    let (mut sandbox, fake) = launch().await;
+    fake.stop_from_outside(sandbox.id(), 137, true).await;
+    match sandbox.list("").await {
+        Err(EngineError::SandboxLost(reason)) => {
+            assert!(reason.contains("ran out of memory"), "{reason}")
+        }
+        other => panic!("expected a lost sandbox, got {other:?}"),
+    }
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_sandbox_removed_from_outside_is_lost() {
+    let (mut sandbox, fake) = launch().await;
+    fake.remove_from_outside(sandbox.id()).await;
+    match sandbox
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+    {
+        Err(EngineError::SandboxLost(reason)) => {
+            assert!(reason.contains("removed from outside"), "{reason}")
+        }
+        other => panic!("expected a lost sandbox, got {other:?}"),
+    }
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn protocol_garbage_stops_the_sandbox_and_the_next_call_restarts_it() {
+    let (mut sandbox, fake) = launch().await;
+    let mut garbage = 5u32.to_be_bytes().to_vec();
+    garbage.extend_from_slice(b"nope!");
+    fake.inject_output(sandbox.id(), &garbage);
+    let broken = sandbox
+        .execute(
+            Task::Python("print(1)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await;
+    assert!(
+        matches!(broken, Err(EngineError::Protocol(_))),
+        "{broken:?}"
+    );
+    assert_eq!(fake.count(|e| matches!(e, Event::Killed(_))), 1);
+    let restarted = sandbox
+        .execute(
+            Task::Python("print(2)"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(restarted.workspace_lost);
+    assert_eq!(restarted.stdout, b"2\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn a_failed_start_leaves_nothing_behind() {
+    let fake = Arc::new(FakeBackend::new());
+    fake.fail_next_starts(1);
+    let backend: Arc<dyn Backend> = fake.clone();
+    let launched = Sandbox::launch(backend, &spec()).await;
+    assert!(launched.is_err());
+    assert!(fake.sandboxes().is_empty());
+    assert_eq!(fake.count(|e| matches!(e, Event::Destroyed(_))), 1);
+}
+
+#[tokio::test]
+async fn a_runner_that_dies_as_it_starts_is_reported_with_what_it_printed() {
+    let fake = Arc::new(FakeBackend::new());
+    let backend: Arc<dyn Backend> = fake.clone();
+    let mut broken = spec();
+    broken.command = vec![
+        "python3".into(),
+        "-c".into(),
+        "import sys; sys.stderr.write('no runner here'); sys.exit(2)".into(),
+    ];
+    match Sandbox::launch(backend, &broken).await {
+        Err(EngineError::SandboxStart(reason)) => {
+            assert!(
+                reason.contains("status 2") && reason.contains("no runner here"),
+                "{reason}"
+            )
+        }
+        Ok(_) => panic!("the sandbox started"),
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+    assert!(fake.sandboxes().is_empty());
+}
