@@ -34,26 +34,34 @@ async fn an_ephemeral_run_leaves_no_sandbox() {
 async fn a_session_keeps_state_until_it_is_stopped() {
     let (engine, fake) = engine_with(|_| {});
     let options = RunOptions::default();
-    let id = within(LIMIT, engine.create_session(&options))
+    let id = within(LIMIT, engine.create_session(Scope::Server, &options))
         .await
         .expect("create");
     engine
-        .execute_in_session(&id, Task::Python("total = 40"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("total = 40"), &options)
         .await
         .expect("execute");
     // A unique prefix of at least 12 characters names the session too.
     let prefix: String = id.chars().take(12).collect();
     let execution = engine
-        .execute_in_session(&prefix, Task::Python("print(total + 2)"), &options)
+        .execute_in_session(
+            Scope::Server,
+            &prefix,
+            Task::Python("print(total + 2)"),
+            &options,
+        )
         .await
         .expect("execute");
     assert_eq!(stdout(&execution), "42\n");
-    assert_eq!(engine.sessions().len(), 1);
-    assert_eq!(engine.stop_session(&id).await.expect("stop"), id);
-    assert!(engine.sessions().is_empty());
+    assert_eq!(engine.sessions(Scope::Server).len(), 1);
+    assert_eq!(
+        engine.stop_session(Scope::Server, &id).await.expect("stop"),
+        id
+    );
+    assert!(engine.sessions(Scope::Server).is_empty());
     assert!(fake.sandboxes().is_empty());
     let after = engine
-        .execute_in_session(&id, Task::Python("print(1)"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("print(1)"), &options)
         .await;
     assert!(
         matches!(after, Err(EngineError::UnknownSession(_))),
@@ -66,20 +74,25 @@ async fn unknown_and_malformed_session_ids_are_refused() {
     let (engine, _fake) = engine_with(|_| {});
     let options = RunOptions::default();
     let short = engine
-        .execute_in_session("abc", Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, "abc", Task::Python("1"), &options)
         .await;
     assert!(
         matches!(short, Err(EngineError::MalformedSessionId(_))),
         "{short:?}"
     );
     let odd = engine
-        .execute_in_session("not/an/id/at/all", Task::Python("1"), &options)
+        .execute_in_session(
+            Scope::Server,
+            "not/an/id/at/all",
+            Task::Python("1"),
+            &options,
+        )
         .await;
     assert!(
         matches!(odd, Err(EngineError::MalformedSessionId(_))),
         "{odd:?}"
     );
-    let unknown = engine.stop_session("0123456789abcdef").await;
+    let unknown = engine.stop_session(Scope::Server, "0123456789abcdef").await;
     assert!(
         matches!(unknown, Err(EngineError::UnknownSession(_))),
         "{unknown:?}"
@@ -90,15 +103,27 @@ async fn unknown_and_malformed_session_ids_are_refused() {
 async fn the_number_of_live_sessions_is_limited() {
     let (engine, _fake) = engine_with(|config| config.sessions.max_sessions = 2);
     let options = RunOptions::default();
-    let first = engine.create_session(&options).await.expect("first");
-    engine.create_session(&options).await.expect("second");
-    let third = engine.create_session(&options).await;
+    let first = engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("first");
+    engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("second");
+    let third = engine.create_session(Scope::Server, &options).await;
     assert!(
         matches!(third, Err(EngineError::TooManySessions(2))),
         "{third:?}"
     );
-    engine.stop_session(&first).await.expect("stop");
-    engine.create_session(&options).await.expect("room again");
+    engine
+        .stop_session(Scope::Server, &first)
+        .await
+        .expect("stop");
+    engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("room again");
     engine.shutdown().await;
 }
 
@@ -108,32 +133,32 @@ async fn a_client_reaches_only_its_own_sessions() {
     let options = RunOptions::default();
     let (alice, bob) = (ClientId::new(), ClientId::new());
     let id = engine
-        .create_session_for(Scope::Client(&alice), &options)
+        .create_session(Scope::Client(&alice), &options)
         .await
         .expect("create");
-    assert_eq!(engine.sessions_for(Scope::Client(&alice)).len(), 1);
-    assert!(engine.sessions_for(Scope::Client(&bob)).is_empty());
-    assert_eq!(engine.sessions_for(Scope::Server).len(), 1);
+    assert_eq!(engine.sessions(Scope::Client(&alice)).len(), 1);
+    assert!(engine.sessions(Scope::Client(&bob)).is_empty());
+    assert_eq!(engine.sessions(Scope::Server).len(), 1);
     let foreign = engine
-        .execute_in_session_for(Scope::Client(&bob), &id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Client(&bob), &id, Task::Python("1"), &options)
         .await;
     assert!(
         matches!(foreign, Err(EngineError::UnknownSession(_))),
         "{foreign:?}"
     );
-    let stop = engine.stop_session_for(Scope::Client(&bob), &id).await;
+    let stop = engine.stop_session(Scope::Client(&bob), &id).await;
     assert!(
         matches!(stop, Err(EngineError::UnknownSession(_))),
         "{stop:?}"
     );
     engine
-        .execute_in_session_for(Scope::Client(&alice), &id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Client(&alice), &id, Task::Python("1"), &options)
         .await
         .expect("the owner's call");
     // The client goes away: its sessions end, and later calls say why.
     assert_eq!(engine.end_client(&alice), 1);
     let ended = engine
-        .execute_in_session_for(Scope::Client(&alice), &id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Client(&alice), &id, Task::Python("1"), &options)
         .await;
     match ended {
         Err(EngineError::SessionEnded { reason, .. }) => {
@@ -149,15 +174,18 @@ async fn a_client_reaches_only_its_own_sessions() {
 async fn a_session_lost_from_outside_ends_and_says_why() {
     let (engine, fake) = engine_with(|_| {});
     let options = RunOptions::default();
-    let id = engine.create_session(&options).await.expect("create");
+    let id = engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("create");
     let sandbox = fake.sandboxes().pop().expect("its sandbox");
     fake.stop_from_outside(&sandbox, 137, false).await;
     let lost = engine
-        .execute_in_session(&id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("1"), &options)
         .await;
     assert!(matches!(lost, Err(EngineError::SandboxLost(_))), "{lost:?}");
     let later = engine
-        .execute_in_session(&id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("1"), &options)
         .await;
     match later {
         Err(EngineError::SessionEnded { reason, .. }) => {
@@ -175,13 +203,16 @@ async fn idle_sessions_expire() {
         config.sessions.idle_timeout = Duration::from_millis(300);
     });
     let options = RunOptions::default();
-    let id = engine.create_session(&options).await.expect("create");
+    let id = engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("create");
     assert_eq!(engine.reap_expired_sessions().await, 0, "not idle yet");
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(engine.reap_expired_sessions().await, 1);
     assert!(fake.sandboxes().is_empty());
     match engine
-        .execute_in_session(&id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("1"), &options)
         .await
     {
         Err(EngineError::SessionEnded { reason, .. }) => {
@@ -197,8 +228,12 @@ async fn a_session_running_code_is_not_idle() {
         config.sessions.idle_timeout = Duration::from_millis(200);
     });
     let options = RunOptions::default();
-    let id = engine.create_session(&options).await.expect("create");
+    let id = engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("create");
     let running = engine.execute_in_session(
+        Scope::Server,
         &id,
         Task::Python("import time\ntime.sleep(1)\nprint('done')"),
         &options,
@@ -219,10 +254,13 @@ async fn sessions_expire_at_their_maximum_lifetime_even_when_used() {
         config.sessions.max_lifetime = Duration::from_millis(600);
     });
     let options = RunOptions::default();
-    let id = engine.create_session(&options).await.expect("create");
+    let id = engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("create");
     tokio::time::sleep(Duration::from_millis(300)).await;
     engine
-        .execute_in_session(&id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("1"), &options)
         .await
         .expect("execute");
     assert_eq!(engine.reap_expired_sessions().await, 0);
@@ -230,7 +268,7 @@ async fn sessions_expire_at_their_maximum_lifetime_even_when_used() {
     assert_eq!(engine.reap_expired_sessions().await, 1);
     assert!(fake.sandboxes().is_empty());
     match engine
-        .execute_in_session(&id, Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, &id, Task::Python("1"), &options)
         .await
     {
         Err(EngineError::SessionEnded { reason, .. }) => {
@@ -309,8 +347,14 @@ async fn shutdown_removes_sessions_the_pool_and_stray_creates() {
     let (engine, fake) = engine_with(|config| config.pool_size = 1);
     engine.start_pool();
     let options = RunOptions::default();
-    engine.create_session(&options).await.expect("one");
-    engine.create_session(&options).await.expect("two");
+    engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("one");
+    engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("two");
     eventually("a pooled sandbox", LIMIT, || engine.pool_ready() == 1).await;
     // A create that completed after its request was dropped: only its labels say whose it is.
     let stray = fake.add_foreign(engine.owner().labels("ephemeral"));
@@ -321,7 +365,7 @@ async fn shutdown_removes_sessions_the_pool_and_stray_creates() {
     assert!(fake.sandboxes().is_empty(), "{:?}", fake.sandboxes());
     assert!(fake.events().contains(&Event::Destroyed(stray)));
     assert!(fake.storage().is_empty());
-    assert!(engine.sessions().is_empty());
+    assert!(engine.sessions(Scope::Server).is_empty());
     assert_eq!(fake.running(), 0);
 }
 
@@ -340,7 +384,10 @@ fn other_server(
 async fn leftovers_of_dead_servers_are_removed_and_nothing_else() {
     let (engine, fake) = engine_with(|_| {});
     let options = RunOptions::default();
-    let ours = engine.create_session(&options).await.expect("create");
+    let ours = engine
+        .create_session(Scope::Server, &options)
+        .await
+        .expect("create");
     let before_boot = fake.add_foreign(other_server(&engine, |l| {
         l.insert(LABEL_BOOT.into(), "an-earlier-boot".into());
     }));
@@ -376,9 +423,13 @@ async fn leftovers_of_dead_servers_are_removed_and_nothing_else() {
     );
     assert!(left.contains(&live) && left.contains(&other_host) && left.contains(&unmanaged));
     assert_eq!(fake.storage(), ["other-host-volume"]);
-    assert_eq!(engine.sessions().len(), 1, "this server's session stays");
+    assert_eq!(
+        engine.sessions(Scope::Server).len(),
+        1,
+        "this server's session stays"
+    );
     engine
-        .execute_in_session(&ours, Task::Python("1"), &options)
+        .execute_in_session(Scope::Server, &ours, Task::Python("1"), &options)
         .await
         .expect("still usable");
     engine.shutdown().await;

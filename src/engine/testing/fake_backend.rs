@@ -331,8 +331,9 @@ impl Backend for FakeBackend {
             sandbox.command = Some(spec.command.clone());
             sandbox.workspace.clone()
         };
-        std::fs::create_dir_all(&workspace)
-            .map_err(|e| BackendError::Other(format!("workspace {}: {e}", workspace.display())))?;
+        std::fs::create_dir_all(&workspace).map_err(|e| {
+            BackendError::Unexpected(format!("workspace {}: {e}", workspace.display()))
+        })?;
         self.log(Event::Created(id.clone()));
         Ok(id)
     }
@@ -347,18 +348,18 @@ impl Backend for FakeBackend {
             let mut state = self.shared.lock();
             if state.faults.failing_starts > 0 {
                 state.faults.failing_starts -= 1;
-                return Err(BackendError::Other(
+                return Err(BackendError::Unexpected(
                     "a start failed (injected fault)".into(),
                 ));
             }
             let sandbox = state.sandboxes.get_mut(id).ok_or_else(|| not_found(id))?;
             let Some(command) = sandbox.command.clone() else {
-                return Err(BackendError::Other(format!(
+                return Err(BackendError::Unexpected(format!(
                     "{id} was not created by this backend"
                 )));
             };
             if sandbox.supervisor.is_some() {
-                return Err(BackendError::Other(format!("{id} is already running")));
+                return Err(BackendError::Unexpected(format!("{id} is already running")));
             }
             sandbox.generation += 1;
             sandbox.supervisor = Some(SupervisorHandle { control });
@@ -372,8 +373,9 @@ impl Backend for FakeBackend {
         };
         // A start after a stop has a fresh workspace, as a container's tmpfs does.
         let _ = std::fs::remove_dir_all(&workspace);
-        std::fs::create_dir_all(&workspace)
-            .map_err(|e| BackendError::Other(format!("workspace {}: {e}", workspace.display())))?;
+        std::fs::create_dir_all(&workspace).map_err(|e| {
+            BackendError::Unexpected(format!("workspace {}: {e}", workspace.display()))
+        })?;
         let mut argv = command;
         argv.push(format!("{HOST_TEST_FLAG}{}", workspace.display()));
         let supervisor = Supervisor {
@@ -426,13 +428,13 @@ impl Backend for FakeBackend {
     }
 
     async fn copy_in(&self, _: &SandboxId, _: &str, _: Bytes) -> Result<(), BackendError> {
-        Err(BackendError::Other(
+        Err(BackendError::Unexpected(
             "copy_in is not supported by the fake backend".into(),
         ))
     }
 
     async fn copy_out(&self, _: &SandboxId, _: &str, _: u64) -> Result<Bytes, BackendError> {
-        Err(BackendError::Other(
+        Err(BackendError::Unexpected(
             "copy_out is not supported by the fake backend".into(),
         ))
     }
