@@ -76,6 +76,8 @@ bash scripts/server-image.sh --offline
 stage "format and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
+# Each module depends only downward: no circle between modules (nor between engine parts).
+python3 scripts/module-graph.py
 
 stage "tests"
 cargo test --locked -- --test-threads=2
