@@ -29,6 +29,47 @@ const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certifica
 /// Label carrying a hash of the recipe, so a stale image is recognisable.
 pub const RECIPE_LABEL: &str = "io.python-code-sandbox.recipe";
 
+/// Why the image could not be built or fetched; the tool or client error is kept as the source.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(transparent)]
+    Engine(#[from] bollard::errors::Error),
+    /// A step of the engine's build or import failed.
+    #[error("{what}: {source}")]
+    Step {
+        what: &'static str,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// The engine reported an error in its progress stream.
+    #[error("{what}: {message}")]
+    Refused { what: &'static str, message: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot run debootstrap ({0}); install it (apt-get install debootstrap) and run as root"
+    )]
+    NoDebootstrap(#[source] std::io::Error),
+    #[error("debootstrap failed ({status}); it needs root. Last lines:\n{last_lines}")]
+    Debootstrap {
+        status: std::process::ExitStatus,
+        last_lines: String,
+    },
+    #[error("tar of the rootfs failed ({0})")]
+    Tar(std::process::ExitStatus),
+}
+
+impl ImageError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImageError {
+        let what = what.into();
+        move |source| ImageError::Io { what, source }
+    }
+}
+
 /// How to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BuildMode {
@@ -86,14 +127,14 @@ pub async fn ensure(
         })
 }
 
-async fn pull(docker: &Docker, image: &str) -> Result<(), String> {
+async fn pull(docker: &Docker, image: &str) -> Result<(), ImageError> {
     let options = CreateImageOptions {
         from_image: Some(image.to_string()),
         ..Default::default()
     };
     let mut progress = docker.create_image(Some(options), None, None);
     while let Some(step) = progress.next().await {
-        let step = step.map_err(|e| e.to_string())?;
+        let step = step?;
         if let Some(status) = step.status {
             tracing::debug!(image, "{status}");
         }
@@ -107,7 +148,7 @@ pub async fn build(
     tag: &str,
     mode: BuildMode,
     ca_bundle: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<(), ImageError> {
     let base = match mode {
         BuildMode::Auto => {
             if docker.inspect_image(ONLINE_BASE).await.is_ok() {
@@ -129,7 +170,7 @@ pub async fn build(
 }
 
 /// The imported debootstrap rootfs, made when it does not exist yet.
-async fn offline_base(docker: &Docker) -> Result<String, String> {
+async fn offline_base(docker: &Docker) -> Result<String, ImageError> {
     if docker.inspect_image(OFFLINE_BASE).await.is_ok() {
         tracing::info!("using the existing offline base {OFFLINE_BASE}");
         return Ok(OFFLINE_BASE.to_string());
@@ -147,17 +188,18 @@ async fn offline_base(docker: &Docker) -> Result<String, String> {
     result.map(|()| OFFLINE_BASE.to_string())
 }
 
-fn tempdir() -> Result<std::path::PathBuf, String> {
+fn tempdir() -> Result<std::path::PathBuf, ImageError> {
     // Under /var/tmp, not /tmp: a rootfs is a few hundred MB and /tmp may be a small tmpfs.
     let dir = Path::new("/var/tmp").join(format!(
         "python-code-sandbox-rootfs-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(ImageError::io(format!("cannot create {}", dir.display())))?;
     Ok(dir)
 }
 
-async fn debootstrap(rootfs: &Path) -> Result<(), String> {
+async fn debootstrap(rootfs: &Path) -> Result<(), ImageError> {
     let mirror = crate::config::settings::DEBOOTSTRAP_MIRROR.read_process_env();
     tracing::info!(
         "debootstrap bookworm into {} (about a minute)",
@@ -176,20 +218,19 @@ async fn debootstrap(rootfs: &Path) -> Result<(), String> {
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| format!("cannot run debootstrap ({e}); install it (apt-get install debootstrap) and run as root"))?;
+        .map_err(ImageError::NoDebootstrap)?;
     if !output.status.success() {
         let text = String::from_utf8_lossy(&output.stdout);
         let tail: Vec<&str> = text.lines().rev().take(15).collect();
-        return Err(format!(
-            "debootstrap failed ({}); it needs root. Last lines:\n{}",
-            output.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        ));
+        return Err(ImageError::Debootstrap {
+            status: output.status,
+            last_lines: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        });
     }
     Ok(())
 }
 
-async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), String> {
+async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), ImageError> {
     tracing::info!("importing the rootfs as {OFFLINE_BASE}");
     // The system tar handles every file type a rootfs has (device nodes included).
     let mut tar = tokio::process::Command::new("tar")
@@ -199,8 +240,11 @@ async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), String> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run tar: {e}"))?;
-    let stdout = tar.stdout.take().ok_or("tar has no stdout")?;
+        .map_err(ImageError::io("cannot run tar"))?;
+    let stdout = tar.stdout.take().ok_or_else(|| ImageError::Io {
+        what: "cannot read tar's output".into(),
+        source: std::io::ErrorKind::BrokenPipe.into(),
+    })?;
     let body = ReaderStream::new(stdout).filter_map(|chunk| async move { chunk.ok() });
     let (repo, tag) = OFFLINE_BASE
         .split_once(':')
@@ -213,14 +257,23 @@ async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), String> {
     };
     let mut progress = docker.create_image(Some(options), Some(bollard::body_stream(body)), None);
     while let Some(step) = progress.next().await {
-        let step = step.map_err(|e| format!("import failed: {e}"))?;
-        if let Some(error) = step.error_detail.and_then(|d| d.message) {
-            return Err(format!("import failed: {error}"));
+        let step = step.map_err(|source| ImageError::Step {
+            what: "import failed",
+            source,
+        })?;
+        if let Some(message) = step.error_detail.and_then(|d| d.message) {
+            return Err(ImageError::Refused {
+                what: "import failed",
+                message,
+            });
         }
     }
-    let status = tar.wait().await.map_err(|e| e.to_string())?;
+    let status = tar
+        .wait()
+        .await
+        .map_err(ImageError::io("waiting for tar"))?;
     if !status.success() {
-        return Err(format!("tar of the rootfs failed ({status})"));
+        return Err(ImageError::Tar(status));
     }
     Ok(())
 }
@@ -230,13 +283,12 @@ async fn build_recipe(
     base: &str,
     tag: &str,
     ca_bundle: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<(), ImageError> {
     tracing::info!("building {tag} from {base}");
     // The CA bundle lets the build reach PyPI for uv where TLS is intercepted; empty otherwise.
     let ca = match ca_bundle {
-        Some(path) => {
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        }
+        Some(path) => std::fs::read(path)
+            .map_err(ImageError::io(format!("cannot read {}", path.display())))?,
         None => Vec::new(),
     };
     let context = {
@@ -251,9 +303,11 @@ async fn build_recipe(
             header.set_cksum();
             archive
                 .append_data(&mut header, name, content)
-                .map_err(|e| e.to_string())?;
+                .map_err(ImageError::io("cannot pack the build context"))?;
         }
-        archive.into_inner().map_err(|e| e.to_string())?
+        archive
+            .into_inner()
+            .map_err(ImageError::io("cannot pack the build context"))?
     };
     let options = BuildImageOptions {
         t: Some(tag.to_string()),
@@ -270,11 +324,17 @@ async fn build_recipe(
 
 async fn follow_build(
     mut progress: impl Stream<Item = Result<BuildInfo, bollard::errors::Error>> + Unpin,
-) -> Result<(), String> {
+) -> Result<(), ImageError> {
     while let Some(step) = progress.next().await {
-        let step = step.map_err(|e| format!("build failed: {e}"))?;
-        if let Some(error) = step.error_detail.and_then(|d| d.message) {
-            return Err(format!("build failed: {error}"));
+        let step = step.map_err(|source| ImageError::Step {
+            what: "build failed",
+            source,
+        })?;
+        if let Some(message) = step.error_detail.and_then(|d| d.message) {
+            return Err(ImageError::Refused {
+                what: "build failed",
+                message,
+            });
         }
         if let Some(line) = step.stream {
             let line = line.trim();
