@@ -3,10 +3,11 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::index_file::convert_index;
-use super::{PypiSearch, SearchError};
+use super::{IndexError, PypiSearch, SearchError};
 
 pub(super) const INDEX_FILE: &str = "pypi-simple-index.txt";
 pub(super) const INDEX_HEADER_PREFIX: &str = "# pypi-simple-index v1 ";
@@ -69,10 +70,10 @@ impl PypiSearch {
             if when.elapsed() < pause {
                 return match state {
                     CacheState::Stale => Ok(path),
-                    _ => Err(self.unavailable(format!(
-                        "{reason}; next attempt in {}s",
-                        pause.saturating_sub(when.elapsed()).as_secs().max(1)
-                    ))),
+                    _ => Err(self.unavailable(
+                        reason,
+                        Some(pause.saturating_sub(when.elapsed()).as_secs().max(1)),
+                    )),
                 };
             }
         }
@@ -86,6 +87,7 @@ impl PypiSearch {
                 Ok(path)
             }
             Err(reason) => {
+                let reason = Arc::new(reason);
                 *self
                     .last_failure
                     .lock()
@@ -99,30 +101,30 @@ impl PypiSearch {
                     );
                     Ok(path)
                 } else {
-                    Err(self.unavailable(reason))
+                    Err(self.unavailable(reason, None))
                 }
             }
         }
     }
 
-    fn unavailable(&self, reason: String) -> SearchError {
+    /// `retry_in`: seconds until the next download, when this search did not try one.
+    fn unavailable(&self, reason: Arc<IndexError>, retry_in: Option<u64>) -> SearchError {
         SearchError::IndexUnavailable {
             url: format!("{}/simple/", self.base),
-            reason,
+            source: reason,
+            retry_in,
             cache_dir: self.cache_dir.clone(),
         }
     }
 
     /// Downloads the simple index and atomically replaces the cached name file. Returns the number
     /// of names, or why it failed.
-    async fn refresh(&self) -> Result<usize, String> {
+    async fn refresh(&self) -> Result<usize, IndexError> {
         tokio::fs::create_dir_all(&self.cache_dir)
             .await
-            .map_err(|e| {
-                format!(
-                    "cannot create cache directory {}: {e}",
-                    self.cache_dir.display()
-                )
+            .map_err(|source| IndexError::CreateCacheDir {
+                dir: self.cache_dir.clone(),
+                source,
             })?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let download = RemoveOnDrop(self.cache_dir.join(format!(".pypi-index-{id}.download")));
@@ -135,24 +137,22 @@ impl PypiSearch {
             self.download_index(&download.0),
         )
         .await
-        .map_err(|_| format!("timed out after {}s", self.limits.index_timeout.as_secs()))??;
+        .map_err(|_| IndexError::TimedOut(self.limits.index_timeout))??;
 
         let header = self.index_header();
         let (src, dst) = (download.0.clone(), converted.0.clone());
         let count = tokio::task::spawn_blocking(move || convert_index(&src, &dst, format, &header))
             .await
-            .map_err(|e| format!("index conversion task failed: {e}"))??;
+            .map_err(IndexError::ConversionTask)??;
         drop(download);
         if count == 0 {
-            return Err("the index lists no projects".into());
+            return Err(IndexError::Empty);
         }
         tokio::fs::rename(&converted.0, self.index_path())
             .await
-            .map_err(|e| {
-                format!(
-                    "cannot write the cache file {}: {e}",
-                    self.index_path().display()
-                )
+            .map_err(|source| IndexError::WriteCacheFile {
+                path: self.index_path(),
+                source,
             })?;
         converted.disarm();
         Ok(count)

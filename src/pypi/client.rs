@@ -2,13 +2,14 @@
 //! within size and time limits.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
 use super::index_file::IndexFormat;
-use super::PypiSearch;
+use super::{FetchError, IndexError, PypiSearch};
 
 /// `Accept` for the simple index: PEP 691 JSON first, HTML as a fallback.
 const SIMPLE_ACCEPT: &str =
@@ -52,12 +53,22 @@ pub(super) struct ProjectMeta {
 pub(super) enum Lookup {
     Found(ProjectMeta),
     NotFound,
-    Failed(String),
+    /// Shared: the answer for the exact name is reused for its result.
+    Failed(Arc<FetchError>),
 }
 
 impl PypiSearch {
     /// Asks the JSON API about one project (`name` is normalized, so URL-safe).
     pub(super) async fn lookup(&self, name: &str) -> Lookup {
+        match self.fetch_project(name).await {
+            Ok(Some(meta)) => Lookup::Found(meta),
+            Ok(None) => Lookup::NotFound,
+            Err(e) => Lookup::Failed(Arc::new(e)),
+        }
+    }
+
+    /// The JSON API's description of one project; `None` when PyPI has no such project.
+    async fn fetch_project(&self, name: &str) -> Result<Option<ProjectMeta>, FetchError> {
         let url = format!("{}/pypi/{}/json", self.base, name);
         let request = self
             .client
@@ -67,39 +78,31 @@ impl PypiSearch {
             .send();
         let response = match tokio::time::timeout(self.limits.json_timeout, request).await {
             Ok(Ok(response)) => response,
-            Ok(Err(e)) => return Lookup::Failed(error_chain(&e)),
-            Err(_) => return Lookup::Failed("timed out".into()),
+            Ok(Err(e)) => return Err(FetchError::Http(e)),
+            Err(_) => return Err(FetchError::TimedOut),
         };
         let status = response.status();
         if status == reqwest::StatusCode::NOT_FOUND {
-            return Lookup::NotFound;
+            return Ok(None);
         }
         if !status.is_success() {
-            return Lookup::Failed(format!("HTTP {status}"));
+            return Err(FetchError::Status(status));
         }
         let limit = self.limits.json_max_bytes;
-        let body = match tokio::time::timeout(
-            self.limits.json_timeout,
-            read_capped(response, limit),
-        )
-        .await
-        {
-            Ok(Ok(body)) => body,
-            Ok(Err(reason)) => return Lookup::Failed(reason),
-            Err(_) => return Lookup::Failed("timed out reading the answer".into()),
-        };
-        match serde_json::from_slice::<JsonApiAnswer>(&body) {
-            Ok(answer) => Lookup::Found(ProjectMeta {
-                name: one_line(answer.info.name.unwrap_or_default(), 200),
-                version: one_line(answer.info.version.unwrap_or_default(), 100),
-                summary: one_line(answer.info.summary.unwrap_or_default(), 512),
-            }),
-            Err(e) => Lookup::Failed(format!("malformed JSON API answer: {e}")),
-        }
+        let body = tokio::time::timeout(self.limits.json_timeout, read_capped(response, limit))
+            .await
+            .map_err(|_| FetchError::TimedOutReading)??;
+        let answer: JsonApiAnswer =
+            serde_json::from_slice(&body).map_err(FetchError::MalformedAnswer)?;
+        Ok(Some(ProjectMeta {
+            name: one_line(answer.info.name.unwrap_or_default(), 200),
+            version: one_line(answer.info.version.unwrap_or_default(), 100),
+            summary: one_line(answer.info.summary.unwrap_or_default(), 512),
+        }))
     }
 
     /// Streams `/simple/` into `dest`, within the size cap; returns the format the server chose.
-    pub(super) async fn download_index(&self, dest: &Path) -> Result<IndexFormat, String> {
+    pub(super) async fn download_index(&self, dest: &Path) -> Result<IndexFormat, IndexError> {
         let url = format!("{}/simple/", self.base);
         let response = self
             .client
@@ -108,10 +111,10 @@ impl PypiSearch {
             .timeout(self.limits.index_timeout)
             .send()
             .await
-            .map_err(|e| error_chain(&e))?;
+            .map_err(FetchError::Http)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!("HTTP {status}"));
+            return Err(FetchError::Status(status).into());
         }
         let content_type = response
             .headers()
@@ -128,69 +131,46 @@ impl PypiSearch {
         };
         let limit = self.limits.index_max_bytes;
         if response.content_length().is_some_and(|len| len > limit) {
-            return Err(too_large(limit));
+            return Err(FetchError::TooLarge { limit }.into());
         }
+        let write_error = |source| IndexError::Write {
+            path: dest.to_path_buf(),
+            source,
+        };
         let file = tokio::fs::File::create(dest)
             .await
-            .map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+            .map_err(|source| IndexError::Create {
+                path: dest.to_path_buf(),
+                source,
+            })?;
         let mut file = tokio::io::BufWriter::with_capacity(256 * 1024, file);
         let mut response = response;
         let mut total: u64 = 0;
-        while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
+        while let Some(chunk) = response.chunk().await.map_err(FetchError::Http)? {
             total = total.saturating_add(chunk.len() as u64);
             if total > limit {
-                return Err(too_large(limit));
+                return Err(FetchError::TooLarge { limit }.into());
             }
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
+            file.write_all(&chunk).await.map_err(write_error)?;
         }
-        file.flush()
-            .await
-            .map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
+        file.flush().await.map_err(write_error)?;
         Ok(format)
     }
 }
 
 /// Reads a whole body, giving up as soon as it passes `limit` bytes.
-async fn read_capped(
-    mut response: reqwest::Response,
-    limit: u64,
-) -> Result<Vec<u8>, String> {
+async fn read_capped(mut response: reqwest::Response, limit: u64) -> Result<Vec<u8>, FetchError> {
     if response.content_length().is_some_and(|len| len > limit) {
-        return Err(too_large(limit));
+        return Err(FetchError::TooLarge { limit });
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
+    while let Some(chunk) = response.chunk().await.map_err(FetchError::Http)? {
         if body.len() as u64 + chunk.len() as u64 > limit {
-            return Err(too_large(limit));
+            return Err(FetchError::TooLarge { limit });
         }
         body.extend_from_slice(&chunk);
     }
     Ok(body)
-}
-
-fn too_large(limit: u64) -> String {
-    format!("the response is larger than the {limit}-byte limit")
-}
-
-/// A reqwest error with its causes, e.g. "error sending request: ...: connection refused".
-pub(super) fn error_chain(err: &reqwest::Error) -> String {
-    let mut text = if err.is_timeout() {
-        format!("timed out: {err}")
-    } else {
-        err.to_string()
-    };
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// Collapses whitespace (summaries may hold newlines) and caps the length, in characters.

@@ -8,7 +8,7 @@ use serde::de::DeserializeSeed;
 
 use super::index_html::AnchorParser;
 use super::index_json::IndexDocument;
-use super::normalize;
+use super::{normalize, IndexError};
 
 /// Longest project name kept from the index (PyPI's own limit is far lower).
 const MAX_NAME_LEN: usize = 200;
@@ -55,15 +55,15 @@ pub(super) fn convert_index(
     dst: &Path,
     format: IndexFormat,
     header: &str,
-) -> Result<usize, String> {
-    let input =
-        std::fs::File::open(src).map_err(|e| format!("cannot read {}: {e}", src.display()))?;
+) -> Result<usize, IndexError> {
+    let input = std::fs::File::open(src).map_err(|source| IndexError::Read {
+        path: src.to_path_buf(),
+        source,
+    })?;
     let mut input = BufReader::with_capacity(256 * 1024, input);
     let format = match format {
         IndexFormat::Sniff => {
-            let start = input
-                .fill_buf()
-                .map_err(|e| format!("cannot read the index: {e}"))?;
+            let start = input.fill_buf().map_err(IndexError::ReadIndex)?;
             match start.iter().find(|b| !b.is_ascii_whitespace()) {
                 Some(b'{') => IndexFormat::Json,
                 _ => IndexFormat::Html,
@@ -71,10 +71,15 @@ pub(super) fn convert_index(
         }
         known => known,
     };
-    let output =
-        std::fs::File::create(dst).map_err(|e| format!("cannot create {}: {e}", dst.display()))?;
+    let output = std::fs::File::create(dst).map_err(|source| IndexError::Create {
+        path: dst.to_path_buf(),
+        source,
+    })?;
     let mut output = BufWriter::with_capacity(256 * 1024, output);
-    let write_error = |e: io::Error| format!("cannot write {}: {e}", dst.display());
+    let write_error = |source: io::Error| IndexError::Write {
+        path: dst.to_path_buf(),
+        source,
+    };
     writeln!(output, "{header}").map_err(write_error)?;
     let mut sink = NameSink {
         out: &mut output,
@@ -85,11 +90,10 @@ pub(super) fn convert_index(
             let mut de = serde_json::Deserializer::from_reader(input);
             let saw_projects = IndexDocument(&mut sink)
                 .deserialize(&mut de)
-                .map_err(|e| format!("malformed PEP 691 JSON index: {e}"))?;
-            de.end()
-                .map_err(|e| format!("malformed PEP 691 JSON index: {e}"))?;
+                .map_err(IndexError::MalformedJson)?;
+            de.end().map_err(IndexError::MalformedJson)?;
             if !saw_projects {
-                return Err("the JSON index has no \"projects\" list".into());
+                return Err(IndexError::NoProjectsList);
             }
         }
         IndexFormat::Html | IndexFormat::Sniff => {
@@ -100,7 +104,7 @@ pub(super) fn convert_index(
                     Ok(0) => break,
                     Ok(read) => read,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(format!("cannot read the index: {e}")),
+                    Err(e) => return Err(IndexError::ReadIndex(e)),
                 };
                 parser
                     .feed(&chunk[..read], &mut sink)

@@ -21,6 +21,7 @@
 
 mod cache;
 mod client;
+mod error;
 mod index_file;
 mod index_html;
 mod index_json;
@@ -28,12 +29,12 @@ mod ranking;
 #[cfg(test)]
 mod tests;
 
-use std::io;
 use std::path::PathBuf;
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use client::{error_chain, Limits, Lookup, CONNECT_TIMEOUT};
+use client::{Limits, Lookup, CONNECT_TIMEOUT};
+pub use error::{BaseUrlError, FetchError, IndexError, SearchError};
 use ranking::{scan_index, Query};
 
 /// Most results one search returns.
@@ -81,45 +82,6 @@ impl MatchKind {
     }
 }
 
-/// Why a search failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SearchError {
-    /// The query cannot be searched for.
-    #[error("invalid query: {0}")]
-    InvalidQuery(String),
-    /// The PyPI base URL given at construction is unusable.
-    #[error(
-        "invalid PyPI base URL {url:?}: {reason}; expected something like \"https://pypi.org\""
-    )]
-    InvalidBaseUrl { url: String, reason: String },
-    /// The HTTP client could not be set up (TLS roots, ...).
-    #[error("cannot set up the HTTP client for PyPI: {0}")]
-    HttpClient(String),
-    /// The package index could not be downloaded and there is no cached copy to fall back on.
-    #[error(
-        "the PyPI package index could not be fetched from {url} ({reason}) and no cached copy \
-         exists in {cache_dir}; check that this machine can reach PyPI (or point the base URL at a \
-         reachable mirror) and that the cache directory is writable, then retry"
-    )]
-    IndexUnavailable {
-        url: String,
-        reason: String,
-        cache_dir: PathBuf,
-    },
-    /// The cached index exists but could not be read.
-    #[error(
-        "cannot read the cached PyPI index {path}: {source}; delete it to force a new download"
-    )]
-    Cache {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    /// An internal task failed (a bug, not a network problem).
-    #[error("internal error while searching PyPI: {0}")]
-    Internal(String),
-}
-
 /// PyPI search backed by the JSON API and a cached copy of the simple index.
 ///
 /// Cheap to share: wrap it in an `Arc` and call [`PypiSearch::search`] from any task.
@@ -132,7 +94,7 @@ pub struct PypiSearch {
     /// Held while the index is being refreshed, so concurrent searches download it once.
     refresh_lock: tokio::sync::Mutex<()>,
     /// When the last refresh failed, and why.
-    last_failure: StdMutex<Option<(Instant, String)>>,
+    last_failure: StdMutex<Option<(Instant, Arc<IndexError>)>>,
 }
 
 impl std::fmt::Debug for PypiSearch {
@@ -165,19 +127,20 @@ impl PypiSearch {
         system_proxy: bool,
     ) -> Result<Self, SearchError> {
         let base = base_url.trim().trim_end_matches('/').to_string();
-        let invalid = |reason: &str| SearchError::InvalidBaseUrl {
+        let invalid = |reason: BaseUrlError| SearchError::InvalidBaseUrl {
             url: base_url.to_string(),
-            reason: reason.to_string(),
+            reason,
         };
-        let parsed = reqwest::Url::parse(&base).map_err(|e| invalid(&e.to_string()))?;
+        let parsed =
+            reqwest::Url::parse(&base).map_err(|e| invalid(BaseUrlError::Unparsable(e)))?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(invalid("the scheme must be http or https"));
+            return Err(invalid(BaseUrlError::Scheme));
         }
         if parsed.host_str().is_none() {
-            return Err(invalid("it has no host"));
+            return Err(invalid(BaseUrlError::NoHost));
         }
         if parsed.query().is_some() || parsed.fragment().is_some() {
-            return Err(invalid("it must not have a query or a fragment"));
+            return Err(invalid(BaseUrlError::QueryOrFragment));
         }
         let mut builder = reqwest::Client::builder()
             .user_agent(concat!("python-code-sandbox/", env!("CARGO_PKG_VERSION")))
@@ -186,9 +149,7 @@ impl PypiSearch {
         if !system_proxy {
             builder = builder.no_proxy();
         }
-        let client = builder
-            .build()
-            .map_err(|e| SearchError::HttpClient(error_chain(&e)))?;
+        let client = builder.build().map_err(SearchError::HttpClient)?;
         Ok(PypiSearch {
             base,
             cache_dir,
@@ -218,7 +179,7 @@ impl PypiSearch {
                 let scan_path = path.clone();
                 tokio::task::spawn_blocking(move || scan_index(&scan_path, &scan_query))
                     .await
-                    .map_err(|e| SearchError::Internal(format!("index scan task failed: {e}")))?
+                    .map_err(SearchError::Internal)?
                     .map_err(|source| SearchError::Cache { path, source })?
             }
             Err(err) => {

@@ -536,3 +536,37 @@ fn search_future_is_send() {
     let future = search.search("requests");
     assert_send(&future);
 }
+
+#[tokio::test]
+async fn errors_keep_their_cause() {
+    let dir = TempDir::new();
+    let err = PypiSearch::new("ftp://pypi.org", dir.0.clone(), HOUR).expect_err("bad scheme");
+    let cause = std::error::Error::source(&err).expect("a cause");
+    assert!(cause.is::<BaseUrlError>(), "{cause:?}");
+
+    let stub = Stub::start(config(&["requests"], &[])).await;
+    let base = stub.base.clone();
+    stub.stop().await;
+    let search = searcher(&base, &dir, HOUR);
+    for attempt in ["downloads", "waits to retry"] {
+        let err = search.search("requests").await.expect_err(attempt);
+        let cause = std::error::Error::source(&err).expect("a cause");
+        assert!(
+            matches!(
+                cause.downcast_ref::<Arc<IndexError>>().map(|e| &**e),
+                Some(IndexError::Fetch(FetchError::Http(_)))
+            ),
+            "{attempt}: {cause:?}"
+        );
+        assert!(
+            std::error::Error::source(cause).is_some(),
+            "{attempt}: reqwest's own cause"
+        );
+    }
+    assert!(search
+        .search("requests")
+        .await
+        .expect_err("still down")
+        .to_string()
+        .contains("; next attempt in "));
+}
