@@ -38,208 +38,20 @@ use crate::config::{Config, DownloadCache, NetworkPolicy, OperatorMount};
 /// Where the installer's staging volume is mounted (and where maintenance reads it).
 pub(super) const STAGE: &str = "/opt/stage";
 
-/// Runs in the installer sandbox. Arguments arrive as JSON literals spliced into the source (the
-/// code never goes through a shell; each requirement is its own argv element).
-const INSTALL_SCRIPT: &str = r#"
-import json, os, shutil, subprocess, sys
-UV_ARGV = json.loads(__UV_ARGV__)
-PIP_ARGV = json.loads(__PIP_ARGV__)
-target = "/opt/stage/target"
-build = "/opt/stage/build"
-os.makedirs(target)
-os.makedirs(build)
-argv = UV_ARGV if shutil.which("uv") else PIP_ARGV
-argv = [target if a == "{TARGET}" else a for a in argv]
-print("installer:", os.path.basename(argv[0]), flush=True)
-env = dict(os.environ, TMPDIR=build, PIP_NO_INPUT="1", UV_LINK_MODE="copy")
-code = subprocess.run(argv, env=env, cwd=build, stdin=subprocess.DEVNULL).returncode
-if code != 0:
-    raise SystemExit(code)
-print("staged", flush=True)
-"#;
+/// Runs in the installer sandbox; reads its arguments (see [`installer_arguments`]) from the
+/// environment variable [`INSTALL_ARGUMENTS_VAR`].
+pub(super) const INSTALL_SCRIPT: &str = include_str!("python/installer.py");
+
+/// Carries the installer's arguments: a JSON document, data the script decodes, never source.
+const INSTALL_ARGUMENTS_VAR: &str = "PCS_INSTALLER_ARGUMENTS";
 
 /// Runs in a maintenance sandbox (root, no network): the only code that writes the cache volume.
-/// `OP` says what to do: `publish` the staged set of a key, `verify` a key's set, or `list` the
-/// sets after removing `remove`. Every run first puts the volume's root in order and removes
-/// whatever is no set. Prints one JSON object.
-const MAINTENANCE_SCRIPT: &str = r#"
-import hashlib, json, os, re, secrets, shutil, stat, time
-OP = json.loads(__OP__)
-ROOT = "/opt/deps"
-META = os.path.join(ROOT, ".meta")
-STAGED = "/opt/stage/target"
-KEY = re.compile(r"d-[0-9a-f]{32}\Z")
-NAME = re.compile(r"s-[0-9a-f]{32}\Z")
-YOUNG = 600  # seconds a publisher may take between its steps
+/// Its operation (see `python/cache_maintenance.py`) arrives as a JSON document in the
+/// environment variable [`MAINTENANCE_OPERATION_VAR`].
+pub(super) const MAINTENANCE_SCRIPT: &str = include_str!("python/cache_maintenance.py");
 
-def remove(path):
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        for top, dirs, files in os.walk(path):
-            os.chmod(top, 0o700)
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        os.unlink(path)
-
-def read_manifest(key):
-    try:
-        fd = os.open(os.path.join(META, key + ".json"), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(1 << 20)
-    try:
-        m = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(m, dict) or not NAME.fullmatch(str(m.get("name", ""))):
-        return None
-    return m
-
-def manifests():
-    out = {}
-    for entry in os.listdir(META):
-        key = entry[:-5] if entry.endswith(".json") else ""
-        m = read_manifest(key) if KEY.fullmatch(key) else None
-        path = os.path.join(META, entry)
-        if m is None or not os.path.isdir(os.path.join(ROOT, m["name"])) or os.path.islink(os.path.join(ROOT, m["name"])):
-            if not (entry.startswith(".tmp-") and time.time() - os.lstat(path).st_mtime < YOUNG):
-                remove(path)
-            continue
-        out[key] = m
-    return out
-
-def tidy():
-    """The root is root's and only traversable; the manifests root's only; no stray entries."""
-    os.chown(ROOT, 0, 0)
-    os.chmod(ROOT, 0o711)
-    if os.path.islink(META) or (os.path.exists(META) and not os.path.isdir(META)):
-        remove(META)
-    os.makedirs(META, exist_ok=True)
-    os.chown(META, 0, 0)
-    os.chmod(META, 0o700)
-    sets = manifests()
-    named = {m["name"] for m in sets.values()}
-    removed = []
-    for entry in os.listdir(ROOT):
-        if entry == ".meta" or entry in named:
-            continue
-        path = os.path.join(ROOT, entry)
-        publishing = NAME.fullmatch(entry) or (entry.startswith(".tmp-") and NAME.fullmatch(entry[5:]))
-        if publishing and time.time() - os.lstat(path).st_mtime < YOUNG:
-            continue
-        remove(path)
-        removed.append(entry)
-    return sets, removed
-
-def walk(top):
-    """Every path under top (top included), relative, sorted; never follows a link."""
-    paths = ["."]
-    for directory, dirs, files in os.walk(top):
-        rel = os.path.relpath(directory, top)
-        for name in dirs + files:
-            paths.append(os.path.normpath(os.path.join(rel, name)))
-    return sorted(paths)
-
-def measure(top):
-    digest = hashlib.sha256()
-    size = 0
-    for rel in walk(top):
-        path = os.path.join(top, rel)
-        st = os.lstat(path)
-        if stat.S_ISREG(st.st_mode):
-            content = hashlib.sha256()
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    content.update(chunk)
-            extra = content.hexdigest()
-            size += st.st_size
-        elif stat.S_ISLNK(st.st_mode):
-            extra = os.readlink(path)
-        else:
-            extra = ""
-        kind = stat.S_IFMT(st.st_mode)
-        digest.update(json.dumps([rel, kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, extra]).encode() + b"\n")
-    return "sha256:" + digest.hexdigest(), size
-
-def copy(source, dest):
-    """Regular files, directories and symlinks, owned by root, without write bits."""
-    skipped = 0
-    os.mkdir(dest, 0o700)
-    for rel in walk(source)[1:]:
-        src, dst = os.path.join(source, rel), os.path.join(dest, rel)
-        st = os.lstat(src)
-        if stat.S_ISDIR(st.st_mode):
-            os.mkdir(dst, 0o700)
-        elif stat.S_ISLNK(st.st_mode):
-            os.symlink(os.readlink(src), dst)
-        elif stat.S_ISREG(st.st_mode):
-            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f, open(dst, "xb") as out:
-                shutil.copyfileobj(f, out, 1 << 20)
-            os.chmod(dst, 0o555 if st.st_mode & 0o111 else 0o444)
-        else:
-            skipped += 1
-    for rel in reversed(walk(dest)):
-        path = os.path.join(dest, rel)
-        os.lchown(path, 0, 0)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o555)
-    return skipped
-
-def publish(key, requirements):
-    existing = read_manifest(key)
-    if existing is not None and os.path.isdir(os.path.join(ROOT, existing["name"])):
-        return {"status": "exists"}
-    name = "s-" + secrets.token_hex(16)
-    staging = os.path.join(ROOT, ".tmp-" + name)
-    try:
-        skipped = copy(STAGED, staging)
-        digest, size = measure(staging)
-        os.rename(staging, os.path.join(ROOT, name))
-    except BaseException:
-        remove(staging)
-        raise
-    manifest = {"key": key, "name": name, "digest": digest, "size": size,
-                "requirements": requirements, "published": int(time.time())}
-    temp = os.path.join(META, ".tmp-" + name)
-    with open(temp, "x") as f:
-        json.dump(manifest, f)
-    os.chmod(temp, 0o600)
-    os.rename(temp, os.path.join(META, key + ".json"))
-    return {"status": "published", "name": name, "digest": digest, "size": size, "skipped": skipped}
-
-def verify(key, expected, sets):
-    m = sets.get(key)
-    if m is None:
-        return {"status": "missing"}
-    digest, size = measure(os.path.join(ROOT, m["name"]))
-    if digest != (expected or m.get("digest")) or digest != m.get("digest"):
-        remove(os.path.join(ROOT, m["name"]))
-        remove(os.path.join(META, key + ".json"))
-        return {"status": "tampered", "digest": digest}
-    return {"status": "ok", "name": m["name"], "digest": digest, "size": size}
-
-for key in OP.get("remove", []):
-    m = read_manifest(key) if KEY.fullmatch(key) else None
-    if m is not None:
-        remove(os.path.join(ROOT, m["name"]))
-        remove(os.path.join(META, key + ".json"))
-sets, strays = tidy()
-if OP["op"] == "publish":
-    result = publish(OP["key"], OP["requirements"])
-elif OP["op"] == "verify":
-    result = verify(OP["key"], OP.get("expected"), sets)
-else:
-    result = {"sets": [{"key": k, "name": m["name"], "size": int(m.get("size", 0)), "digest": m.get("digest", ""),
-                        "requirements": m.get("requirements", []), "mtime": int(m.get("published", 0))}
-                       for k, m in sorted(sets.items())]}
-result["strays"] = strays
-print(json.dumps(result))
-"#;
+/// Carries the maintenance operation: a JSON document, data the script decodes, never source.
+const MAINTENANCE_OPERATION_VAR: &str = "PCS_MAINTENANCE_OPERATION";
 
 /// One installed set, as `cache list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -506,39 +318,42 @@ pub(super) fn uses_download_cache(config: &Config) -> bool {
     !config.deps.allow_source_builds && config.deps.download_cache != DownloadCache::Off
 }
 
-fn json_literal(value: &impl Serialize) -> String {
-    // A JSON string literal of the JSON text: valid Python source, decoded with json.loads.
-    let inner = serde_json::to_string(value).unwrap_or_else(|_| "null".into());
-    serde_json::to_string(&inner).unwrap_or_else(|_| "\"null\"".into())
-}
-
-pub(super) fn install_script(
+/// The installer's arguments, as the environment entry its script reads: where to stage, and
+/// uv's and pip's argv (the script picks the one the image has). Each requirement is its own
+/// argv element, after `--`.
+pub(super) fn installer_arguments(
     requirements: &[Requirement],
     index: &IndexConfig,
     cache: bool,
 ) -> String {
     let cache_dir = |sub: &str| cache.then(|| format!("{}/{sub}", paths::DOWNLOAD_CACHE));
+    let target = format!("{STAGE}/target");
     let uv = deps::installer_argv(
         requirements,
-        "{TARGET}",
+        &target,
         Installer::Uv,
         index,
         cache_dir("uv").as_deref(),
     );
     let pip = deps::installer_argv(
         requirements,
-        "{TARGET}",
+        &target,
         Installer::Pip,
         index,
         cache_dir("pip").as_deref(),
     );
-    INSTALL_SCRIPT
-        .replace("__UV_ARGV__", &json_literal(&uv))
-        .replace("__PIP_ARGV__", &json_literal(&pip))
+    let arguments = serde_json::json!({
+        "target": target,
+        "build": format!("{STAGE}/build"),
+        "uv": uv,
+        "pip": pip,
+    });
+    format!("{INSTALL_ARGUMENTS_VAR}={arguments}")
 }
 
-pub(super) fn maintenance_script(op: &serde_json::Value) -> String {
-    MAINTENANCE_SCRIPT.replace("__OP__", &json_literal(op))
+/// The maintenance operation `op`, as the environment entry its script reads.
+pub(super) fn maintenance_operation(op: &serde_json::Value) -> String {
+    format!("{MAINTENANCE_OPERATION_VAR}={op}")
 }
 
 /// One install's way out: its internal network and the proxy on it.
@@ -559,23 +374,59 @@ pub(super) enum Verified {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_install_script_carries_arguments_as_data() {
-        let requirements = deps::parse_requirements(&["six==1.16.0".to_string()], false).unwrap();
-        let script = install_script(&requirements, &IndexConfig::default(), true);
-        assert!(script.contains("six==1.16.0"));
-        assert!(script.contains("--only-binary"), "wheels only by default");
-        assert!(script.contains("/opt/pip-cache/pip"));
-        assert!(!script.contains("__"), "every placeholder is filled");
+    /// The entry's variable name and its decoded JSON document.
+    fn decode(entry: &str) -> (&str, serde_json::Value) {
+        let (name, document) = entry.split_once('=').unwrap();
+        (name, serde_json::from_str(document).unwrap())
     }
 
     #[test]
-    fn json_literals_cannot_break_out_of_the_string() {
-        let evil = vec!["\"); import os; os.system('x') #".to_string()];
-        let literal = json_literal(&evil);
-        assert!(literal.starts_with('"') && literal.ends_with('"'));
-        let decoded: String = serde_json::from_str(&literal).unwrap();
-        let back: Vec<String> = serde_json::from_str(&decoded).unwrap();
-        assert_eq!(back, evil);
+    fn the_install_script_carries_arguments_as_data() {
+        let requirements = deps::parse_requirements(&["six==1.16.0".to_string()], false).unwrap();
+        let entry = installer_arguments(&requirements, &IndexConfig::default(), true);
+        assert!(entry.contains("six==1.16.0"));
+        assert!(entry.contains("--only-binary"), "wheels only by default");
+        assert!(entry.contains("/opt/pip-cache/pip"));
+        let (name, arguments) = decode(&entry);
+        assert_eq!(name, INSTALL_ARGUMENTS_VAR);
+        assert!(INSTALL_SCRIPT.contains(INSTALL_ARGUMENTS_VAR));
+        assert_eq!(arguments["target"], "/opt/stage/target");
+        assert_eq!(arguments["build"], "/opt/stage/build");
+        for installer in ["uv", "pip"] {
+            let argv = arguments[installer].as_array().unwrap();
+            assert_eq!(argv.last().unwrap(), "six==1.16.0");
+            assert!(argv.iter().any(|a| a == "/opt/stage/target"), "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn arguments_cannot_break_out_of_the_document() {
+        // Requirements are validated before they get here; the transport must not depend on it.
+        let evil = Requirement {
+            name: "x".into(),
+            normalized: "\"); import os; os.system('x') #\n\0=".into(),
+            extras: Vec::new(),
+            specifier: String::new(),
+            url: None,
+            marker: None,
+        };
+        let entry =
+            installer_arguments(std::slice::from_ref(&evil), &IndexConfig::default(), false);
+        assert!(
+            !entry.contains(['\n', '\0']),
+            "one environment entry: {entry:?}"
+        );
+        let (_, arguments) = decode(&entry);
+        assert_eq!(
+            arguments["pip"].as_array().unwrap().last().unwrap(),
+            &evil.canonical()
+        );
+        let op =
+            serde_json::json!({"op": "publish", "key": "k", "requirements": [evil.canonical()]});
+        let entry = maintenance_operation(&op);
+        let (name, decoded) = decode(&entry);
+        assert_eq!(name, MAINTENANCE_OPERATION_VAR);
+        assert!(MAINTENANCE_SCRIPT.contains(MAINTENANCE_OPERATION_VAR));
+        assert_eq!(decoded, op);
     }
 }

@@ -13,10 +13,10 @@ use super::Engine;
 use crate::engine::backend::{paths, SandboxSpec};
 use crate::engine::deps::{self, IndexConfig, Requirement};
 use crate::engine::installer::{
-    index_config, install_script, installer_spec, maintenance_script, maintenance_spec,
-    uses_download_cache, CachedSet, Egress, Measured, Verified,
+    index_config, installer_arguments, installer_spec, maintenance_operation, maintenance_spec,
+    uses_download_cache, CachedSet, Egress, Measured, Verified, INSTALL_SCRIPT, MAINTENANCE_SCRIPT,
 };
-use crate::engine::outcome::DependencyReport;
+use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::Task;
 use crate::engine::EngineError;
 
@@ -154,17 +154,18 @@ impl Engine {
         let staging = format!("pcs-stage-{}", uuid::Uuid::new_v4().simple());
         let mut spec = installer_spec(base, &self.config, &staging);
         spec.labels = self.owner.labels("installer");
-        let script = install_script(requirements, index, uses_download_cache(&self.config));
+        let arguments = installer_arguments(requirements, index, uses_download_cache(&self.config));
         let outcome = async {
             let egress = self.start_egress(base).await?;
             spec.network_name = Some(egress.network.clone());
             spec.env = crate::engine::egress::proxy_env(&egress.address);
+            spec.env.push(arguments);
             let outcome = async {
                 let mut installer =
                     crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
                 let outcome = installer
                     .execute(
-                        Task::Python(&script),
+                        Task::Python(INSTALL_SCRIPT),
                         self.config.deps.install_timeout,
                         256 << 10,
                         options.cancel.as_ref(),
@@ -247,10 +248,7 @@ impl Engine {
     /// Runs `code` in a sandbox with an installer's network (its egress network and proxy, no
     /// cache, no staging): what package code in an install could reach. For tests and `doctor`.
     #[doc(hidden)]
-    pub async fn probe_installer_network(
-        &self,
-        code: &str,
-    ) -> Result<super::Execution, EngineError> {
+    pub async fn probe_installer_network(&self, code: &str) -> Result<Execution, EngineError> {
         let base = self.base_spec(self.config.image.clone(), "installer").await;
         self.backend.ensure_image(&base.image).await?;
         let egress = self.start_egress(&base).await?;
@@ -356,12 +354,12 @@ impl Engine {
     ) -> Result<serde_json::Value, EngineError> {
         let mut spec = maintenance_spec(base, &self.config, staging);
         spec.labels = self.owner.labels("maintenance");
-        let script = maintenance_script(op);
+        spec.env.push(maintenance_operation(op));
         let mut sandbox =
             crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
         let outcome = sandbox
             .execute(
-                Task::Python(&script),
+                Task::Python(MAINTENANCE_SCRIPT),
                 Duration::from_secs(600),
                 16 << 20,
                 None,

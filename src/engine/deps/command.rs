@@ -1,0 +1,240 @@
+//! The installer's command line and the index configuration it is built from.
+
+use super::requirement::Requirement;
+
+/// Where packages come from, as configured by the operator.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexConfig {
+    /// Replaces the default index (PyPI).
+    pub index_url: Option<String>,
+    /// Additional indexes, in order.
+    pub extra_index_urls: Vec<String>,
+    /// Digest of a custom CA bundle used for the indexes, if any.
+    pub ca_bundle_digest: Option<String>,
+    /// Source distributions may be built (`SANDBOX_ALLOW_SOURCE_BUILDS`): their build code runs
+    /// during the install. Off, only pre-built wheels are installed and no package code runs.
+    pub allow_source_builds: bool,
+}
+
+/// The tool that installs the packages inside the installer container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installer {
+    /// `python3 -m pip`.
+    Pip,
+    /// `uv pip`, when the image has uv.
+    Uv,
+}
+
+/// The installer's argv (to exec directly, never through a shell). Options come first, then `--`
+/// (both pip's optparse and uv's clap treat everything after it as a requirement, never as an
+/// option), then each requirement's canonical form as its own element. Unless the index
+/// configuration allows source builds, only wheels are accepted (`--only-binary :all:`,
+/// `--no-build`). `cache_dir` enables the
+/// installer's download cache there; without it caching is disabled.
+pub fn installer_argv(
+    requirements: &[Requirement],
+    target_dir: &str,
+    installer: Installer,
+    index: &IndexConfig,
+    cache_dir: Option<&str>,
+) -> Vec<String> {
+    let mut argv: Vec<String> = match installer {
+        Installer::Pip => [
+            "python3",
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--progress-bar",
+            "off",
+            "--target",
+            target_dir,
+        ]
+        .map(String::from)
+        .to_vec(),
+        Installer::Uv => [
+            "uv", "pip", "install", "--target", target_dir, "--python", "python3",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    if !index.allow_source_builds {
+        // Wheels only: building a source distribution runs the package's own code.
+        match installer {
+            Installer::Pip => argv.extend(["--only-binary".into(), ":all:".into()]),
+            Installer::Uv => argv.push("--no-build".into()),
+        }
+    }
+    if let Some(url) = &index.index_url {
+        argv.push("--index-url".into());
+        argv.push(url.clone());
+    }
+    for url in &index.extra_index_urls {
+        argv.push("--extra-index-url".into());
+        argv.push(url.clone());
+    }
+    match (cache_dir, installer) {
+        (Some(dir), _) => {
+            argv.push("--cache-dir".into());
+            argv.push(dir.to_string());
+        }
+        (None, Installer::Pip) => argv.push("--no-cache-dir".into()),
+        (None, Installer::Uv) => argv.push("--no-cache".into()),
+    }
+    argv.push("--".into());
+    argv.extend(requirements.iter().map(Requirement::canonical));
+    argv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::deps::{parse_requirement, parse_requirements};
+
+    fn reqs(entries: &[&str]) -> Vec<Requirement> {
+        entries
+            .iter()
+            .map(|e| parse_requirement(e, false).unwrap())
+            .collect()
+    }
+
+    fn strings(entries: &[&str]) -> Vec<String> {
+        entries.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn pip_argv_shape() {
+        let requirements = parse_requirements(
+            &strings(&["pandas>=2,<3", "numpy; python_version >= '3.9'"]),
+            false,
+        )
+        .unwrap();
+        let argv = installer_argv(
+            &requirements,
+            "/deps/tmp-1",
+            Installer::Pip,
+            &IndexConfig::default(),
+            None,
+        );
+        assert_eq!(
+            argv,
+            strings(&[
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "--no-input",
+                "--disable-pip-version-check",
+                "--no-warn-script-location",
+                "--progress-bar",
+                "off",
+                "--target",
+                "/deps/tmp-1",
+                "--only-binary",
+                ":all:",
+                "--no-cache-dir",
+                "--",
+                "numpy; python_version >= \"3.9\"",
+                "pandas>=2,<3",
+            ])
+        );
+    }
+
+    #[test]
+    fn pip_argv_with_indexes_and_cache() {
+        let index = IndexConfig {
+            index_url: Some("https://mirror/simple".into()),
+            extra_index_urls: vec!["https://a/simple".into(), "https://b/simple".into()],
+            ca_bundle_digest: Some("sha256:ca".into()),
+            allow_source_builds: true,
+        };
+        let argv = installer_argv(
+            &reqs(&["six"]),
+            "/t",
+            Installer::Pip,
+            &index,
+            Some("/cache/pip"),
+        );
+        let tail: Vec<&str> = argv[11..].iter().map(String::as_str).collect();
+        assert_eq!(
+            tail,
+            [
+                "--index-url",
+                "https://mirror/simple",
+                "--extra-index-url",
+                "https://a/simple",
+                "--extra-index-url",
+                "https://b/simple",
+                "--cache-dir",
+                "/cache/pip",
+                "--",
+                "six",
+            ]
+        );
+    }
+
+    #[test]
+    fn uv_argv_shape() {
+        let argv = installer_argv(
+            &reqs(&["requests[socks]>=2"]),
+            "/t",
+            Installer::Uv,
+            &IndexConfig {
+                index_url: Some("https://mirror/simple".into()),
+                ..IndexConfig::default()
+            },
+            None,
+        );
+        assert_eq!(
+            argv,
+            strings(&[
+                "uv",
+                "pip",
+                "install",
+                "--target",
+                "/t",
+                "--python",
+                "python3",
+                "--no-build",
+                "--index-url",
+                "https://mirror/simple",
+                "--no-cache",
+                "--",
+                "requests[socks]>=2",
+            ])
+        );
+        let cached = installer_argv(
+            &[],
+            "/t",
+            Installer::Uv,
+            &IndexConfig::default(),
+            Some("/c"),
+        );
+        assert_eq!(
+            &cached[7..],
+            strings(&["--no-build", "--cache-dir", "/c", "--"]).as_slice()
+        );
+        let sources = IndexConfig {
+            allow_source_builds: true,
+            ..IndexConfig::default()
+        };
+        let built = installer_argv(&[], "/t", Installer::Uv, &sources, None);
+        assert!(!built.contains(&"--no-build".to_string()), "{built:?}");
+    }
+
+    #[test]
+    fn requirements_come_after_the_option_terminator() {
+        let argv = installer_argv(
+            &reqs(&["a", "b"]),
+            "/t",
+            Installer::Pip,
+            &IndexConfig::default(),
+            None,
+        );
+        let terminator = argv.iter().position(|a| a == "--").unwrap();
+        assert_eq!(&argv[terminator + 1..], strings(&["a", "b"]).as_slice());
+        assert!(argv[terminator + 1..].iter().all(|a| !a.starts_with('-')));
+    }
+}
