@@ -9,8 +9,7 @@ use serde::Serialize;
 use crate::config::Limits;
 pub use crate::engine::artifacts::human_bytes as bytes;
 use crate::engine::artifacts::{display_path, is_displayable_image, Artifact};
-use crate::engine::backend::BackendError;
-use crate::engine::{EngineError, Execution};
+use crate::engine::Execution;
 
 /// What an execution tool returns as structured content.
 #[derive(Debug, Serialize, JsonSchema)]
@@ -337,26 +336,6 @@ fn summary(
         text.push_str("[the interpreter was restarted: variables from earlier calls are gone; files in /workspace remain]\n");
     }
     text
-}
-
-/// An error as a tool result the model can act on.
-pub fn error(e: &EngineError) -> CallToolResult {
-    let hint = match e {
-        EngineError::Backend(BackendError::Unavailable(_)) => {
-            " The Docker engine must be running (start it, e.g. `systemctl start docker` or \
-             `bash scripts/dev-env.sh`); the server reconnects on the next call."
-        }
-        EngineError::Backend(BackendError::ImageMissing { .. }) => {
-            " Ask the operator to build or pull the image."
-        }
-        _ => "",
-    };
-    CallToolResult::error(vec![ContentBlock::text(format!("Error: {e}.{hint}"))])
-}
-
-/// A request the tool refuses before reaching the engine.
-pub fn refusal(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(message.into())])
 }
 
 pub fn human(d: std::time::Duration) -> String {
