@@ -361,3 +361,20 @@ async fn termination() -> &'static str {
         _ = term.recv() => "SIGTERM",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_refused_by_their_settings_exit_2_and_other_failures_1() {
+        assert_eq!(served(Ok(())), ExitCode::SUCCESS);
+        let refused = ServeError::Address("refusing to serve on 0.0.0.0:8080".into());
+        assert_eq!(served(Err(refused)), ExitCode::from(EXIT_CONFIG));
+        let busy = ServeError::Listen {
+            addr: ([127, 0, 0, 1], 8080).into(),
+            source: std::io::ErrorKind::AddrInUse.into(),
+        };
+        assert_eq!(served(Err(busy)), ExitCode::FAILURE);
+    }
+}
