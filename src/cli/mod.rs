@@ -1,12 +1,10 @@
 //! The command line: thin translations from arguments to engine calls and back.
 
-mod bench;
 mod doctor;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +12,7 @@ use clap::{Parser, Subcommand};
 use crate::config::{self, Config};
 use crate::engine::docker::{image, DockerBackend};
 use crate::engine::{Engine, Execution, RunOptions, Task};
+use crate::mcp::ServeError;
 
 /// Exit status for a configuration error.
 pub const EXIT_CONFIG: u8 = 2;
@@ -67,33 +66,6 @@ enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
-    /// Measure the server through an MCP client beside the floors on this machine.
-    Bench {
-        /// Sequential ephemeral calls (each series).
-        #[arg(long, default_value_t = 50)]
-        ephemeral_runs: usize,
-        /// Session run_python calls.
-        #[arg(long, default_value_t = 200)]
-        session_runs: usize,
-        /// docker run --rm lifecycles and cold runs for the floors.
-        #[arg(long, default_value_t = 20)]
-        floor_runs: usize,
-        /// Length of each sustained-throughput measurement, e.g. 30s.
-        #[arg(long, default_value = "30s")]
-        throughput: String,
-        /// Runs after which the server's memory is read again.
-        #[arg(long, default_value_t = 1000)]
-        rss_runs: usize,
-        /// Pause between the paced ephemeral calls, e.g. 250ms (an agent thinks between calls).
-        #[arg(long, default_value = "250ms")]
-        think: String,
-        /// SANDBOX_POOL_SIZE of the measured server.
-        #[arg(long, default_value_t = 4)]
-        pool: usize,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
     /// Remove sandboxes left behind by servers that are no longer running.
     Cleanup,
     /// Manage the cache of installed dependencies.
@@ -138,7 +110,7 @@ pub fn main() -> ExitCode {
         }
     };
     let default_level = match cli.command {
-        Some(Command::Run { .. } | Command::Bench { .. }) => "warn",
+        Some(Command::Run { .. }) => "warn",
         _ => "info",
     };
     init_logging(&config, default_level);
@@ -180,10 +152,10 @@ fn init_logging(config: &Config, default_level: &str) {
 async fn dispatch(cli: Cli, config: Config) -> ExitCode {
     match cli.command {
         None | Some(Command::Stdio) | Some(Command::Serve { http: None }) => {
-            crate::mcp::serve_stdio(config).await
+            served(crate::mcp::serve_stdio(config, termination()).await)
         }
         Some(Command::Serve { http: Some(addr) }) => {
-            crate::mcp::http::serve_http(config, &addr).await
+            served(crate::mcp::http::serve_http(config, &addr, termination()).await)
         }
         Some(Command::Run {
             file,
@@ -194,45 +166,9 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
         Some(Command::Image {
             command: ImageCommand::Build { offline, tag },
         }) => build_image(config, offline, tag).await,
-        Some(Command::Bench {
-            ephemeral_runs,
-            session_runs,
-            floor_runs,
-            throughput,
-            rss_runs,
-            think,
-            pool,
-            json,
-        }) => {
-            let durations = (
-                config::parse_duration("--throughput", &throughput),
-                humantime::parse_duration(&think).map_err(|e| {
-                    config::ConfigError::new("--think", think.clone(), "a duration such as 250ms")
-                        .because(e)
-                }),
-            );
-            let (throughput, think) = match durations {
-                (Ok(t), Ok(k)) => (t, k),
-                (Err(e), _) | (_, Err(e)) => {
-                    eprintln!("python-code-sandbox: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-            };
-            let options = bench::BenchOptions {
-                ephemeral_runs: ephemeral_runs.max(1),
-                session_runs: session_runs.max(1),
-                floor_runs: floor_runs.max(1),
-                throughput,
-                rss_runs,
-                think,
-                pool_size: pool,
-                json,
-            };
-            bench::bench(config, options).await
-        }
         Some(Command::Cache { command }) => cache(config, command).await,
         Some(Command::Cleanup) => {
-            let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
+            let engine = Engine::with_docker(config);
             match engine.remove_leftovers().await {
                 Ok(n) => {
                     println!("removed {n} leftover sandbox(es) and volume(s)");
@@ -245,7 +181,7 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
 }
 
 async fn cache(config: Config, command: CacheCommand) -> ExitCode {
-    let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
+    let engine = Engine::with_docker(config);
     let (sets, verb) = match command {
         CacheCommand::List => (engine.cached_dependency_sets().await, "cached"),
         CacheCommand::Prune { all } => (engine.prune_dependency_sets(all).await, "removed"),
@@ -268,6 +204,27 @@ async fn cache(config: Config, command: CacheCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => infra_error(&e),
+    }
+}
+
+/// The exit status of a server that has stopped: success once it served, `EXIT_CONFIG` when the
+/// settings or arguments kept it from starting, failure otherwise.
+fn served(outcome: Result<(), ServeError>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ ServeError::Handshake(_)) => {
+            // The client went wrong, not the operator: a log line, as for the rest of the session.
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("python-code-sandbox: {e}");
+            if e.is_configuration() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
     }
 }
 
@@ -335,7 +292,7 @@ async fn run(
         eprintln!("python-code-sandbox: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
-    let engine = Engine::new(Arc::new(DockerBackend::for_config(&config)), config);
+    let engine = Engine::with_docker(config);
     // A sweep of the saved files now, and after this run's save (cut short at exit, harmlessly).
     let retention = engine.spawn_file_retention();
     let options = RunOptions {
@@ -390,8 +347,8 @@ fn report(execution: &Execution) -> ExitCode {
     ExitCode::from(execution.exit_code.rem_euclid(256) as u8)
 }
 
-/// Resolves on SIGINT or SIGTERM, naming it.
-pub async fn termination() -> &'static str {
+/// Resolves on SIGINT or SIGTERM, naming it: what ends a server or a `run`.
+async fn termination() -> &'static str {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(_) => {
@@ -402,5 +359,22 @@ pub async fn termination() -> &'static str {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         _ = term.recv() => "SIGTERM",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_refused_by_their_settings_exit_2_and_other_failures_1() {
+        assert_eq!(served(Ok(())), ExitCode::SUCCESS);
+        let refused = ServeError::Address("refusing to serve on 0.0.0.0:8080".into());
+        assert_eq!(served(Err(refused)), ExitCode::from(EXIT_CONFIG));
+        let busy = ServeError::Listen {
+            addr: ([127, 0, 0, 1], 8080).into(),
+            source: std::io::ErrorKind::AddrInUse.into(),
+        };
+        assert_eq!(served(Err(busy)), ExitCode::FAILURE);
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod artifacts;
 pub mod backend;
+mod compose;
 pub mod deps;
 pub mod docker;
 pub mod egress;

@@ -24,8 +24,8 @@
 //! stopped. The session-based protocol revisions are served (up to 2025-11-25): 2026-07-28 has no
 //! MCP sessions to own sandboxes, and clients that probe for it fall back to the handshake.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::connections::{self, ConnectionLimits};
 use super::mcp_sessions::{self, McpSessions, SESSION_HEADER};
-use super::{priming, SandboxServer};
+use super::running::Running;
+use super::{priming, SandboxServer, ServeError};
 use crate::config::{normalize_origin, parse_host, Config, HostPattern, Secret};
 
 /// The path the MCP endpoint is served at.
@@ -564,27 +565,21 @@ pub fn refuse_bind(addr: SocketAddr, config: &Config) -> Option<String> {
     ))
 }
 
-/// Serves MCP over streamable HTTP at `http://ADDR/mcp` until SIGINT/SIGTERM; then stops
-/// accepting, ends every MCP session (in-flight calls are cancelled), and removes every sandbox.
-pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
-    let addr = match parse_bind(addr) {
-        Ok(addr) => addr,
-        Err(e) => {
-            eprintln!("python-code-sandbox: {e}");
-            return ExitCode::from(crate::cli::EXIT_CONFIG);
-        }
-    };
+/// Serves MCP over streamable HTTP at `http://ADDR/mcp` until `shutdown` resolves (with what
+/// asked for it, e.g. the signal's name); then stops accepting, ends every MCP session (in-flight
+/// calls are cancelled), and removes every sandbox.
+pub async fn serve_http(
+    config: Config,
+    addr: &str,
+    shutdown: impl Future<Output = &'static str> + Send + 'static,
+) -> Result<(), ServeError> {
+    let addr = parse_bind(addr).map_err(ServeError::Address)?;
     if let Some(reason) = refuse_bind(addr, &config) {
-        eprintln!("python-code-sandbox: {reason}");
-        return ExitCode::from(crate::cli::EXIT_CONFIG);
+        return Err(ServeError::Address(reason));
     }
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            eprintln!("python-code-sandbox: cannot listen on {addr}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Listen { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
     let gate = Arc::new(Gate::new(&config, bound));
     // An MCP session with no request for this long ends (and with it its sandbox sessions): the
@@ -597,10 +592,7 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
     let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
     let limits = ConnectionLimits::from_config(&config.http);
     let (max_sessions, unowned_idle) = (config.http.max_mcp_sessions, config.http.mcp_idle_timeout);
-    let running = match super::start(config) {
-        Ok(running) => running,
-        Err(code) => return code,
-    };
+    let running = Running::start(config)?;
 
     let stop = CancellationToken::new();
     let mut sessions = LocalSessionManager::default();
@@ -644,21 +636,20 @@ pub async fn serve_http(config: Config, addr: &str) -> ExitCode {
     let shutdown = {
         let stop = stop.clone();
         async move {
-            let signal = crate::cli::termination().await;
-            tracing::info!("{signal}: shutting down");
+            let reason = shutdown.await;
+            tracing::info!("{reason}: shutting down");
             stop.cancel();
         }
     };
     tokio::spawn(shutdown);
-    let outcome = tokio::select! {
-        () = connections::serve(listener, app, limits, stop.clone()) => ExitCode::SUCCESS,
+    tokio::select! {
+        () = connections::serve(listener, app, limits, stop.clone()) => {}
         () = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             tracing::warn!("connections still open {}s after the signal: closing them", SHUTDOWN_GRACE.as_secs());
-            ExitCode::SUCCESS
         }
     };
     running.stop().await;
-    outcome
+    Ok(())
 }
 
 #[cfg(test)]

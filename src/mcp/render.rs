@@ -8,9 +8,8 @@ use serde::Serialize;
 
 use crate::config::Limits;
 use crate::engine::artifacts::{display_path, is_displayable_image};
-use crate::engine::backend::BackendError;
-use crate::engine::{Artifact, EngineError, Execution};
-pub use crate::text::bytes;
+use crate::engine::{Artifact, Execution};
+use crate::text::{bytes, duration};
 
 /// What an execution tool returns as structured content.
 #[derive(Debug, Serialize, JsonSchema)]
@@ -273,7 +272,7 @@ fn summary(
 ) -> String {
     let mut text = String::new();
     let status = if execution.timed_out {
-        format!("timed out after {}", human(limits.timeout))
+        format!("timed out after {}", duration(limits.timeout))
     } else if execution.cancelled {
         "cancelled".to_string()
     } else if execution.out_of_memory {
@@ -338,28 +337,6 @@ fn summary(
     }
     text
 }
-
-/// An error as a tool result the model can act on.
-pub fn error(e: &EngineError) -> CallToolResult {
-    let hint = match e {
-        EngineError::Backend(BackendError::Unavailable { .. }) => {
-            " The Docker engine must be running (start it, e.g. `systemctl start docker` or \
-             `bash scripts/dev-env.sh`); the server reconnects on the next call."
-        }
-        EngineError::Backend(BackendError::ImageMissing { .. }) => {
-            " Ask the operator to build or pull the image."
-        }
-        _ => "",
-    };
-    CallToolResult::error(vec![ContentBlock::text(format!("Error: {e}.{hint}"))])
-}
-
-/// A request the tool refuses before reaching the engine.
-pub fn refusal(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(message.into())])
-}
-
-pub use crate::text::duration as human;
 
 #[cfg(test)]
 mod tests {

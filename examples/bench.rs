@@ -1,40 +1,145 @@
-//! `bench`: the server as an agent's client sees it, beside the floors measured on the same
-//! machine in the same run.
+//! The benchmark: the server as an agent's client sees it, beside the floors measured on the
+//! same machine in the same run. Run it with
 //!
-//! The server is this binary, started as a child and spoken to over stdio with rmcp's client. The
-//! floors use the same engine: a full `docker run --rm IMAGE python3 -c pass` lifecycle (one at a
-//! time, and as a rate with 4 in parallel), and a round trip to an already running, attached
-//! Python interpreter. Nothing here is a test: it prints figures.
+//! ```text
+//! cargo run --release --example bench -- [--json] [--ephemeral-runs N] ...
+//! ```
+//!
+//! (`--help` lists the knobs). It is an example, not part of the shipped binary, so the binary
+//! carries neither this code nor rmcp's client.
+//!
+//! The server is the crate's command line (`cli::main`, exactly what the shipped binary runs),
+//! started as a child of this executable and spoken to over stdio with rmcp's client. The floors
+//! use the same engine: a full `docker run --rm IMAGE python3 -c pass` lifecycle (one at a time,
+//! and as a rate with 4 in parallel), and a round trip to an already running, attached Python
+//! interpreter. Nothing here is a test: it prints figures.
 
 use std::process::{ExitCode, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+use python_code_sandbox::cli::{EXIT_CONFIG, EXIT_INFRA};
+use python_code_sandbox::config::{self, Config};
+use python_code_sandbox::engine::{Engine, RunOptions, Task};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
-use super::infra_error;
-use crate::config::Config;
-use crate::engine::docker::DockerBackend;
-use crate::engine::{Engine, RunOptions, Task};
+/// Set in the environment of the child this executable starts: the child is the server.
+const SERVER_ROLE: &str = "PYTHON_CODE_SANDBOX_BENCH_SERVER";
+
+/// Measure the server through an MCP client beside the floors on this machine.
+#[derive(Parser, Debug)]
+#[command(name = "bench")]
+struct Cli {
+    /// Sequential ephemeral calls (each series).
+    #[arg(long, default_value_t = 50)]
+    ephemeral_runs: usize,
+    /// Session run_python calls.
+    #[arg(long, default_value_t = 200)]
+    session_runs: usize,
+    /// docker run --rm lifecycles and cold runs for the floors.
+    #[arg(long, default_value_t = 20)]
+    floor_runs: usize,
+    /// Length of each sustained-throughput measurement, e.g. 30s.
+    #[arg(long, default_value = "30s")]
+    throughput: String,
+    /// Runs after which the server's memory is read again.
+    #[arg(long, default_value_t = 1000)]
+    rss_runs: usize,
+    /// Pause between the paced ephemeral calls, e.g. 250ms (an agent thinks between calls).
+    #[arg(long, default_value = "250ms")]
+    think: String,
+    /// SANDBOX_POOL_SIZE of the measured server.
+    #[arg(long, default_value_t = 4)]
+    pool: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    if std::env::var_os(SERVER_ROLE).is_some() {
+        return python_code_sandbox::cli::main();
+    }
+    let cli = Cli::parse();
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    init_logging(&config);
+    let durations = (
+        config::parse_duration("--throughput", &cli.throughput),
+        humantime::parse_duration(&cli.think).map_err(|e| {
+            config::ConfigError::new("--think", cli.think.clone(), "a duration such as 250ms")
+                .because(e)
+        }),
+    );
+    let (throughput, think) = match durations {
+        (Ok(t), Ok(k)) => (t, k),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let options = BenchOptions {
+        ephemeral_runs: cli.ephemeral_runs.max(1),
+        session_runs: cli.session_runs.max(1),
+        floor_runs: cli.floor_runs.max(1),
+        throughput,
+        rss_runs: cli.rss_runs,
+        think,
+        pool_size: cli.pool,
+        json: cli.json,
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("python-code-sandbox: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_INFRA);
+        }
+    };
+    match runtime.block_on(run(config, options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("python-code-sandbox: error: {e}");
+            ExitCode::from(EXIT_INFRA)
+        }
+    }
+}
+
+/// Logs at `warn` unless LOG_LEVEL says otherwise, to stderr: stdout is the figures.
+fn init_logging(config: &Config) {
+    let default_level = "warn";
+    let filter = config.log_level.as_deref().unwrap_or(default_level);
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
 
 /// What to measure, and how much.
 #[derive(Debug, Clone)]
-pub struct BenchOptions {
-    pub ephemeral_runs: usize,
-    pub session_runs: usize,
-    pub floor_runs: usize,
-    pub throughput: Duration,
-    pub rss_runs: usize,
+struct BenchOptions {
+    ephemeral_runs: usize,
+    session_runs: usize,
+    floor_runs: usize,
+    throughput: Duration,
+    rss_runs: usize,
     /// Pause between sequential ephemeral calls (an agent thinks between calls); the back-to-back
     /// series is always measured too.
-    pub think: Duration,
-    pub pool_size: usize,
-    pub json: bool,
+    think: Duration,
+    pool_size: usize,
+    json: bool,
 }
 
 struct Series {
@@ -160,13 +265,6 @@ where
     (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
 }
 
-pub async fn bench(config: Config, options: BenchOptions) -> ExitCode {
-    match run(config, options).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => infra_error(&e),
-    }
-}
-
 async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     let image = config.image.clone();
     eprintln!(
@@ -183,13 +281,10 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     let floor_lifecycle = percentile(&lifecycle, 50.0);
 
     // Round trips to a running, attached interpreter, and cold ephemeral runs without a pool.
-    let engine = Engine::new(
-        Arc::new(DockerBackend::for_config(&config)),
-        Config {
-            pool_size: 0,
-            ..config.clone()
-        },
-    );
+    let engine = Engine::with_docker(Config {
+        pool_size: 0,
+        ..config.clone()
+    });
     let round_trips = engine
         .runner_round_trips(200)
         .await
@@ -223,12 +318,13 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         "bench: the MCP server over stdio (pool of {})",
         options.pool_size
     );
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let pool_size = options.pool_size.to_string();
     let spawned = Instant::now();
     let (transport, _stderr) =
         TokioChildProcess::builder(tokio::process::Command::new(&exe).configure(|cmd| {
-            cmd.env("SANDBOX_POOL_SIZE", &pool_size)
+            cmd.env(SERVER_ROLE, "1")
+                .env("SANDBOX_POOL_SIZE", &pool_size)
                 .env("LOG_LEVEL", "warn");
         }))
         .stderr(Stdio::null())

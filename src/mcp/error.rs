@@ -1,0 +1,41 @@
+//! Why a server did not start or stopped serving. The binary's edge decides what each means for
+//! the process (message, exit status).
+
+use std::net::SocketAddr;
+
+use crate::engine::files_dir::FilesDirError;
+use crate::pypi::SearchError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The directory for saved files cannot be trusted.
+    #[error(transparent)]
+    FilesDir(#[from] FilesDirError),
+    /// The package index settings are unusable.
+    #[error(transparent)]
+    PackageIndex(#[from] SearchError),
+    /// The `--http` address is no address, or one the configuration does not allow.
+    #[error("{0}")]
+    Address(String),
+    /// The address is fine but cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The stdio client's `initialize` failed.
+    #[error("MCP session failed to start: {0}")]
+    Handshake(#[source] Box<rmcp::service::ServerInitializeError>),
+}
+
+impl ServeError {
+    /// Whether the operator's settings or arguments are at fault (rather than the environment or
+    /// the client).
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            ServeError::FilesDir(_) | ServeError::PackageIndex(_) | ServeError::Address(_)
+        )
+    }
+}

@@ -1,0 +1,88 @@
+//! The tools' parameters, as clients send them; their doc comments become the input schemas'
+//! field descriptions.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunEphemeralParams {
+    /// The Python source code to run.
+    pub code: String,
+    /// PyPI packages to install first, e.g. ["pandas", "matplotlib>=3.8"] (PEP 508 requirements;
+    /// installed outside the sandbox and cached, so repeats cost nothing).
+    #[serde(default)]
+    pub dependencies: Option<Vec<String>>,
+    /// Sandbox image; only the configured image or one the operator allowed.
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct InitializeParams {
+    /// Sandbox image; only the configured image or one the operator allowed.
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunPythonParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// The Python source code to run in the session's interpreter.
+    pub code: String,
+    /// PyPI packages to add to the session first (PEP 508 requirements); they stay importable in
+    /// later calls. The session itself never gets network access.
+    #[serde(default)]
+    pub dependencies: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// A shell command line, run with /bin/sh -c in /workspace.
+    pub command: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct StopParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SearchParams {
+    /// A package name or part of one, e.g. "requests", "yaml", "numpi".
+    pub query: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFileParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// Where to write, relative to /workspace (e.g. "data/input.csv"); parent folders are created.
+    pub path: String,
+    /// The file's text (UTF-8). Give exactly one of content and content_base64.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The file's bytes, base64-encoded, for binary files.
+    #[serde(default)]
+    pub content_base64: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFileParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// The file to read, relative to /workspace.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListFilesParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// A folder relative to /workspace; the workspace itself when omitted.
+    #[serde(default)]
+    pub path: Option<String>,
+}

@@ -1,0 +1,65 @@
+//! A started engine and what runs beside it, shared by the stdio and HTTP servers.
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use super::error::ServeError;
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::pypi::PypiSearch;
+
+pub(crate) struct Running {
+    pub engine: Arc<Engine>,
+    pub pypi: Arc<PypiSearch>,
+    reaper: JoinHandle<()>,
+    cleanup: JoinHandle<()>,
+    retention: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Starts the engine: the session reaper, the warm pool, and (in the background) the removal
+    /// of what dead servers left and the retention of saved files. Nothing here waits for Docker.
+    /// A files directory that cannot be trusted, or an unusable package index, stops start-up.
+    pub(crate) fn start(config: Config) -> Result<Running, ServeError> {
+        crate::engine::files_dir::prepare_configured(&config.files)?;
+        let pypi = Arc::new(PypiSearch::new(
+            &config.pypi_url,
+            config.cache_dir.join("pypi"),
+            config.pypi_index_ttl,
+        )?);
+        let engine = Arc::new(Engine::with_docker(config));
+        let cleanup = {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                match engine.remove_leftovers().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!("removed {n} sandbox(es) left by servers that are gone")
+                    }
+                    Err(e) => tracing::warn!("could not look for leftover sandboxes: {e}"),
+                }
+            })
+        };
+        let reaper = engine.spawn_reaper();
+        let retention = engine.spawn_file_retention();
+        engine.start_pool();
+        Ok(Running {
+            engine,
+            pypi,
+            reaper,
+            cleanup,
+            retention,
+        })
+    }
+
+    /// Stops the background tasks and removes every sandbox this server made.
+    pub(crate) async fn stop(self) {
+        self.reaper.abort();
+        self.cleanup.abort();
+        if let Some(retention) = &self.retention {
+            retention.abort();
+        }
+        self.engine.shutdown().await;
+    }
+}

@@ -1,0 +1,164 @@
+//! Running code: a disposable sandbox per call, or a session's interpreter or shell.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, RoleServer};
+
+use crate::engine::{Execution, ProgressSink, RunOptions, Task};
+use crate::mcp::outcome::ToolError;
+use crate::mcp::params::{ExecParams, RunEphemeralParams, RunPythonParams};
+use crate::mcp::render::{self, ExecutionOutput};
+use crate::mcp::SandboxServer;
+
+#[tool_router(router = run_tools, vis = "pub(crate)")]
+impl SandboxServer {
+    #[tool(
+        name = "run_python_ephemeral",
+        description = "Run Python code in a brand-new, isolated sandbox that is destroyed right after \
+                       the call. Best for one-off scripts: nothing persists between calls (use \
+                       sandbox_initialize and run_python to keep variables). The code runs as `python` \
+                       would run a script, as an unprivileged user in /workspace, with Python 3.11 and \
+                       its standard library. Returns stdout, stderr (with the traceback of an uncaught \
+                       exception) and the exit status; a failure, non-zero exit or timeout is reported \
+                       as an error result. {files} {limits} {images}",
+        output_schema = schema_for_output::<ExecutionOutput>(),
+        annotations(read_only_hint = false, open_world_hint = false)
+    )]
+    async fn run_python_ephemeral(
+        &self,
+        Parameters(params): Parameters<RunEphemeralParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ToolError> {
+        let options = self.options_for(&context, params.image, params.dependencies);
+        let execution = self
+            .engine
+            .run_ephemeral(Task::Python(&params.code), &options)
+            .await?;
+        Ok(self.execution_result(&context, &execution, None))
+    }
+
+    #[tool(
+        name = "run_python",
+        description = "Run Python code in a session's persistent interpreter (start one with \
+                       sandbox_initialize). State persists between calls: variables, functions, \
+                       imports and files in /workspace are still there on the next call. On timeout \
+                       the code is interrupted (KeyboardInterrupt) and the session keeps its state; if \
+                       the code cannot be interrupted or runs out of memory the interpreter restarts \
+                       and the result says state was lost. {files} {limits}",
+        output_schema = schema_for_output::<ExecutionOutput>()
+    )]
+    async fn run_python(
+        &self,
+        Parameters(params): Parameters<RunPythonParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ToolError> {
+        let options = self.options_for(&context, None, params.dependencies);
+        let task = Task::Python(&params.code);
+        self.in_session(&context, &params.container_id, task, &options)
+            .await
+    }
+
+    #[tool(
+        name = "sandbox_exec",
+        description = "Run a shell command (/bin/sh -c) in a session's sandbox, in /workspace, as the \
+                       same unprivileged user, e.g. `ls -la` or `python -m pip list`. Returns exit \
+                       code, stdout and stderr. {limits}",
+        output_schema = schema_for_output::<ExecutionOutput>()
+    )]
+    async fn sandbox_exec(
+        &self,
+        Parameters(params): Parameters<ExecParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ToolError> {
+        let options = self.options_for(&context, None, None);
+        let task = Task::Shell(&params.command);
+        self.in_session(&context, &params.container_id, task, &options)
+            .await
+    }
+}
+
+impl SandboxServer {
+    /// Run options for one request: cancellation follows the client's `notifications/cancelled`;
+    /// the steps of preparing the sandbox go to the client as progress when it sent a progress
+    /// token, and as `info` log messages when it asked for them.
+    pub(super) fn options_for(
+        &self,
+        context: &RequestContext<RoleServer>,
+        image: Option<String>,
+        dependencies: Option<Vec<String>>,
+    ) -> RunOptions {
+        let token = context.meta.get_progress_token();
+        let log = self.log.for_request(context);
+        let progress: Option<ProgressSink> = (token.is_some() || log.wants_info()).then(|| {
+            let peer = context.peer.clone();
+            let step = Arc::new(AtomicU32::new(0));
+            let sink: ProgressSink = Arc::new(move |message: &str| {
+                log.info(message);
+                let Some(token) = &token else {
+                    return;
+                };
+                let n = step.fetch_add(1, Ordering::Relaxed) + 1;
+                let param = ProgressNotificationParam::new(token.clone(), f64::from(n))
+                    .with_message(message.to_string());
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let _ = peer.notify_progress(param).await;
+                });
+            });
+            sink
+        });
+        RunOptions {
+            timeout: None,
+            image,
+            cancel: Some(context.ct.clone()),
+            progress,
+            dependencies: dependencies.unwrap_or_default(),
+        }
+    }
+
+    /// A tool result for an execution, with a warning logged to the client when it lost state.
+    fn execution_result(
+        &self,
+        context: &RequestContext<RoleServer>,
+        execution: &Execution,
+        container_id: Option<&str>,
+    ) -> CallToolResult {
+        let lost = if execution.workspace_lost {
+            Some("the sandbox restarted: the session's variables and /workspace files are gone")
+        } else if execution.state_lost && container_id.is_some() {
+            Some("the interpreter restarted: the session's variables are gone (files are kept)")
+        } else {
+            None
+        };
+        if let Some(lost) = lost {
+            self.log.for_request(context).warning(lost);
+        }
+        let config = self.engine.config();
+        render::execution(
+            execution,
+            &config.limits,
+            container_id,
+            config.files.return_max_file_bytes,
+        )
+    }
+
+    /// Runs a task in one of this client's sessions.
+    async fn in_session(
+        &self,
+        context: &RequestContext<RoleServer>,
+        container_id: &str,
+        task: Task<'_>,
+        options: &RunOptions,
+    ) -> Result<CallToolResult, ToolError> {
+        let execution = self
+            .engine
+            .execute_in_session(self.scope(), container_id, task, options)
+            .await?;
+        Ok(self.execution_result(context, &execution, Some(container_id)))
+    }
+}

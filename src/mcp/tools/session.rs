@@ -1,0 +1,125 @@
+//! Sessions: start one, stop one, list them with the limits in force.
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, RoleServer};
+
+use crate::mcp::descriptions::limits_line;
+use crate::mcp::outcome::{structured, ToolError};
+use crate::mcp::outputs::{LimitsOutput, ListOutput, SessionEntry, SessionOutput, StopOutput};
+use crate::mcp::params::{InitializeParams, StopParams};
+use crate::mcp::SandboxServer;
+
+#[tool_router(router = session_tools, vis = "pub(crate)")]
+impl SandboxServer {
+    #[tool(
+        name = "sandbox_initialize",
+        description = "Start a persistent sandbox session and return its container_id. Use it for \
+                       multi-step work: run_python keeps variables, imports and files between calls, \
+                       like a notebook. Call sandbox_stop when done. {session_policy} {images}",
+        output_schema = schema_for_output::<SessionOutput>()
+    )]
+    async fn sandbox_initialize(
+        &self,
+        Parameters(params): Parameters<InitializeParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ToolError> {
+        let options = self.options_for(&context, params.image, None);
+        let id = self.engine.create_session(self.scope(), &options).await?;
+        let image = self
+            .engine
+            .sessions(self.scope())
+            .into_iter()
+            .find(|s| s.id == id)
+            .map(|s| s.image)
+            .unwrap_or_default();
+        let text = format!(
+            "Sandbox session started.\ncontainer_id: {id}\nimage: {image}\nPass this container_id to run_python \
+             (variables persist between calls), sandbox_exec and sandbox_stop."
+        );
+        Ok(structured(
+            text,
+            &SessionOutput {
+                container_id: id,
+                image,
+            },
+        ))
+    }
+
+    #[tool(
+        name = "sandbox_stop",
+        description = "Stop a session started by sandbox_initialize and remove its sandbox: {stopped}",
+        output_schema = schema_for_output::<StopOutput>()
+    )]
+    async fn sandbox_stop(
+        &self,
+        Parameters(params): Parameters<StopParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let id = self
+            .engine
+            .stop_session(self.scope(), &params.container_id)
+            .await?;
+        let text = if self.engine.config().files.persist_dir.is_some() {
+            format!(
+                "Session {id} stopped and its sandbox removed; the files it saved stay on the host."
+            )
+        } else {
+            format!("Session {id} stopped and its sandbox removed.")
+        };
+        Ok(structured(
+            text,
+            &StopOutput {
+                container_id: id,
+                stopped: true,
+            },
+        ))
+    }
+
+    #[tool(
+        name = "sandbox_list",
+        description = "List this server's live sessions (container_id, image, age, idle time) and the \
+                       limits in force.",
+        output_schema = schema_for_output::<ListOutput>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn sandbox_list(&self) -> Result<CallToolResult, ToolError> {
+        let config = self.engine.config();
+        let sessions: Vec<SessionEntry> = self
+            .engine
+            .sessions(self.scope())
+            .into_iter()
+            .map(|s| SessionEntry {
+                container_id: s.id,
+                image: s.image,
+                age_seconds: s.age.as_secs(),
+                idle_seconds: s.idle.as_secs(),
+            })
+            .collect();
+        let mut text = if sessions.is_empty() {
+            "No live sessions.\n".to_string()
+        } else {
+            format!("{} live session(s):\n", sessions.len())
+        };
+        for s in &sessions {
+            text.push_str(&format!(
+                "- {} ({}), age {} s, idle {} s\n",
+                s.container_id, s.image, s.age_seconds, s.idle_seconds
+            ));
+        }
+        text.push_str(&limits_line(config));
+        let limits = LimitsOutput {
+            memory_bytes: config.limits.memory_bytes,
+            cpus: config.limits.cpus,
+            pids: config.limits.pids,
+            timeout_seconds: config.limits.timeout.as_secs_f64(),
+            max_output_bytes: config.limits.max_output_bytes,
+            network: config.network.as_str().to_string(),
+            max_sessions: config.sessions.max_sessions,
+            session_idle_timeout_seconds: config.sessions.idle_timeout.as_secs(),
+            session_max_lifetime_seconds: config.sessions.max_lifetime.as_secs(),
+        };
+        Ok(structured(text, &ListOutput { sessions, limits }))
+    }
+}

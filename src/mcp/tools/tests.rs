@@ -1,0 +1,92 @@
+//! What clients see of the tools: each has its description, filled from the configuration, and
+//! its output schema.
+
+use std::collections::HashMap;
+
+use crate::config::Config;
+use crate::mcp::descriptions::describe;
+use crate::mcp::SandboxServer;
+
+/// Every tool the server offers; each has a structured result, so each has an output schema.
+const TOOLS: [&str; 10] = [
+    "run_python",
+    "run_python_ephemeral",
+    "sandbox_exec",
+    "sandbox_initialize",
+    "sandbox_list",
+    "sandbox_list_files",
+    "sandbox_read_file",
+    "sandbox_stop",
+    "sandbox_write_file",
+    "search_pypi_packages",
+];
+
+fn config(pairs: &[(&str, &str)]) -> Config {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::from_lookup(|name| map.get(name).cloned()).expect("a valid configuration")
+}
+
+fn described(config: &Config) -> Vec<rmcp::model::Tool> {
+    let mut router = SandboxServer::tools();
+    describe(&mut router, config);
+    router.list_all()
+}
+
+#[test]
+fn every_tool_has_a_filled_description_and_an_output_schema() {
+    let with_saved_files = config(&[
+        ("SANDBOX_FILES_DIR", "/srv/sandbox-files"),
+        ("SANDBOX_ALLOWED_IMAGES", "python:3.12-slim"),
+    ]);
+    let without = config(&[("SANDBOX_FILES_DIR", "")]);
+    for config in [with_saved_files, without] {
+        let tools = described(&config);
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(names, TOOLS);
+        for tool in &tools {
+            let description = tool.description.as_deref().unwrap_or_default();
+            assert!(
+                !description.trim().is_empty(),
+                "{} has no description",
+                tool.name
+            );
+            assert!(
+                !description.contains('{') && !description.contains('}'),
+                "{} has an unfilled placeholder: {description}",
+                tool.name
+            );
+            let schema = tool.output_schema.as_ref();
+            assert!(
+                schema.is_some_and(|s| s.get("type").and_then(|t| t.as_str()) == Some("object")),
+                "{} has no output schema",
+                tool.name
+            );
+        }
+    }
+}
+
+#[test]
+fn descriptions_carry_the_live_configuration() {
+    let tools = described(&config(&[
+        ("SANDBOX_FILES_DIR", "/srv/sandbox-files"),
+        ("SANDBOX_ALLOWED_IMAGES", "python:3.12-slim"),
+    ]));
+    let description = |name: &str| -> String {
+        let tool = tools.iter().find(|t| t.name == name);
+        tool.and_then(|t| t.description.as_deref())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let ephemeral = description("run_python_ephemeral");
+    assert!(ephemeral.contains("Limits per execution: "), "{ephemeral}");
+    assert!(
+        ephemeral.contains("under /srv/sandbox-files"),
+        "{ephemeral}"
+    );
+    assert!(ephemeral.contains("python:3.12-slim"), "{ephemeral}");
+    assert!(description("sandbox_stop").contains("under /srv/sandbox-files stay there"));
+    assert!(description("sandbox_initialize").contains("sessions at once"));
+}
