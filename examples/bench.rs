@@ -2,7 +2,7 @@
 //! same machine in the same run. Run it with
 //!
 //! ```text
-//! cargo run --release --example bench -- [--json] [--ephemeral-runs N] ...
+//! cargo run --release --features bench --example bench -- [--json] [--ephemeral-runs N] ...
 //! ```
 //!
 //! (`--help` lists the knobs). It is an example, not part of the shipped binary, so the binary

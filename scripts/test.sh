@@ -65,7 +65,7 @@ export PCS_TEST_RUNTIME=runsc
 export PCS_REQUIRE_ENGINE=1
 
 stage "build"
-cargo build --locked --all-targets
+cargo build --locked --all-targets --all-features
 
 stage "sandbox image"
 ./target/debug/python-code-sandbox image build
@@ -75,7 +75,7 @@ bash scripts/server-image.sh --offline
 
 stage "format and lints"
 cargo fmt --all -- --check
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --all-targets --all-features -- -D warnings
 # Each module depends only downward: no circle between modules (nor between engine parts).
 python3 scripts/module-graph.py
 

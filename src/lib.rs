@@ -21,7 +21,7 @@
 //!   HTTP behind a request gate: token, Host, Origin, size); [`pypi`] backs the package search.
 //! - [`cli`] is the command line: the server (no arguments, `stdio`, or `serve --http ADDR`),
 //!   `run`, `doctor`, `image build`, `cleanup`, `cache`; exit codes and signals live there. The
-//!   benchmark is an example (`cargo run --release --example bench`), not part of the binary.
+//!   benchmark is an example (`cargo run --release --features bench --example bench`), not part of the binary.
 //!
 //! Everything that comes out of a sandbox is treated as hostile: frames are size-checked before
 //! they are buffered, output is capped inside the sandbox and again on the host, and malformed

@@ -104,7 +104,8 @@ impl Dependencies {
         }
     }
 
-    /// How many installers this engine started (tests assert a cached run starts none).
+    /// How many installers this engine started: a cached request starts none, concurrent equal
+    /// requests start one.
     pub fn installs_started(&self) -> u64 {
         self.installs.load(Ordering::Relaxed)
     }

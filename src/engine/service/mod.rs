@@ -212,7 +212,8 @@ impl Engine {
         )?)
     }
 
-    /// How many installers this engine started.
+    /// How many installers this engine started (a counter for operators and tests: a cached
+    /// request starts none, concurrent equal requests start one).
     pub fn installs_started(&self) -> u64 {
         self.deps.installs_started()
     }
@@ -287,6 +288,7 @@ impl Engine {
     }
 
     /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
+    #[cfg(feature = "bench")]
     pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
         let spec = self.base_spec(self.config.image.clone(), "ephemeral").await;
         self.backend.ensure_image(&spec.image).await?;
