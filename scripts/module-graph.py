@@ -8,12 +8,15 @@ unit it names: a top-level module (`config`, `engine`, `mcp`, `pypi`, `cli`, `te
 engine, one of its direct submodules (`engine::sandbox`, `engine::service`, …). Re-exports of a
 module root are followed to where the item is defined. Test code (`#[cfg(test)]` items, the
 `engine::testing` module) is left out: tests may use anything. Exits 1, naming the circle, when a
-unit depends on itself through others; `--print` lists every edge.
+unit depends on itself through others; `--print` lists every edge. It also fails when
+docs/architecture.md does not name a module (as `module::path` in backquotes).
 """
 
 import os
 import re
 import sys
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "architecture.md")
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 SPLIT = {"engine"}  # top-level modules whose submodules are units of their own
@@ -196,7 +199,30 @@ def find_cycle(graph):
     return None
 
 
+def undocumented():
+    """Modules (test modules aside) that docs/architecture.md does not name."""
+    with open(DOC, encoding="utf-8") as f:
+        doc = f.read()
+    missing = []
+    for root, _, names in os.walk(SRC):
+        for name in names:
+            if not name.endswith(".rs"):
+                continue
+            mod = module_path(os.path.join(root, name))
+            if not mod or mod[-1] == "tests" or mod[-1].endswith("_tests"):
+                continue
+            if mod[:2] == ("engine", "testing") and len(mod) > 2:
+                continue
+            if f"`{'::'.join(mod)}`" not in doc:
+                missing.append("::".join(mod))
+    return sorted(missing)
+
+
 def main():
+    missing = undocumented()
+    if missing:
+        print("module graph: docs/architecture.md does not name: " + ", ".join(missing), file=sys.stderr)
+        return 1
     files = read_units()
     found = edges(files)
     graph = {}
