@@ -13,8 +13,9 @@ import sys
 import time
 import traceback
 
+# Called through the module, like protocol.send_frame (see runner.main).
+from . import changes as workspace_changes
 from .capture import Capture
-from .changes import bounded, changes, snapshot
 from .processes import kill_others, other_processes
 
 # Frames of the runner's own code (the loader's and every module's) are named <sandbox-runner...>.
@@ -90,7 +91,7 @@ class Executor:
     def execute(self, request):
         op = request.get("op")
         cap = int(request.get("max_output", 1 << 20))
-        before, _ = snapshot()
+        before, _ = workspace_changes.snapshot()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         job = self.capture.start(out_r, err_r, cap)
@@ -151,8 +152,8 @@ class Executor:
             self.kill_strays()
         job.finish_requested.set()
         job.done.wait()
-        after, truncated = snapshot()
-        changed, left_out = bounded(changes(before, after))
+        after, truncated = workspace_changes.snapshot()
+        changed, left_out = workspace_changes.bounded(workspace_changes.changes(before, after))
         return {
             "type": "result",
             "id": request.get("id"),

@@ -53,42 +53,51 @@ def write_frame(fd, obj):
         view = view[written:]
 
 
-class Channel:
-    """The runner's end of the protocol. The streams move to private descriptors that executed code
-    does not inherit (os.dup makes them non-inheritable), and which a forked child closes at once,
-    so it can neither steal requests nor write replies."""
+# The runner's ends of the protocol, once take_over_streams has moved them (the supervisor writes
+# to fd 1 directly and reads nothing).
+PROTO_IN = None
+PROTO_OUT = None
 
-    def __init__(self):
-        self.input = os.dup(0)
-        self.output = os.dup(1)
-        os.register_at_fork(after_in_child=self._close_in_child)
 
-    def _close_in_child(self):
-        for fd in (self.input, self.output):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+def take_over_streams():
+    """Moves the protocol streams to private descriptors that executed code does not inherit
+    (os.dup makes them non-inheritable), and which a forked child closes at once, so it can
+    neither steal requests nor write replies."""
+    global PROTO_IN, PROTO_OUT
+    PROTO_IN = os.dup(0)
+    PROTO_OUT = os.dup(1)
+    os.register_at_fork(after_in_child=_close_protocol_in_child)
 
-    def _read_exact(self, n):
-        data = bytearray()
-        while len(data) < n:
-            chunk = os.read(self.input, n - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return bytes(data)
 
-    def read(self):
-        """The next request, or None once the host has closed the stream."""
-        header = self._read_exact(4)
-        if header is None:
+def _close_protocol_in_child():
+    for fd in (PROTO_IN, PROTO_OUT):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def read_exact(n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.read(PROTO_IN, n - len(data))
+        if not chunk:
             return None
-        (length,) = struct.unpack(">I", header)
-        body = self._read_exact(length)
-        if body is None:
-            return None
-        return json.loads(body.decode("utf-8"))
+        data += chunk
+    return bytes(data)
 
-    def send(self, obj):
-        write_frame(self.output, obj)
+
+def read_frame():
+    """The next request, or None once the host has closed the stream."""
+    header = read_exact(4)
+    if header is None:
+        return None
+    (length,) = struct.unpack(">I", header)
+    body = read_exact(length)
+    if body is None:
+        return None
+    return json.loads(body.decode("utf-8"))
+
+
+def send_frame(obj):
+    write_frame(PROTO_OUT, obj)
