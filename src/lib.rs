@@ -7,9 +7,9 @@
 //!
 //! - [`config`] reads and validates the operator's settings (environment and `.env`) once.
 //! - [`engine`] owns sandboxes. A [`engine::backend::Backend`] trait hides the container platform
-//!   (Docker today). Inside every sandbox one long-lived runner process (`runner.py`, embedded in
-//!   the binary and sent over stdin at start) executes code on request, over length-prefixed JSON
-//!   frames on the container's attached stdin/stdout. The runner keeps one namespace, so a session
+//!   (Docker today). Inside every sandbox one long-lived runner process (the Python package
+//!   `engine/python/runner/`, embedded in the binary and sent over stdin at start) executes code on
+//!   request, over length-prefixed JSON frames on the container's attached stdin/stdout. The runner keeps one namespace, so a session
 //!   keeps its variables between executions; a disposable run is a fresh sandbox removed right after.
 //!   Timeouts interrupt the code first (SIGINT, so a session keeps its state) and kill the code's
 //!   processes only when that fails. A supervisor, the container's pid 1, outlives the runner and

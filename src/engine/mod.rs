@@ -2,7 +2,7 @@
 //!
 //! Layers, each with one job:
 //! - [`backend`]: the trait a container platform implements; [`docker`] is the Docker one.
-//! - [`protocol`] and `runner.py`: how the host talks to the runner process inside a sandbox.
+//! - [`protocol`] and `python/runner/`: how the host talks to the runner process inside a sandbox.
 //! - [`sandbox`]: one sandbox's lifecycle as explicit states, with timeouts and recovery.
 //! - [`owner`]: labels naming the server instance, to clean up what a dead server left.
 //! - [`artifacts`]: files an execution made, copied out safely, saved and selected for return.

@@ -1,9 +1,10 @@
 //! The runner protocol: how the host talks to the runner process inside a sandbox.
 //!
 //! Both directions carry frames: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
-//! The container's command is a fixed bootstrap that reads one frame holding the runner's source
-//! (`runner.py`, embedded in this binary) and executes it; the agent's code only ever travels inside
-//! request frames, never in argv.
+//! The container's command is a fixed bootstrap that reads one frame holding the runner's loader
+//! and executes it; the loader reads the next frame, the runner's modules (`python/runner/`, all
+//! embedded in this binary), and imports them from memory. The agent's code only ever travels
+//! inside request frames, never in argv.
 //!
 //! Everything the runner sends is untrusted (the code it runs can rewrite it), so the decoder
 //! bounds every frame before buffering it and turns anything malformed into an error, never a panic.
@@ -13,10 +14,50 @@ use serde::{Deserialize, Serialize};
 
 use crate::text::truncate_chars;
 
-/// The runner's source, sent to the bootstrap when a sandbox starts.
-pub const RUNNER_SOURCE: &str = include_str!("runner.py");
+/// The runner's loader: the first frame, which the bootstrap executes.
+const RUNNER_LOADER: &str = include_str!("python/load_runner.py");
 
-/// The container command: read one frame from stdin and execute it as the runner.
+/// One module of the runner's package, named after its file in `python/runner/`.
+macro_rules! runner_module {
+    ($name:literal) => {
+        (
+            concat!("sandbox_runner.", $name),
+            include_str!(concat!("python/runner/", $name, ".py")),
+        )
+    };
+}
+
+/// The runner's modules by name (the in-memory package `sandbox_runner`): every file of
+/// `python/runner/`, which a test checks. A new module of the runner is one more line here.
+const RUNNER_MODULES: &[(&str, &str)] = &[
+    ("sandbox_runner", include_str!("python/runner/__init__.py")),
+    runner_module!("capture"),
+    runner_module!("changes"),
+    runner_module!("execute"),
+    runner_module!("figures"),
+    runner_module!("host_test"),
+    runner_module!("processes"),
+    runner_module!("protocol"),
+    runner_module!("runner"),
+    runner_module!("seccomp"),
+    runner_module!("supervisor"),
+    runner_module!("workspace"),
+];
+
+/// What the host writes to a new sandbox's bootstrap to start its runner: the loader's frame, then
+/// one frame holding the modules as a JSON object {module name: source}.
+pub fn runner_start_frames() -> Vec<u8> {
+    let modules: serde_json::Map<String, serde_json::Value> = RUNNER_MODULES
+        .iter()
+        .map(|(name, source)| ((*name).to_owned(), (*source).into()))
+        .collect();
+    let modules = serde_json::Value::Object(modules).to_string();
+    let mut frames = encode_frame(RUNNER_LOADER.as_bytes());
+    frames.extend_from_slice(&encode_frame(modules.as_bytes()));
+    frames
+}
+
+/// The container command: read one frame from stdin and execute it (the runner's loader).
 pub const BOOTSTRAP: &str = "import os,sys\n\
 def r(n):\n \
  b=b''\n \
@@ -599,6 +640,50 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_runner_module_is_embedded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine/python/runner");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .expect("the runner's directory")
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| name.ends_with(".py"))
+            .map(|name| match name.trim_end_matches(".py") {
+                "__init__" => "sandbox_runner".to_owned(),
+                module => format!("sandbox_runner.{module}"),
+            })
+            .collect();
+        on_disk.sort();
+        let embedded: Vec<String> = RUNNER_MODULES
+            .iter()
+            .map(|(name, _)| (*name).to_owned())
+            .collect();
+        assert_eq!(
+            embedded, on_disk,
+            "RUNNER_MODULES lists every file of python/runner/, sorted"
+        );
+    }
+
+    #[test]
+    fn runner_start_is_the_loader_then_the_modules() {
+        fn split_frame(bytes: &[u8]) -> (&[u8], &[u8]) {
+            let (header, rest) = bytes.split_at(4);
+            let size = u32::from_be_bytes(header.try_into().expect("a 4-byte header")) as usize;
+            rest.split_at(size)
+        }
+        let frames = runner_start_frames();
+        let (loader, rest) = split_frame(&frames);
+        assert_eq!(loader, RUNNER_LOADER.as_bytes());
+        let (modules, rest) = split_frame(rest);
+        assert!(rest.is_empty());
+        let modules: std::collections::BTreeMap<String, String> =
+            serde_json::from_slice(modules).expect("a JSON object of sources");
+        assert_eq!(modules.len(), RUNNER_MODULES.len());
+        assert_eq!(
+            modules["sandbox_runner.protocol"],
+            include_str!("python/runner/protocol.py")
+        );
+    }
 
     fn result_json(id: u64, stdout: &[u8]) -> Vec<u8> {
         let b64 = base64::engine::general_purpose::STANDARD.encode(stdout);

@@ -27,14 +27,14 @@ use super::backend::{
 };
 use super::outcome::Execution;
 use super::protocol::{
-    encode_frame, ChangedEntry, DirEntry, FrameDecoder, ProtocolError, RaisedException, Reply,
-    Request, RunnerExit, RUNNER_SOURCE,
+    runner_start_frames, ChangedEntry, DirEntry, FrameDecoder, ProtocolError, RaisedException,
+    Reply, Request, RunnerExit,
 };
 use super::EngineError;
 use crate::text::{self, truncate_chars};
 
 /// How long the runner gets to answer after SIGINT before the sandbox is killed. Longer than the
-/// runner's own clean-up budget after an interrupt (2 s, `kill_strays` in runner.py), so a runner
+/// runner's own clean-up budget after an interrupt (2 s, `kill_strays` in python/runner/execute.py), so a runner
 /// that cleaned up for all of it, under load, still answers in time and keeps its state.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// How long the runner gets to answer a request that is not an execution.
@@ -145,7 +145,7 @@ impl Runner {
             decoder: FrameDecoder::new(FrameDecoder::limit_for_output(0)),
             diagnostics: Vec::new(),
         };
-        if let Err(e) = runner.send(&encode_frame(RUNNER_SOURCE.as_bytes())).await {
+        if let Err(e) = runner.send(&runner_start_frames()).await {
             return Err((e, runner.diagnostics));
         }
         match runner.await_ready().await {

@@ -185,7 +185,7 @@ impl DockerBackend {
             ),
             runtime: spec.runtime.clone(),
             // No init of Docker's: the runner's own supervisor is pid 1 (it reaps orphans, passes
-            // the interrupt on, and outlives the runner; see runner.py).
+            // the interrupt on, and outlives the runner; see python/runner/supervisor.py).
             init: Some(false),
             // Everything the sandbox writes goes to the attached host, never to a log file that
             // would grow on the host's disk.

@@ -1,5 +1,5 @@
 //! [`FakeBackend`]: a [`Backend`] without containers, for tests only. It gives NO isolation: the
-//! real runner (`runner.py`, through the real bootstrap) runs as an ordinary child process of the
+//! real runner (`python/runner/`, through the real bootstrap and loader) runs as an ordinary child process of the
 //! test, as the test's own user, with a temporary directory as its workspace. It is compiled only
 //! for `cargo test` (`#[cfg(test)]`), so no configuration can ever select it.
 //!
@@ -573,14 +573,19 @@ impl Supervisor {
         mut from_host: DuplexStream,
         control: &mut mpsc::UnboundedReceiver<Control>,
     ) -> Ending {
-        // The bootstrap's first frame is the runner's source: every new runner gets it again.
-        let source = tokio::select! {
-            frame = read_frame(&mut from_host) => match frame {
-                Some(frame) => frame,
-                None => return Ending::quiet(0),
-            },
-            stop = next_stop(control) => return stop,
-        };
+        // The bootstrap's first two frames start the runner (its loader, then its modules):
+        // every new runner gets them again, as a forked runner inherits them in a sandbox.
+        let mut source = Vec::new();
+        for _ in 0..2 {
+            let frame = tokio::select! {
+                frame = read_frame(&mut from_host) => match frame {
+                    Some(frame) => frame,
+                    None => return Ending::quiet(0),
+                },
+                stop = next_stop(control) => return stop,
+            };
+            source.extend_from_slice(&frame);
+        }
         // The host's frames go to whichever runner is alive (the slot is empty between runners).
         let stdin: Arc<tokio::sync::Mutex<Option<ChildStdin>>> = Default::default();
         let hung_up = CancellationToken::new();

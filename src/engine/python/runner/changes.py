@@ -1,0 +1,76 @@
+# What an execution created or changed in the workspace, found by comparing two walks that never
+# follow links. The host copies the files out itself and checks everything again.
+
+import os
+import stat
+
+from .workspace import WORKSPACE, kind_of, open_in_workspace, path_fields
+
+# Entries walked per snapshot; past it, changes are reported as incomplete.
+TRACK_LIMIT = 10000
+# Changed entries named in one result, and the bytes of their paths: the rest are only counted.
+REPORT_LIMIT = 1000
+REPORT_PATH_BYTES = 256 << 10
+
+
+def snapshot():
+    """The workspace's entries, without following links: path -> (kind, size, mtime, inode).
+    Directories are opened one component at a time like open_in_workspace, so a directory the
+    code swaps for a link while it is walked is skipped, never listed from where the link points."""
+    entries = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            if rel:
+                parts = os.fsencode(rel).split(b"/")
+                fd = open_in_workspace(parts, os.O_RDONLY | os.O_DIRECTORY)
+            else:
+                fd = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if len(entries) >= TRACK_LIMIT:
+                        return entries, True
+                    path = rel + "/" + entry.name if rel else entry.name
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(path)
+                        continue
+                    entries[path] = (kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return entries, False
+
+
+def changes(before, after):
+    """The entries that are new or changed, shallowest first (when there are more than a result
+    names, the top of the workspace is what a person looks at first)."""
+    changed = []
+    for path in sorted(after, key=lambda p: (p.count("/"), p)):
+        if before.get(path) != after[path]:
+            kind, size = after[path][0], after[path][1]
+            entry = path_fields(path)
+            entry.update({"kind": kind, "size": size})
+            changed.append(entry)
+    return changed
+
+
+def bounded(changed):
+    """At most REPORT_LIMIT entries (and REPORT_PATH_BYTES of paths), and how many were left out."""
+    kept = []
+    path_bytes = 0
+    for entry in changed:
+        size_of_path = len(entry["path"].encode("utf-8", "surrogateescape"))
+        if len(kept) >= REPORT_LIMIT or path_bytes + size_of_path > REPORT_PATH_BYTES:
+            break
+        path_bytes += size_of_path
+        kept.append(entry)
+    return kept, len(changed) - len(kept)

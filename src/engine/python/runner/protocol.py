@@ -1,0 +1,103 @@
+# The runner protocol's frames: a 4-byte big-endian length, then a UTF-8 JSON object.
+#
+# Requests:  {"op": "exec", "id": N, "code": str, "max_output": bytes}
+#            {"op": "shell", "id": N, "command": str, "max_output": bytes}
+#            {"op": "list", "id": N, "path": str}          (a directory of the workspace)
+#            {"op": "paths", "id": N, "add": [dir], "remove": [dir]}   (installed dependencies)
+#            {"op": "read", "id": N, "path": str, "path_bytes"?: b64, "offset": n, "length": n}
+#            {"op": "write", "id": N, "path": str, "data": b64, "offset": n}  (offset 0 creates)
+# Replies:   {"type": "ready", ...} once per runner, then per request one {"type": "result", "id":
+#            N, ...} (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths",
+#            "id": N, "missing": [dir]} (paths: directories that do not exist are not added),
+#            {"type": "file", "id": N, "data": b64, "size": n, "inode": "dev:ino"} or with "error"
+#            (read), {"type": "written", "id": N, "size": n} or with "error" (write).
+# The supervisor writes one frame per runner death:
+#            {"type": "exited", "status": int (negative: killed by that signal), "oom": bool|null,
+#             "requested": bool}
+
+import json
+import os
+import struct
+
+
+def valid_text(obj):
+    """`obj` with every string made valid UTF-8, so a frame always parses on the host. Text Python
+    decoded with surrogateescape (file names, messages quoting them) shows its undecodable bytes as
+    `\\xNN`; other lone surrogates show as `\\udXXX`."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            pass
+        try:
+            return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {valid_text(k): valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [valid_text(v) for v in obj]
+    return obj
+
+
+def write_frame(fd, obj):
+    try:
+        # Lone surrogates cannot be encoded: only then is the message walked and mended.
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        body = json.dumps(valid_text(obj), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    view = memoryview(struct.pack(">I", len(body)) + body)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# The runner's ends of the protocol, once take_over_streams has moved them (the supervisor writes
+# to fd 1 directly and reads nothing).
+PROTO_IN = None
+PROTO_OUT = None
+
+
+def take_over_streams():
+    """Moves the protocol streams to private descriptors that executed code does not inherit
+    (os.dup makes them non-inheritable), and which a forked child closes at once, so it can
+    neither steal requests nor write replies."""
+    global PROTO_IN, PROTO_OUT
+    PROTO_IN = os.dup(0)
+    PROTO_OUT = os.dup(1)
+    os.register_at_fork(after_in_child=_close_protocol_in_child)
+
+
+def _close_protocol_in_child():
+    for fd in (PROTO_IN, PROTO_OUT):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def read_exact(n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.read(PROTO_IN, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def read_frame():
+    """The next request, or None once the host has closed the stream."""
+    header = read_exact(4)
+    if header is None:
+        return None
+    (length,) = struct.unpack(">I", header)
+    body = read_exact(length)
+    if body is None:
+        return None
+    return json.loads(body.decode("utf-8"))
+
+
+def send_frame(obj):
+    write_frame(PROTO_OUT, obj)

@@ -1,0 +1,73 @@
+# A seccomp filter the runner installs on itself before it runs any code, inherited by everything
+# the code starts: nothing but the host can then signal, trace or open pid 1 (the supervisor).
+
+import errno
+import os
+
+# Syscalls that signal, trace or reach into another process, by architecture: number → the
+# argument that names the target (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+# pidfd_open, process_vm_readv, process_vm_writev: the first; ptrace: the second).
+_TARGETING_SYSCALLS = {
+    "x86_64": (0xC000003E, {62: 0, 200: 0, 234: 0, 129: 0, 297: 0, 434: 0, 310: 0, 311: 0, 101: 1}),
+    "aarch64": (0xC00000B7, {129: 0, 130: 0, 131: 0, 138: 0, 240: 0, 434: 0, 270: 0, 271: 0, 117: 1}),
+}
+
+
+def targeting_init_filter(machine):
+    """A seccomp BPF program (a list of (code, jt, jf, k)) that fails with EPERM every syscall of
+    _TARGETING_SYSCALLS whose target is pid 1, and every syscall of another ABI (i386 through int
+    0x80, x32), which would pass under other numbers; it allows everything else. None for an
+    unknown architecture."""
+    if machine not in _TARGETING_SYSCALLS:
+        return None
+    audit_arch, syscalls = _TARGETING_SYSCALLS[machine]
+    LOAD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, RETURN = 0x20, 0x15, 0x35, 0x06
+    ALLOW, DENY = 0x7FFF0000, 0x00050000 | errno.EPERM
+    arguments = sorted(set(syscalls.values()))
+    # Layout: 0 load arch, 1 check arch, 2 load nr, 3 check for x32's bit, 4.. one test per
+    # syscall, then "allow", then per argument a load and a test, then "deny" and "allow".
+    first_argument_check = 4 + len(syscalls) + 1
+    deny_at = first_argument_check + 2 * len(arguments)
+    allow_at = deny_at + 1
+    program = [
+        (LOAD, 0, 0, 4),
+        (JUMP_IF_EQUAL, 0, deny_at - 2, audit_arch),
+        (LOAD, 0, 0, 0),
+        (JUMP_IF_AT_LEAST, deny_at - 4, 0, 0x40000000),
+    ]
+    for number, argument in sorted(syscalls.items()):
+        check_at = first_argument_check + 2 * arguments.index(argument)
+        program.append((JUMP_IF_EQUAL, check_at - len(program) - 1, 0, number))
+    program.append((RETURN, 0, 0, ALLOW))
+    for argument in arguments:
+        program.append((LOAD, 0, 0, 16 + 8 * argument))  # its low 32 bits: a pid is an int
+        here = len(program)
+        program.append((JUMP_IF_EQUAL, deny_at - here - 1, allow_at - here - 1, 1))
+    program += [(RETURN, 0, 0, DENY), (RETURN, 0, 0, ALLOW)]
+    return program
+
+
+def forbid_targeting_init():
+    """Installs targeting_init_filter in this process, inherited by everything the code starts:
+    nothing but the host can then signal, trace or open pid 1. The kernel already drops SIGKILL and
+    SIGSTOP sent to an init from inside, but gVisor does not; this holds under both. Returns
+    whether it is in force."""
+    import ctypes
+
+    program = targeting_init_filter(os.uname().machine)
+    if program is None:
+        return False
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    instructions = (SockFilter * len(program))(*[SockFilter(*i) for i in program])
+    fprog = SockFprog(len(program), instructions)
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
