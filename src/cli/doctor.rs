@@ -1,11 +1,9 @@
 //! `doctor`: what is really enforced, read from inside a probe sandbox rather than assumed.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use crate::config::{Config, NetworkPolicy};
-use crate::engine::backend::Backend;
-use crate::engine::docker::{image, DockerBackend};
+use crate::engine::docker::image;
 use crate::engine::{Engine, RunOptions, Task};
 
 /// Runs inside the probe sandbox and prints what the sandbox sees, as JSON.
@@ -70,7 +68,8 @@ pub async fn doctor(config: Config) -> ExitCode {
         failures: 0,
         runtime: config.runtime.clone(),
     };
-    let backend = Arc::new(DockerBackend::for_config(&config));
+    let engine = Engine::with_docker(config.clone());
+    let backend = engine.backend();
     match backend.info().await {
         Ok(info) => report.line(
             true,
@@ -83,11 +82,7 @@ pub async fn doctor(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let present = match backend.client().await {
-        Ok(docker) => docker.inspect_image(&config.image).await.is_ok(),
-        Err(_) => false,
-    };
-    if !present {
+    if backend.image_id(&config.image).await.is_err() {
         report.line(
             false,
             "image",
@@ -101,7 +96,6 @@ pub async fn doctor(config: Config) -> ExitCode {
     }
     report.line(true, "image", &config.image);
 
-    let engine = Engine::new(backend, config.clone());
     let execution = engine
         .run_ephemeral(Task::Python(PROBE), &RunOptions::default())
         .await;
