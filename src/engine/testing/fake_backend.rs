@@ -3,7 +3,7 @@
 //! test, as the test's own user, with a temporary directory as its workspace. It is compiled only
 //! for `cargo test` (`#[cfg(test)]`), so no configuration can ever select it.
 //!
-//! What a container's pid 1 supervisor does (`supervise` in runner.py), a task here does: it
+//! What a container's pid 1 supervisor does (`supervise` in python/runner/supervisor.py), a task here does: it
 //! starts the runner, relays the host's frames to it and its frames back, reports each death
 //! with an `exited` frame and starts a new runner, which keeps the workspace. The runner itself
 //! is told it runs on the host with `--host-test-workspace=DIR` after the bootstrap: DIR is its
@@ -35,7 +35,7 @@ use crate::engine::backend::{
     SandboxRecord, SandboxSpec,
 };
 
-/// The argument that puts runner.py in its host test mode (see the top of runner.py).
+/// The argument that puts the runner in its host test mode (see python/runner/host_test.py).
 const HOST_TEST_FLAG: &str = "--host-test-workspace=";
 
 /// What the engine asked of the backend, in order.
