@@ -32,6 +32,94 @@ pub fn truncate_chars(s: &str, max: usize) -> String {
     }
 }
 
+/// A text cut to a budget of characters: its head and its tail, and what was left out between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Excerpt<'a> {
+    pub head: &'a str,
+    pub tail: &'a str,
+    /// Characters left out between head and tail (0: the text is whole, in `head`).
+    pub cut_chars: usize,
+    /// Lines the left-out part spans (a line cut partway counts once).
+    pub cut_lines: usize,
+}
+
+impl Excerpt<'_> {
+    pub fn is_cut(&self) -> bool {
+        self.cut_chars > 0
+    }
+}
+
+/// At most `budget` characters of `text`: all of it when it fits, else its head and its tail.
+/// The tail gets the larger share, because the end of an output (the last progress line, the
+/// result, the traceback) is what its reader usually needs. Each cut moves to a line boundary
+/// when one is near (within half its share), so the reader gets whole lines; it never splits a
+/// character.
+pub fn head_and_tail(text: &str, budget: usize) -> Excerpt<'_> {
+    let total = text.chars().count();
+    if total <= budget {
+        return Excerpt {
+            head: text,
+            tail: "",
+            cut_chars: 0,
+            cut_lines: 0,
+        };
+    }
+    let head_share = budget * 2 / 5;
+    let tail_share = budget - head_share;
+    // Byte offsets of the head's end and the tail's start, on character boundaries.
+    let mut head_end = text
+        .char_indices()
+        .nth(head_share)
+        .map_or(text.len(), |(i, _)| i);
+    let mut tail_start = text
+        .char_indices()
+        .nth(total - tail_share)
+        .map_or(text.len(), |(i, _)| i);
+    if head_end > 0 && !text[..head_end].ends_with('\n') {
+        if let Some(newline) = text[..head_end].rfind('\n') {
+            if text[newline + 1..head_end].chars().count() <= head_share / 2 {
+                head_end = newline + 1;
+            }
+        }
+    }
+    if tail_start > 0 && !text[..tail_start].ends_with('\n') {
+        if let Some(newline) = text[tail_start..].find('\n') {
+            let after = tail_start + newline + 1;
+            if text[tail_start..after].chars().count() <= tail_share / 2 {
+                tail_start = after;
+            }
+        }
+    }
+    let cut = &text[head_end..tail_start];
+    Excerpt {
+        head: &text[..head_end],
+        tail: &text[tail_start..],
+        cut_chars: cut.chars().count(),
+        cut_lines: cut.matches('\n').count() + usize::from(!cut.ends_with('\n')),
+    }
+}
+
+/// How a budget of characters is shared between two texts of `a` and `b` characters: both whole
+/// when they fit together; else a short one keeps all it has and the other gets the rest, or
+/// each gets half.
+pub fn share_budget(budget: usize, a: usize, b: usize) -> (usize, usize) {
+    let half = budget / 2;
+    if a.saturating_add(b) <= budget {
+        (a, b)
+    } else if a <= half {
+        (a, budget - a)
+    } else if b <= half {
+        (budget - b, b)
+    } else {
+        (half, budget - half)
+    }
+}
+
+/// The characters of a stream of output as a reader sees it (invalid UTF-8 replaced).
+pub fn output_chars(output: &[u8]) -> usize {
+    String::from_utf8_lossy(output).chars().count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +137,72 @@ mod tests {
         assert_eq!(truncate_chars("héllo", 2), "hé");
         assert_eq!(truncate_chars("abc", 10), "abc");
         assert_eq!(truncate_chars("", 0), "");
+    }
+
+    fn joined(e: &Excerpt) -> String {
+        format!("{}{}", e.head, e.tail)
+    }
+
+    #[test]
+    fn text_within_the_budget_is_whole() {
+        let e = head_and_tail("héllo\nworld\n", 12);
+        assert_eq!((e.head, e.tail, e.is_cut()), ("héllo\nworld\n", "", false));
+        assert!(!head_and_tail("", 0).is_cut());
+    }
+
+    #[test]
+    fn cuts_never_split_a_character_and_keep_the_budget() {
+        // No line breaks: the cut falls on character boundaries, two-fifths head, rest tail.
+        let text = "é".repeat(100) + &"ü".repeat(100);
+        let e = head_and_tail(&text, 50);
+        assert_eq!(e.head, "é".repeat(20));
+        assert_eq!(e.tail, "ü".repeat(30));
+        assert_eq!((e.cut_chars, e.cut_lines), (150, 1));
+        let emoji = "😀".repeat(1000);
+        for budget in [1, 2, 3, 7, 999] {
+            let e = head_and_tail(&emoji, budget);
+            assert_eq!(joined(&e).chars().count(), budget);
+            assert_eq!(e.cut_chars + budget, 1000);
+        }
+    }
+
+    #[test]
+    fn cuts_move_to_nearby_line_boundaries() {
+        let text: String = (0..1000).map(|i| format!("line {i:04}\n")).collect();
+        // 10 characters a line; a budget of 105 gives the head 42 and the tail 63.
+        let e = head_and_tail(&text, 105);
+        assert_eq!(e.head, "line 0000\nline 0001\nline 0002\nline 0003\n");
+        assert!(e.tail.starts_with("line 0994\n") && e.tail.ends_with("line 0999\n"));
+        assert_eq!(e.tail.lines().count(), 6);
+        assert_eq!(e.cut_lines, 1000 - 4 - 6);
+        assert_eq!(e.cut_chars, e.cut_lines * 10);
+        assert!(joined(&e).chars().count() <= 105);
+        // A line longer than half a share is cut partway instead of dropped whole.
+        let long = format!("short\n{}\nend\n", "x".repeat(1000));
+        let e = head_and_tail(&long, 100);
+        assert_eq!(e.head.chars().count(), 40);
+        assert!(e.head.starts_with("short\nxxx"));
+        assert!(e.tail.ends_with("x\nend\n") && e.tail.chars().count() == 60);
+        assert_eq!(e.cut_lines, 1);
+    }
+
+    #[test]
+    fn tiny_budgets_keep_only_what_fits() {
+        let e = head_and_tail("abc\ndef\n", 0);
+        assert_eq!((e.head, e.tail, e.cut_chars, e.cut_lines), ("", "", 8, 2));
+        let e = head_and_tail("abc\ndef\n", 1);
+        assert_eq!((e.head, e.tail, e.cut_chars), ("", "\n", 7));
+        let e = head_and_tail("abcdef", 2);
+        assert_eq!((e.head, e.tail), ("", "ef"));
+    }
+
+    #[test]
+    fn two_streams_share_one_budget() {
+        assert_eq!(share_budget(100, 30, 60), (30, 60));
+        assert_eq!(share_budget(100, 10, 500), (10, 90));
+        assert_eq!(share_budget(100, 500, 20), (80, 20));
+        assert_eq!(share_budget(100, 500, 500), (50, 50));
+        assert_eq!(share_budget(101, 500, 500), (50, 51));
+        assert_eq!(share_budget(10, usize::MAX, 1), (9, 1));
     }
 }

@@ -235,6 +235,9 @@ pub struct Limits {
     pub timeout: Duration,
     /// Bytes kept of stdout+stderr of one execution; the rest is counted and reported as cut.
     pub max_output_bytes: u64,
+    /// Characters of stdout+stderr a model reads in a tool result: beyond them, each stream keeps
+    /// its head and tail and the whole is kept where it can be read (`SANDBOX_MODEL_OUTPUT`).
+    pub model_output_chars: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -284,6 +287,7 @@ impl Default for Config {
                 workspace_bytes: DEFAULT_WORKSPACE_BYTES,
                 timeout: Duration::from_secs(60),
                 max_output_bytes: 1 << 20,
+                model_output_chars: DEFAULT_MODEL_OUTPUT_CHARS,
             },
             network: NetworkPolicy::None,
             ca_bundle: None,
@@ -345,6 +349,13 @@ pub const GVISOR_MIN_PIDS: u64 = 256;
 
 /// `/workspace` when `SANDBOX_WORKSPACE_SIZE` is unset (capped at half the memory limit).
 pub const DEFAULT_WORKSPACE_BYTES: u64 = 512 << 20;
+
+/// What a model reads of an execution's output by default: about 5k tokens.
+pub const DEFAULT_MODEL_OUTPUT_CHARS: usize = 20_000;
+
+/// The bounds of `SANDBOX_MODEL_OUTPUT`: below the smallest, a traceback's head and tail no longer
+/// fit; above the largest, one result would fill most models' whole context.
+pub const MODEL_OUTPUT_RANGE: std::ops::RangeInclusive<usize> = 1_000..=1_000_000;
 
 /// The largest output cap an operator may set: the host buffers up to this much per execution.
 pub const MAX_OUTPUT_CEILING: u64 = 64 << 20;

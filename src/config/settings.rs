@@ -19,7 +19,7 @@ use super::parse::{
 };
 use super::{
     Config, DownloadCache, HostPattern, NetworkPolicy, DEFAULT_IMAGE, MAX_OUTPUT_CEILING,
-    SSE_PING_INTERVAL,
+    MODEL_OUTPUT_RANGE, SSE_PING_INTERVAL,
 };
 
 /// One environment variable the program reads.
@@ -230,6 +230,21 @@ pub const SANDBOX_MAX_OUTPUT: Setting = Setting {
             ));
         }
         config.limits.max_output_bytes = bytes;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_MODEL_OUTPUT: Setting = Setting {
+    name: "SANDBOX_MODEL_OUTPUT",
+    default: Shown::Value("20000"),
+    doc: "characters of stdout+stderr a model reads in a tool result (`1000` to `1000000`; about 4 characters a token); longer output keeps its head and tail around a line saying what was cut and where the whole is: saved with the run's files and, in a session, in `/workspace/.outputs/`",
+    read: Read::Value(|config, var, v| {
+        let accepted = "a number of characters from 1000 to 1000000, such as 20000";
+        config.limits.model_output_chars = match v.parse::<usize>() {
+            Ok(n) if MODEL_OUTPUT_RANGE.contains(&n) => n,
+            Ok(_) => return Err(ConfigError::new(var, v, accepted)),
+            Err(e) => return Err(ConfigError::new(var, v, accepted).because(e)),
+        };
         Ok(())
     }),
 };
@@ -875,6 +890,7 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_WORKSPACE_SIZE,
     SANDBOX_TIMEOUT,
     SANDBOX_MAX_OUTPUT,
+    SANDBOX_MODEL_OUTPUT,
     SANDBOX_NETWORK,
     SANDBOX_RUNTIME,
     SANDBOX_CA_BUNDLE,

@@ -65,6 +65,18 @@ fn sizes_use_binary_units_like_docker() {
 }
 
 #[test]
+fn the_model_output_budget_is_a_bounded_count_of_characters() {
+    assert_eq!(config(&[]).unwrap().limits.model_output_chars, 20_000);
+    let c = config(&[("SANDBOX_MODEL_OUTPUT", "5000")]).unwrap();
+    assert_eq!(c.limits.model_output_chars, 5000);
+    for bad in ["999", "1000001", "20k", "-1", "lots"] {
+        let e = config(&[("SANDBOX_MODEL_OUTPUT", bad)]).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_MODEL_OUTPUT", "{bad}");
+        assert!(e.to_string().contains("from 1000 to 1000000"), "{e}");
+    }
+}
+
+#[test]
 fn durations_accept_units_and_bare_seconds() {
     let c = config(&[("SANDBOX_TIMEOUT", "90")]).unwrap();
     assert_eq!(c.limits.timeout, Duration::from_secs(90));

@@ -529,7 +529,8 @@ fn ensure_real_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-fn unique_stamp() -> String {
+/// A name part that sorts by time and differs between saves into one directory.
+pub(super) fn unique_stamp() -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

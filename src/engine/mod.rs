@@ -6,6 +6,7 @@
 //! - [`sandbox`]: one sandbox's lifecycle as explicit states, with timeouts and recovery.
 //! - [`owner`]: labels naming the server instance, to clean up what a dead server left.
 //! - [`artifacts`]: files an execution made, copied out safely, saved and selected for return.
+//! - [`whole_output`]: output longer than a model reads, kept whole where it can be read.
 //! - [`files_dir`]: the host directory they are saved in: checked at start-up, kept within its
 //!   retention.
 //! - [`deps`] and [`installer`]: validated requirements, installed in a separate sandbox into a
@@ -36,9 +37,10 @@ pub mod service;
 pub mod sessions;
 #[cfg(test)]
 mod testing;
+pub mod whole_output;
 
 pub use error::EngineError;
-pub use outcome::{Artifact, DependencyReport, Execution};
+pub use outcome::{Artifact, DependencyReport, Execution, KeptStream, WholeOutput};
 pub use sandbox::Task;
 pub use service::{Engine, ProgressSink, RunOptions, MAX_CODE_BYTES};
 pub use sessions::{workspace_relative, SessionInfo};

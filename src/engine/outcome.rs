@@ -37,6 +37,9 @@ pub struct Execution {
     pub files: Vec<Artifact>,
     /// The dependencies made importable for this execution, if any were requested.
     pub dependencies: Option<DependencyReport>,
+    /// Where the whole output is kept, when its reader sees only part of it
+    /// (`RunOptions::keep_whole_output`).
+    pub whole_output: Option<WholeOutput>,
 }
 
 impl Execution {
@@ -90,6 +93,24 @@ pub struct Artifact {
     pub note: Option<String>,
     /// A matplotlib figure rather than a workspace file.
     pub figure: bool,
+}
+
+/// Where the whole of an execution's output is kept, stream by stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WholeOutput {
+    pub stdout: KeptStream,
+    pub stderr: KeptStream,
+}
+
+/// Where one whole stream of output is kept.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeptStream {
+    /// The file on the host, beside the run's files.
+    pub saved_to: Option<PathBuf>,
+    /// In a session: the file in its workspace, relative to `/workspace`.
+    pub workspace_path: Option<String>,
+    /// Why it was not saved on the host, or not written in the workspace.
+    pub notes: Vec<String>,
 }
 
 /// What a request's dependencies came to.

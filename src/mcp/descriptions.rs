@@ -18,12 +18,15 @@ pub fn limits_line(config: &Config) -> String {
         NetworkPolicy::Bridge => "network access".to_string(),
     };
     format!(
-        "Limits per execution: {} wall clock, {} memory, {} CPU(s), {} processes, output cut at {}, {network}.",
+        "Limits per execution: {} wall clock, {} memory, {} CPU(s), {} processes, output cut at {} \
+         (the result shows at most {} characters of it, head and tail, and says where the whole is), \
+         {network}.",
         duration(config.limits.timeout),
         bytes(config.limits.memory_bytes),
         config.limits.cpus,
         config.limits.pids,
         bytes(config.limits.max_output_bytes),
+        config.limits.model_output_chars,
     )
 }
 

@@ -8,16 +8,22 @@ use serde::Serialize;
 
 use crate::config::Limits;
 use crate::engine::artifacts::{display_path, is_displayable_image};
-use crate::engine::{Artifact, Execution};
-use crate::text::{bytes, duration};
+use crate::engine::{Artifact, Execution, KeptStream};
+use crate::text::{self, bytes, duration, Excerpt};
 
 /// What an execution tool returns as structured content.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ExecutionOutput {
-    /// Everything the code wrote to stdout (cut at the output limit; invalid UTF-8 replaced).
+    /// What the code wrote to stdout (invalid UTF-8 replaced), as the text shows it: whole, or
+    /// when stdout and stderr together are longer than the server's model output budget, the
+    /// head and tail around one line saying what was cut and where the whole is (`stdout_cut`).
     pub stdout: String,
-    /// Everything the code wrote to stderr, tracebacks included.
+    /// What the code wrote to stderr, tracebacks included; cut like stdout (`stderr_cut`).
     pub stderr: String,
+    /// Set when `stdout` holds only its head and tail: what was cut, and where the whole is.
+    pub stdout_cut: Option<CutOutput>,
+    /// Set when `stderr` holds only its head and tail: what was cut, and where the whole is.
+    pub stderr_cut: Option<CutOutput>,
     /// 0 on success, `sys.exit(n)` gives n, 1 for an uncaught exception, 130 when interrupted,
     /// 137 when the sandbox was killed.
     pub exit_code: i32,
@@ -43,6 +49,110 @@ pub struct ExecutionOutput {
     pub files: Vec<FileOutput>,
     /// The dependencies in force, when some were requested.
     pub dependencies: Option<DependenciesOutput>,
+}
+
+/// A stream of output cut to its head and tail for the model, and where its whole is.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CutOutput {
+    /// Characters left out between head and tail.
+    pub cut_chars: u64,
+    /// Lines the left-out part spans.
+    pub cut_lines: u64,
+    /// Bytes of the whole stream as captured (itself cut at the output limit, see `truncated`).
+    pub whole_bytes: u64,
+    /// In a session: the whole stream as a file in the sandbox, overwritten by the next
+    /// execution whose output is cut; search or page it from code, or read it with
+    /// sandbox_read_file.
+    pub workspace_path: Option<String>,
+    /// The same file as a resource to read with `resources/read`.
+    pub resource_uri: Option<String>,
+    /// Where the whole stream was saved on the server's host, if saving is on.
+    pub saved_to: Option<String>,
+    /// Why the whole was not saved on the host or not written in the workspace.
+    pub note: Option<String>,
+}
+
+impl CutOutput {
+    fn of(
+        excerpt: &Excerpt,
+        whole_bytes: usize,
+        kept: Option<&KeptStream>,
+        session: Option<&str>,
+    ) -> CutOutput {
+        let workspace = kept.and_then(|k| k.workspace_path.as_deref());
+        let notes = kept.map(|k| k.notes.join("; "));
+        CutOutput {
+            cut_chars: excerpt.cut_chars as u64,
+            cut_lines: excerpt.cut_lines as u64,
+            whole_bytes: whole_bytes as u64,
+            workspace_path: workspace.map(|path| format!("/workspace/{path}")),
+            resource_uri: workspace
+                .zip(session)
+                .map(|(path, session)| super::resources::uri(session, path)),
+            saved_to: kept
+                .and_then(|k| k.saved_to.as_ref())
+                .map(|p| p.display().to_string()),
+            note: match notes {
+                Some(notes) if !notes.is_empty() => Some(notes),
+                Some(_) => None,
+                None => Some("the whole was not kept".to_string()),
+            },
+        }
+    }
+
+    /// The one line that stands for the cut part: how much, and where the whole is.
+    fn line(&self, stream: &str) -> String {
+        let mut places = Vec::new();
+        if let Some(path) = &self.workspace_path {
+            places.push(format!(
+                "in {path} (search or page it from code, or sandbox_read_file)"
+            ));
+        }
+        if let Some(saved) = &self.saved_to {
+            places.push(format!("saved on the server's host at {saved}"));
+        }
+        let whole = if places.is_empty() {
+            "was not kept".to_string()
+        } else {
+            format!("is {}", places.join(" and "))
+        };
+        let note = match &self.note {
+            Some(note) if !places.is_empty() || note != "the whole was not kept" => {
+                format!("; {note}")
+            }
+            _ => String::new(),
+        };
+        let plural = |n: u64, one: &str| {
+            if n == 1 {
+                format!("1 {one}")
+            } else {
+                format!("{n} {one}s")
+            }
+        };
+        format!(
+            "[… {} ({}) cut here; the whole {stream} ({}) {whole}{note} …]",
+            plural(self.cut_chars, "character"),
+            plural(self.cut_lines, "line"),
+            bytes(self.whole_bytes),
+        )
+    }
+}
+
+/// A stream as the model reads it: whole, or its head, the line saying what was cut, its tail.
+fn shown(stream: &str, excerpt: &Excerpt, cut: Option<&CutOutput>) -> String {
+    let Some(cut) = cut else {
+        return excerpt.head.to_string();
+    };
+    let line = cut.line(stream);
+    let mut text = String::with_capacity(excerpt.head.len() + line.len() + excerpt.tail.len() + 2);
+    text.push_str(excerpt.head);
+    if !excerpt.head.is_empty() && !excerpt.head.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&line);
+    text.push('\n');
+    text.push_str(excerpt.tail);
+    text
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -199,8 +309,27 @@ pub fn execution(
     container_id: Option<&str>,
     readable_max: u64,
 ) -> CallToolResult {
-    let stdout = String::from_utf8_lossy(&execution.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&execution.stderr).into_owned();
+    // Stdout and stderr share the model's budget; each beyond its share keeps head and tail.
+    let whole_stdout = String::from_utf8_lossy(&execution.stdout);
+    let whole_stderr = String::from_utf8_lossy(&execution.stderr);
+    let (stdout_share, stderr_share) = text::share_budget(
+        limits.model_output_chars,
+        whole_stdout.chars().count(),
+        whole_stderr.chars().count(),
+    );
+    let stdout_excerpt = text::head_and_tail(&whole_stdout, stdout_share);
+    let stderr_excerpt = text::head_and_tail(&whole_stderr, stderr_share);
+    let kept = execution.whole_output.as_ref();
+    let stdout_cut = stdout_excerpt.is_cut().then(|| {
+        let kept = kept.map(|k| &k.stdout);
+        CutOutput::of(&stdout_excerpt, execution.stdout.len(), kept, container_id)
+    });
+    let stderr_cut = stderr_excerpt.is_cut().then(|| {
+        let kept = kept.map(|k| &k.stderr);
+        CutOutput::of(&stderr_excerpt, execution.stderr.len(), kept, container_id)
+    });
+    let stdout = shown("stdout", &stdout_excerpt, stdout_cut.as_ref());
+    let stderr = shown("stderr", &stderr_excerpt, stderr_cut.as_ref());
     let deliveries: Vec<Delivery> = execution
         .files
         .iter()
@@ -210,6 +339,8 @@ pub fn execution(
     let output = ExecutionOutput {
         stdout,
         stderr,
+        stdout_cut,
+        stderr_cut,
         exit_code: execution.exit_code,
         duration_ms: execution.duration.as_millis() as u64,
         timed_out: execution.timed_out,
@@ -465,6 +596,94 @@ mod tests {
         assert_eq!(
             kinds(&ephemeral),
             ["resource", "resource", "image", "image"]
+        );
+    }
+
+    fn text_of(result: &CallToolResult) -> String {
+        result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn long_output_keeps_head_and_tail_and_says_where_the_whole_is() {
+        let mut limits = crate::config::Config::default().limits;
+        limits.model_output_chars = 1000;
+        let mut e = sample();
+        e.stdout = (0..10_000)
+            .map(|i| format!("line {i:05}\n"))
+            .collect::<String>()
+            .into_bytes();
+        e.stderr = b"Traceback: boom\n".to_vec();
+        e.whole_output = Some(crate::engine::WholeOutput {
+            stdout: KeptStream {
+                saved_to: Some("/files/session-abc/outputs/1-stdout.txt".into()),
+                workspace_path: Some(".outputs/stdout.txt".into()),
+                notes: Vec::new(),
+            },
+            stderr: KeptStream::default(),
+        });
+        let result = execution(&e, &limits, Some("abc"), 5 << 20);
+        let text = text_of(&result);
+        assert!(text.len() < 1000 + 600, "{} bytes: {text}", text.len());
+        assert!(text.contains("--- stdout ---\nline 00000\n"), "{text}");
+        assert!(text.contains("line 09999\n--- stderr ---\nTraceback: boom\n"));
+        let cut_lines: Vec<&str> = text.lines().filter(|l| l.starts_with("[… ")).collect();
+        assert_eq!(cut_lines.len(), 1, "{text}");
+        assert!(
+            cut_lines[0].contains(
+                "lines) cut here; the whole stdout (107.4 KiB) is in \
+                 /workspace/.outputs/stdout.txt (search or page it from code, or \
+                 sandbox_read_file) and saved on the server's host at \
+                 /files/session-abc/outputs/1-stdout.txt …]"
+            ),
+            "{}",
+            cut_lines[0]
+        );
+        let structured = result.structured_content.unwrap();
+        let stdout = structured["stdout"].as_str().unwrap();
+        assert!(
+            text.contains(stdout),
+            "the text and the structured stdout agree"
+        );
+        let cut = &structured["stdout_cut"];
+        assert_eq!(cut["whole_bytes"], 110_000);
+        assert_eq!(cut["workspace_path"], "/workspace/.outputs/stdout.txt");
+        assert_eq!(cut["resource_uri"], "sandbox://abc/.outputs/stdout.txt");
+        assert!(cut["note"].is_null());
+        let shown_lines = stdout.lines().count() as u64 - 1;
+        assert_eq!(cut["cut_lines"].as_u64().unwrap() + shown_lines, 10_000);
+        assert_eq!(structured["stderr"], "Traceback: boom\n");
+        assert!(structured["stderr_cut"].is_null());
+    }
+
+    #[test]
+    fn a_cut_without_a_place_for_the_whole_says_why() {
+        let mut limits = crate::config::Config::default().limits;
+        limits.model_output_chars = 1000;
+        let mut e = sample();
+        e.stdout = vec![b'x'; 5000];
+        e.whole_output = Some(crate::engine::WholeOutput {
+            stdout: KeptStream {
+                notes: vec!["not saved on the host (SANDBOX_FILES_DIR is empty)".into()],
+                ..Default::default()
+            },
+            stderr: KeptStream::default(),
+        });
+        let text = text_of(&execution(&e, &limits, None, 5 << 20));
+        assert!(
+            text.contains(
+                "\n[… 4000 characters (1 line) cut here; the whole stdout (4.9 KiB) was not \
+                 kept; not saved on the host (SANDBOX_FILES_DIR is empty) …]\n"
+            ),
+            "{text}"
+        );
+        e.whole_output = None;
+        let text = text_of(&execution(&e, &limits, None, 5 << 20));
+        assert!(
+            text.contains("the whole stdout (4.9 KiB) was not kept …]"),
+            "{text}"
         );
     }
 

@@ -36,6 +36,7 @@ use super::pool::Pool;
 use super::protocol;
 use super::sandbox::{Sandbox, Task};
 use super::sessions::Sessions;
+use super::whole_output;
 use super::EngineError;
 use crate::config::{glob_matches, Config};
 
@@ -56,6 +57,9 @@ pub struct RunOptions {
     pub progress: Option<ProgressSink>,
     /// PyPI requirements to make importable first (PEP 508 strings, validated here).
     pub dependencies: Vec<String>,
+    /// The result's reader (a model) sees only `SANDBOX_MODEL_OUTPUT` characters of output: when
+    /// there is more, keep the whole where it can be read ([`whole_output`]).
+    pub keep_whole_output: bool,
 }
 
 impl RunOptions {
@@ -278,6 +282,35 @@ impl Engine {
             },
         )
         .await;
+    }
+
+    /// Keeps the whole output of an execution whose reader sees only part of it: on the host, and
+    /// in the workspace of a session's `sandbox`.
+    async fn keep_whole_output(
+        &self,
+        sandbox: Option<&mut Sandbox>,
+        execution: &mut Execution,
+        run_dir: &str,
+        options: &RunOptions,
+    ) {
+        let budget = self.config.limits.model_output_chars;
+        if !options.keep_whole_output
+            || !whole_output::is_cut(&execution.stdout, &execution.stderr, budget)
+        {
+            return;
+        }
+        let kept = whole_output::keep(
+            sandbox,
+            &execution.stdout,
+            &execution.stderr,
+            &self.config.files,
+            artifacts::Destination {
+                run_dir,
+                retention: self.retention.as_deref(),
+            },
+        )
+        .await;
+        execution.whole_output = Some(kept);
     }
 
     /// Waits until sandboxes removed in the background are gone (the CLI does before it exits).

@@ -43,7 +43,10 @@ impl Engine {
         let executed = started.elapsed();
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
-            self.collect_files(&mut sandbox, execution, &ephemeral_run_dir())
+            let run_dir = ephemeral_run_dir();
+            self.collect_files(&mut sandbox, execution, &run_dir).await;
+            // The sandbox goes away with this call: the host keeps the only copy.
+            self.keep_whole_output(None, execution, &run_dir, options)
                 .await;
         }
         let collected = started.elapsed();

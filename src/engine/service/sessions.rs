@@ -152,6 +152,8 @@ impl Engine {
             execution.dependencies = report;
             let run_dir = session_run_dir(sandbox.id());
             self.collect_files(&mut sandbox, execution, &run_dir).await;
+            self.keep_whole_output(Some(&mut sandbox), execution, &run_dir, options)
+                .await;
         }
         session.touch();
         result

@@ -434,3 +434,92 @@ async fn leftovers_of_dead_servers_are_removed_and_nothing_else() {
         .expect("still usable");
     engine.shutdown().await;
 }
+
+#[tokio::test]
+async fn output_longer_than_a_model_reads_is_kept_whole_on_the_host_and_in_the_workspace() {
+    let files = std::env::temp_dir().join(format!("pcs-whole-{}", uuid::Uuid::new_v4().simple()));
+    let dir = files.clone();
+    let (engine, _fake) = engine_with(move |config| {
+        config.limits.model_output_chars = 1000;
+        config.files.persist_dir = Some(dir);
+    });
+    let options = RunOptions {
+        keep_whole_output: true,
+        ..Default::default()
+    };
+    let id = within(LIMIT, engine.create_session(Scope::Server, &options))
+        .await
+        .expect("create");
+    let code = "print('x' * 600); import sys; print('e' * 600, file=sys.stderr)";
+    let execution = within(
+        LIMIT,
+        engine.execute_in_session(Scope::Server, &id, Task::Python(code), &options),
+    )
+    .await
+    .expect("execute");
+    let kept = execution.whole_output.clone().expect("kept");
+    // Both streams, though each alone would fit: the pair in the workspace is of one execution.
+    for (stream, bytes) in [
+        (&kept.stdout, &execution.stdout),
+        (&kept.stderr, &execution.stderr),
+    ] {
+        let saved = stream.saved_to.as_ref().expect("saved");
+        assert!(saved.starts_with(&files), "{saved:?}");
+        assert_eq!(&std::fs::read(saved).expect("saved file"), bytes);
+        assert!(stream.notes.is_empty(), "{:?}", stream.notes);
+    }
+    assert_eq!(
+        kept.stdout.workspace_path.as_deref(),
+        Some(".outputs/stdout.txt")
+    );
+    let read = engine
+        .read_file(Scope::Server, &id, "/workspace/.outputs/stdout.txt")
+        .await
+        .expect("read");
+    assert_eq!(read.content.as_ref(), Some(&execution.stdout));
+    // Written between executions, it is not a change the next one made.
+    let next = engine
+        .execute_in_session(Scope::Server, &id, Task::Python("print(1)"), &options)
+        .await
+        .expect("execute");
+    assert!(
+        next.files.is_empty() && next.whole_output.is_none(),
+        "{next:?}"
+    );
+    engine.stop_session(Scope::Server, &id).await.expect("stop");
+    let _ = std::fs::remove_dir_all(&files);
+}
+
+#[tokio::test]
+async fn without_a_files_directory_an_ephemeral_run_says_the_whole_output_is_not_kept() {
+    let (engine, _fake) = engine_with(|config| config.limits.model_output_chars = 1000);
+    let options = RunOptions {
+        keep_whole_output: true,
+        ..Default::default()
+    };
+    let long = within(
+        LIMIT,
+        engine.run_ephemeral(Task::Python("print('x' * 2000)"), &options),
+    )
+    .await
+    .expect("run");
+    let kept = long.whole_output.expect("kept");
+    assert_eq!(kept.stdout.saved_to, None);
+    assert_eq!(kept.stdout.workspace_path, None);
+    assert_eq!(
+        kept.stdout.notes,
+        ["not saved on the host (SANDBOX_FILES_DIR is empty)"]
+    );
+    // Output within the budget, or a caller that reads it all, keeps nothing.
+    let short = engine
+        .run_ephemeral(Task::Python("print('x' * 900)"), &options)
+        .await
+        .expect("run");
+    assert!(short.whole_output.is_none());
+    let all = engine
+        .run_ephemeral(Task::Python("print('x' * 2000)"), &RunOptions::default())
+        .await
+        .expect("run");
+    assert!(all.whole_output.is_none());
+    engine.settle().await;
+}

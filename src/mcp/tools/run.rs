@@ -118,6 +118,8 @@ impl SandboxServer {
             cancel: Some(context.ct.clone()),
             progress,
             dependencies: dependencies.unwrap_or_default(),
+            // The result shows a model the head and tail of long output: keep the whole.
+            keep_whole_output: true,
         }
     }
 
