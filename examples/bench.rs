@@ -74,7 +74,8 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    init_logging(&config);
+    // Logs at `warn` unless LOG_LEVEL says otherwise; stdout is the figures.
+    python_code_sandbox::cli::init_logging(&config, "warn");
     let durations = (
         config::parse_duration("--throughput", &cli.throughput),
         humantime::parse_duration(&cli.think).map_err(|e| {
@@ -113,18 +114,6 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_INFRA)
         }
     }
-}
-
-/// Logs at `warn` unless LOG_LEVEL says otherwise, to stderr: stdout is the figures.
-fn init_logging(config: &Config) {
-    let default_level = "warn";
-    let filter = config.log_level.as_deref().unwrap_or(default_level);
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// What to measure, and how much.

@@ -138,7 +138,9 @@ fn limit_malloc_arenas() {
     }
 }
 
-fn init_logging(config: &Config, default_level: &str) {
+/// Logs to stderr at `LOG_LEVEL`, else `default_level`: stdout belongs to the code's output, the
+/// MCP protocol or the benchmark's figures.
+pub fn init_logging(config: &Config, default_level: &str) {
     let filter = config.log_level.as_deref().unwrap_or(default_level);
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));

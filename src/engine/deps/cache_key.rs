@@ -62,14 +62,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::deps::parse_requirement;
-
-    fn reqs(entries: &[&str]) -> Vec<Requirement> {
-        entries
-            .iter()
-            .map(|e| parse_requirement(e, false).unwrap())
-            .collect()
-    }
+    use crate::engine::deps::tests::reqs;
 
     #[test]
     fn cache_key_shape() {

@@ -91,14 +91,8 @@ pub fn installer_argv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::deps::{parse_requirement, parse_requirements};
-
-    fn reqs(entries: &[&str]) -> Vec<Requirement> {
-        entries
-            .iter()
-            .map(|e| parse_requirement(e, false).unwrap())
-            .collect()
-    }
+    use crate::engine::deps::parse_requirements;
+    use crate::engine::deps::tests::reqs;
 
     fn strings(entries: &[&str]) -> Vec<String> {
         entries.iter().map(|e| e.to_string()).collect()

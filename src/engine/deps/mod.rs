@@ -31,3 +31,16 @@ pub use requirement::{
     MAX_DEPENDENCIES, MAX_ENTRY_LEN,
 };
 pub use summary::{installer_error_summary, wheels_only_hint};
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::{parse_requirement, Requirement};
+
+    /// Requirements the tests write as PEP 508 strings.
+    pub(crate) fn reqs(entries: &[&str]) -> Vec<Requirement> {
+        entries
+            .iter()
+            .map(|e| parse_requirement(e, false).unwrap())
+            .collect()
+    }
+}
