@@ -940,6 +940,68 @@ mod tests {
     }
 
     #[test]
+    fn outputs_cut_the_streams_at_their_positions_and_bad_values_are_left_out() {
+        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+        let body = format!(
+            r#"{{"type":"result","id":1,"exit_code":1,"stdout":"{}","stderr":"{}","stdout_dropped":0,"stderr_dropped":0,"duration_ms":1,"interrupted":false,"error":null,"outputs":[
+              {{"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png","{}"],["bad mime","v"],["application/json","{{nope"],["text/plain","x"]],"at":[2,0]}},
+              {{"output_type":"execute_result","data":[["application/json","[1]"]],"execution_count":4,"at":[4,1]}},
+              {{"output_type":"error","ename":"E","evalue":"v","traceback":["Traceback","E: v"],"at":[99,999],"through":[4,6]}},
+              {{"output_type":"display_data","data":[["text/plain","late"]],"at":[1,0]}}],"outputs_dropped":3}}"#,
+            b64(b"a
+b
+c
+"),
+            b64(b"w
+TB!!
+"),
+            b64(b"not a png")
+        );
+        let Ok(Reply::Result(raw)) = Reply::parse(body.as_bytes()) else {
+            panic!("no result")
+        };
+        let result = raw.validate(1, 1 << 20).unwrap();
+        assert_eq!(result.outputs_dropped, 3);
+        let stream = |name, text: &str| Output::Stream {
+            name,
+            text: text.into(),
+        };
+        assert_eq!(
+            result.outputs,
+            vec![
+                stream(StreamName::Stdout, "a\n"),
+                Output::DisplayData {
+                    data: vec![
+                        ("text/html".into(), "<b>x</b>".into()),
+                        ("text/plain".into(), "x".into())
+                    ]
+                },
+                stream(StreamName::Stdout, "b\n"),
+                stream(StreamName::Stderr, "w"),
+                Output::ExecuteResult {
+                    data: vec![
+                        ("application/json".into(), "[1]".into()),
+                        ("text/plain".into(), String::new())
+                    ],
+                    execution_count: 4
+                },
+                // Positions past the kept text are clamped; the traceback's text is the error.
+                stream(StreamName::Stdout, "c\n"),
+                stream(StreamName::Stderr, "\nTB!!\n"),
+                Output::Error {
+                    ename: "E".into(),
+                    evalue: "v".into(),
+                    traceback: vec!["Traceback".into(), "E: v".into()]
+                },
+                // A position going back counts as no new text.
+                Output::DisplayData {
+                    data: vec![("text/plain".into(), "late".into())]
+                },
+            ]
+        );
+    }
+
+    #[test]
     fn an_oversized_frame_is_refused_before_it_is_buffered() {
         let mut decoder = FrameDecoder::new(1024);
         let err = decoder.push(&u32::MAX.to_be_bytes()).unwrap_err();

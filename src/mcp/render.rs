@@ -686,6 +686,75 @@ mod tests {
     }
 
     #[test]
+    fn rich_outputs_come_in_order_as_text_images_and_resources() {
+        use crate::engine::outcome::StreamName;
+        let limits = crate::config::Config::default().limits;
+        let png = b"\x89PNG\r\n\x1a\nrest".to_vec();
+        let png64 = base64::engine::general_purpose::STANDARD.encode(&png);
+        let mut e = sample();
+        e.outputs = vec![
+            Output::Stream {
+                name: StreamName::Stdout,
+                text: "hi\n".into(),
+            },
+            Output::DisplayData {
+                data: vec![
+                    ("image/png".into(), png64.clone()),
+                    ("text/plain".into(), "<Figure>".into()),
+                ],
+            },
+            Output::ExecuteResult {
+                data: vec![
+                    ("text/html".into(), "<table/>".into()),
+                    ("application/json".into(), "{\"a\":1}".into()),
+                    ("text/plain".into(), "   a\n0  1".into()),
+                ],
+                execution_count: 7,
+            },
+        ];
+        e.files = vec![Artifact {
+            figure: true,
+            content: Some(png),
+            ..file("figures/figure-1.png", 10, "image/png", true)
+        }];
+        let result = execution(&e, &limits, None, 5 << 20);
+        let blocks: Vec<String> = result
+            .content
+            .iter()
+            .map(|block| match block {
+                ContentBlock::Text(t) => format!("text:{}", t.text.lines().next().unwrap_or("")),
+                ContentBlock::Image(i) => format!("image:{}", i.mime_type),
+                ContentBlock::Resource(r) => match &r.resource {
+                    ResourceContents::TextResourceContents { uri, .. } => format!("resource:{uri}"),
+                    _ => "blob".into(),
+                },
+                _ => "other".into(),
+            })
+            .collect();
+        assert_eq!(
+            blocks,
+            [
+                "text:exit status 0 · 12 ms",
+                "text:--- stdout ---",
+                "image:image/png",
+                "text:Out[7]:    a",
+                "resource:sandbox-output://out-7/2.html",
+                "resource:sandbox-output://out-7/2.json",
+            ],
+            "the figure shown among the outputs is not attached again"
+        );
+        let structured = result.structured_content.unwrap();
+        let outputs = &structured["outputs"];
+        assert_eq!(outputs[0]["output_type"], "stream");
+        assert_eq!(outputs[0]["name"], "stdout");
+        assert_eq!(outputs[2]["output_type"], "execute_result");
+        assert_eq!(outputs[2]["execution_count"], 7);
+        assert_eq!(outputs[2]["data"]["application/json"]["a"], 1);
+        assert_eq!(outputs[2]["metadata"], serde_json::json!({}));
+        assert_eq!(structured["stdout"], "hi\n", "the existing fields stay");
+    }
+
+    #[test]
     fn byte_sizes_read_well() {
         assert_eq!(bytes(2 << 30), "2 GiB");
         assert_eq!(bytes(1536), "1.5 KiB");

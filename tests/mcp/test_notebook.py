@@ -135,3 +135,30 @@ async def test_input_fails_at_once_with_a_clear_error():
         assert result.is_error is True
         assert result.structured_content["error"]["type"] == "EOFError"
         assert "no terminal" in result.structured_content["error"]["message"]
+
+
+FIGURES = """
+import matplotlib
+import matplotlib.pyplot as plt
+print('before')
+plt.plot([1, 2, 3])
+plt.show()
+print('between')
+fig, ax = plt.subplots()
+ax.plot([3, 2, 1])
+fig
+"""
+
+
+async def test_a_figure_shown_and_a_figure_as_last_value_are_images_in_order():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": FIGURES, "dependencies": ["matplotlib"]})
+        assert result.is_error is False, text_of(result)
+        assert kinds(result) == ["stream:stdout", "display_data", "stream:stdout", "execute_result"]
+        out = outputs(result)
+        assert out[1]["data"]["image/png"] and out[3]["data"]["image/png"]
+        images = [b for b in result.content if b.type == "image"]
+        assert len(images) == 2, "each figure once, in order among the text"
+        assert [b.type for b in result.content] == ["text", "text", "image", "text", "text", "image"]
+        # The figures field stays as before: the figure plt.show() returned.
+        assert [f["figure"] for f in result.structured_content["files"]] == [True]
