@@ -162,3 +162,30 @@ async def test_a_figure_shown_and_a_figure_as_last_value_are_images_in_order():
         assert [b.type for b in result.content] == ["text", "text", "image", "text", "text", "image"]
         # The figures field stays as before: the figure plt.show() returned.
         assert [f["figure"] for f in result.structured_content["files"]] == [True]
+
+
+LIBRARIES = """
+import pandas as pd
+from PIL import Image
+from IPython.display import display, HTML, Markdown
+display(HTML('<i>from IPython</i>'), Markdown('**bold**'))
+display(Image.new('RGB', (4, 4), 'red'))
+pd.DataFrame({'n': range(1000), 'sq': [i * i for i in range(1000)]})
+"""
+
+
+async def test_pandas_pil_and_ipython_display_render_through_the_protocol():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": LIBRARIES, "dependencies": ["pandas", "pillow", "ipython"]})
+        assert result.is_error is False, text_of(result)
+        out = outputs(result)
+        assert [o["output_type"] for o in out] == ["display_data"] * 3 + ["execute_result"]
+        assert out[0]["data"]["text/html"] == "<i>from IPython</i>"
+        assert out[1]["data"]["text/markdown"] == "**bold**"
+        assert "image/png" in out[2]["data"]
+        table = out[3]["data"]["text/plain"]
+        # Head and tail, the shape stated, a bounded size.
+        assert "[1000 rows x 2 columns]" in table and "999" in table and len(table.splitlines()) < 30
+        assert "<table" in out[3]["data"]["text/html"]
+        blocks = [b.type for b in result.content]
+        assert blocks.count("image") == 1 and blocks.count("resource") == 3

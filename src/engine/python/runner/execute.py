@@ -99,6 +99,10 @@ class Executor:
 
     def position(self, job):
         """How many bytes of stdout and stderr the code has written so far, its buffers flushed."""
+        if os.getpid() != self.pid:
+            # A child the code forked: its outputs never reach the host, and the capture thread's
+            # lock may have been held at the fork, forever in this process.
+            return [0, 0]
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
