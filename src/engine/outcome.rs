@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::protocol::{ChangedEntry, RaisedException, RunnerResult};
+pub use super::protocol::{MimeBundle, Output, StreamName};
 
 /// The outcome of one execution.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -40,6 +41,12 @@ pub struct Execution {
     /// Where the whole output is kept, when its reader sees only part of it
     /// (`RunOptions::keep_whole_output`).
     pub whole_output: Option<WholeOutput>,
+    /// What the code showed, in order: streams, displays, its last expression's value, the error
+    /// (nbformat v4 outputs). Empty when the runner did not report them (a shell command, a
+    /// runner that died).
+    pub outputs: Vec<Output>,
+    /// Outputs the runner dropped over their bounds.
+    pub outputs_dropped: u64,
 }
 
 impl Execution {
@@ -52,6 +59,8 @@ impl Execution {
             duration: Duration::from_secs_f64(result.duration_ms / 1000.0),
             truncated_bytes: result.dropped_bytes,
             error: result.error,
+            outputs: result.outputs,
+            outputs_dropped: result.outputs_dropped,
             changes: Changes {
                 entries: result.changed,
                 left_out: result.changed_left_out,

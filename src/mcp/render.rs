@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::config::Limits;
 use crate::engine::artifacts::{display_path, is_displayable_image};
+use crate::engine::outcome::Output;
 use crate::engine::{Artifact, Execution, KeptStream};
 use crate::text::{self, bytes, duration, Excerpt};
 
@@ -49,6 +50,178 @@ pub struct ExecutionOutput {
     pub files: Vec<FileOutput>,
     /// The dependencies in force, when some were requested.
     pub dependencies: Option<DependenciesOutput>,
+    /// Everything the code showed, in the order it did, shaped like Jupyter's nbformat v4
+    /// outputs: `stream` (stdout/stderr text), `display_data` (display()), `execute_result` (the
+    /// value of the last expression), `error` (the exception that ended the code).
+    pub outputs: Vec<OutputJson>,
+    /// Displays left out of `outputs` over their count or size limits.
+    pub outputs_dropped: u64,
+}
+
+/// One output, as in a Jupyter notebook (nbformat v4).
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(tag = "output_type", rename_all = "snake_case")]
+pub enum OutputJson {
+    Stream {
+        /// `stdout` or `stderr`.
+        name: String,
+        text: String,
+    },
+    DisplayData {
+        /// By MIME type: text; base64 for images; the JSON itself for application/json.
+        data: serde_json::Map<String, serde_json::Value>,
+        metadata: serde_json::Map<String, serde_json::Value>,
+    },
+    ExecuteResult {
+        /// By MIME type: text; base64 for images; the JSON itself for application/json.
+        data: serde_json::Map<String, serde_json::Value>,
+        metadata: serde_json::Map<String, serde_json::Value>,
+        /// Counts the session's executions, like a notebook's `Out[n]`.
+        execution_count: u64,
+    },
+    Error {
+        ename: String,
+        evalue: String,
+        traceback: Vec<String>,
+    },
+}
+
+fn bundle_json(bundle: &[(String, String)]) -> serde_json::Map<String, serde_json::Value> {
+    bundle
+        .iter()
+        .map(|(mime, value)| {
+            let value = if mime == "application/json" {
+                // Checked to parse when it came from the sandbox.
+                serde_json::from_str(value).unwrap_or_else(|_| value.clone().into())
+            } else {
+                value.clone().into()
+            };
+            (mime.clone(), value)
+        })
+        .collect()
+}
+
+impl OutputJson {
+    pub fn of(output: &Output) -> Self {
+        match output {
+            Output::Stream { name, text } => OutputJson::Stream {
+                name: name.as_str().to_string(),
+                text: text.clone(),
+            },
+            Output::DisplayData { data } => OutputJson::DisplayData {
+                data: bundle_json(data),
+                metadata: Default::default(),
+            },
+            Output::ExecuteResult {
+                data,
+                execution_count,
+            } => OutputJson::ExecuteResult {
+                data: bundle_json(data),
+                metadata: Default::default(),
+                execution_count: *execution_count,
+            },
+            Output::Error {
+                ename,
+                evalue,
+                traceback,
+            } => OutputJson::Error {
+                ename: ename.clone(),
+                evalue: evalue.clone(),
+                traceback: traceback.clone(),
+            },
+        }
+    }
+}
+
+/// The scheme of the embedded resources that carry rich outputs (HTML, Markdown, LaTeX, JSON,
+/// SVG). They are not files: `resources/read` does not serve them, the URI only names the output
+/// (`sandbox-output://out-N/I.ext`: execution N's output I).
+pub const OUTPUT_SCHEME: &str = "sandbox-output://";
+
+/// MIME types shown as an embedded resource beside a text rendering, and their URIs' extension.
+const RESOURCE_MIMES: &[(&str, &str)] = &[
+    ("text/html", "html"),
+    ("text/markdown", "md"),
+    ("text/latex", "tex"),
+    ("application/json", "json"),
+    ("image/svg+xml", "svg"),
+];
+
+/// `repr`'s default for objects without one (`<module.Class object at 0x...>`): says nothing.
+fn is_default_repr(text: &str) -> bool {
+    text.starts_with('<') && text.contains(" object at 0x") && !text.contains('\n')
+}
+
+/// Content blocks for the outputs, in order: text for streams, the text rendering of every
+/// display and value, images as images, HTML/Markdown/LaTeX/JSON/SVG as embedded resources.
+fn output_blocks(outputs: &[Output], execution_count: Option<u64>) -> Vec<ContentBlock> {
+    let mut blocks = Vec::new();
+    for (index, output) in outputs.iter().enumerate() {
+        let (data, label) = match output {
+            Output::Stream { name, text } => {
+                blocks.push(ContentBlock::text(format!(
+                    "--- {} ---\n{text}",
+                    name.as_str()
+                )));
+                continue;
+            }
+            Output::Error { traceback, .. } => {
+                blocks.push(ContentBlock::text(traceback.join("\n")));
+                continue;
+            }
+            Output::DisplayData { data } => (data, String::new()),
+            Output::ExecuteResult {
+                data,
+                execution_count,
+            } => (data, format!("Out[{execution_count}]: ")),
+        };
+        let get = |mime: &str| {
+            data.iter()
+                .find(|(m, _)| m == mime)
+                .map(|(_, v)| v.as_str())
+        };
+        let plain = get("text/plain").unwrap_or_default();
+        let image = ["image/png", "image/jpeg"]
+            .into_iter()
+            .find_map(|mime| Some((mime, get(mime)?)));
+        let rich = RESOURCE_MIMES
+            .iter()
+            .filter_map(|(mime, ext)| Some((*mime, *ext, get(mime)?)))
+            .collect::<Vec<_>>();
+        // The text a model reads: the plain repr, unless it is repr's empty default and a
+        // readable form exists (Markdown, LaTeX and JSON read well as they are; HTML comes last).
+        let text = if !is_default_repr(plain) || (image.is_none() && rich.is_empty()) {
+            Some(plain)
+        } else {
+            rich.iter()
+                .find(|(mime, _, _)| *mime != "image/svg+xml")
+                .map(|(_, _, value)| *value)
+        };
+        if let Some(text) = text.filter(|t| !t.is_empty() && (image.is_none() || !label.is_empty()))
+        {
+            blocks.push(ContentBlock::text(format!("{label}{text}")));
+        }
+        if let Some((mime, base64)) = image {
+            blocks.push(ContentBlock::image(base64.to_string(), mime.to_string()));
+        }
+        for (mime, ext, value) in rich {
+            let uri = format!(
+                "{OUTPUT_SCHEME}out-{}/{index}.{ext}",
+                execution_count.unwrap_or(0)
+            );
+            blocks.push(ContentBlock::resource(
+                ResourceContents::text(value, uri).with_mime_type(mime),
+            ));
+        }
+    }
+    blocks
+}
+
+/// Outputs beyond what the stdout/stderr summary says: displays or a last value.
+fn has_rich_outputs(outputs: &[Output]) -> bool {
+    outputs
+        .iter()
+        .any(|o| matches!(o, Output::DisplayData { .. } | Output::ExecuteResult { .. }))
 }
 
 /// A stream of output cut to its head and tail for the model, and where its whole is.
@@ -335,7 +508,9 @@ pub fn execution(
         .iter()
         .map(|a| delivery(a, container_id, readable_max))
         .collect();
-    let text = summary(execution, limits, &stdout, &stderr, &deliveries);
+    // With displays or a last value, the streams come in order among them rather than first.
+    let rich = has_rich_outputs(&execution.outputs);
+    let text = summary(execution, limits, &stdout, &stderr, &deliveries, rich);
     let output = ExecutionOutput {
         stdout,
         stderr,
@@ -372,9 +547,42 @@ pub fn execution(
             requirements: d.requirements.clone(),
             installed: d.installed,
         }),
+        outputs: execution.outputs.iter().map(OutputJson::of).collect(),
+        outputs_dropped: execution.outputs_dropped,
     };
     let mut content = vec![ContentBlock::text(text)];
+    // Figures shown among the outputs are not attached a second time.
+    let mut shown_images = std::collections::HashSet::new();
+    if rich {
+        let count = execution.outputs.iter().find_map(|o| match o {
+            Output::ExecuteResult {
+                execution_count, ..
+            } => Some(*execution_count),
+            _ => None,
+        });
+        content.extend(output_blocks(&execution.outputs, count));
+        for output in &execution.outputs {
+            if let Output::DisplayData { data } | Output::ExecuteResult { data, .. } = output {
+                shown_images.extend(
+                    data.iter()
+                        .filter(|(m, _)| m == "image/png")
+                        .map(|(_, v)| v.as_str()),
+                );
+            }
+        }
+    }
     for (a, delivery) in execution.files.iter().zip(&deliveries) {
+        if a.figure
+            && a.content.as_ref().is_some_and(|png| {
+                shown_images.contains(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(png)
+                        .as_str(),
+                )
+            })
+        {
+            continue;
+        }
         match delivery {
             Delivery::Inline => content.extend(file_block(a)),
             Delivery::Link(uri) => content.push(ContentBlock::resource_link(
@@ -400,6 +608,7 @@ fn summary(
     stdout: &str,
     stderr: &str,
     deliveries: &[Delivery],
+    rich: bool,
 ) -> String {
     let mut text = String::new();
     let status = if execution.timed_out {
@@ -426,22 +635,30 @@ fn summary(
             deps.requirements.join(", ")
         ));
     }
-    if !stdout.is_empty() {
+    if rich {
+        text.push_str("(what the code showed follows, in order)\n");
+    } else if !stdout.is_empty() {
         text.push_str("--- stdout ---\n");
         text.push_str(stdout);
         if !stdout.ends_with('\n') {
             text.push('\n');
         }
     }
-    if !stderr.is_empty() {
+    if !stderr.is_empty() && !rich {
         text.push_str("--- stderr ---\n");
         text.push_str(stderr);
         if !stderr.ends_with('\n') {
             text.push('\n');
         }
     }
-    if stdout.is_empty() && stderr.is_empty() {
+    if stdout.is_empty() && stderr.is_empty() && !rich {
         text.push_str("(no output)\n");
+    }
+    if execution.outputs_dropped > 0 {
+        text.push_str(&format!(
+            "[{} displays were left out: over the limits of count or size]\n",
+            execution.outputs_dropped
+        ));
     }
     if execution.truncated_bytes > 0 {
         text.push_str(&format!(
@@ -685,6 +902,75 @@ mod tests {
             text.contains("the whole stdout (4.9 KiB) was not kept …]"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn rich_outputs_come_in_order_as_text_images_and_resources() {
+        use crate::engine::outcome::StreamName;
+        let limits = crate::config::Config::default().limits;
+        let png = b"\x89PNG\r\n\x1a\nrest".to_vec();
+        let png64 = base64::engine::general_purpose::STANDARD.encode(&png);
+        let mut e = sample();
+        e.outputs = vec![
+            Output::Stream {
+                name: StreamName::Stdout,
+                text: "hi\n".into(),
+            },
+            Output::DisplayData {
+                data: vec![
+                    ("image/png".into(), png64.clone()),
+                    ("text/plain".into(), "<Figure>".into()),
+                ],
+            },
+            Output::ExecuteResult {
+                data: vec![
+                    ("text/html".into(), "<table/>".into()),
+                    ("application/json".into(), "{\"a\":1}".into()),
+                    ("text/plain".into(), "   a\n0  1".into()),
+                ],
+                execution_count: 7,
+            },
+        ];
+        e.files = vec![Artifact {
+            figure: true,
+            content: Some(png),
+            ..file("figures/figure-1.png", 10, "image/png", true)
+        }];
+        let result = execution(&e, &limits, None, 5 << 20);
+        let blocks: Vec<String> = result
+            .content
+            .iter()
+            .map(|block| match block {
+                ContentBlock::Text(t) => format!("text:{}", t.text.lines().next().unwrap_or("")),
+                ContentBlock::Image(i) => format!("image:{}", i.mime_type),
+                ContentBlock::Resource(r) => match &r.resource {
+                    ResourceContents::TextResourceContents { uri, .. } => format!("resource:{uri}"),
+                    _ => "blob".into(),
+                },
+                _ => "other".into(),
+            })
+            .collect();
+        assert_eq!(
+            blocks,
+            [
+                "text:exit status 0 · 12 ms",
+                "text:--- stdout ---",
+                "image:image/png",
+                "text:Out[7]:    a",
+                "resource:sandbox-output://out-7/2.html",
+                "resource:sandbox-output://out-7/2.json",
+            ],
+            "the figure shown among the outputs is not attached again"
+        );
+        let structured = result.structured_content.unwrap();
+        let outputs = &structured["outputs"];
+        assert_eq!(outputs[0]["output_type"], "stream");
+        assert_eq!(outputs[0]["name"], "stdout");
+        assert_eq!(outputs[2]["output_type"], "execute_result");
+        assert_eq!(outputs[2]["execution_count"], 7);
+        assert_eq!(outputs[2]["data"]["application/json"]["a"], 1);
+        assert_eq!(outputs[2]["metadata"], serde_json::json!({}));
+        assert_eq!(structured["stdout"], "hi\n", "the existing fields stay");
     }
 
     #[test]

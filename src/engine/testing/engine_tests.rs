@@ -523,3 +523,50 @@ async fn without_a_files_directory_an_ephemeral_run_says_the_whole_output_is_not
     assert!(all.whole_output.is_none());
     engine.settle().await;
 }
+
+#[tokio::test]
+async fn a_session_shows_its_last_value_and_keeps_it_in_underscore() {
+    use crate::engine::outcome::{Output, StreamName};
+    let (engine, _fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let id = within(LIMIT, engine.create_session(Scope::Server, &options))
+        .await
+        .expect("create");
+    let run = |code: &'static str| {
+        let engine = &engine;
+        let id = &id;
+        let options = &options;
+        async move {
+            engine
+                .execute_in_session(Scope::Server, id, Task::Python(code), options)
+                .await
+                .expect("execute")
+        }
+    };
+    let first = run("print('a')\ndisplay('b')\nprint('c')\n6 * 7").await;
+    let plain = |output: &Output| match output {
+        Output::DisplayData { data } | Output::ExecuteResult { data, .. } => data
+            .iter()
+            .find(|(mime, _)| mime == "text/plain")
+            .map(|(_, value)| value.clone()),
+        _ => None,
+    };
+    assert_eq!(first.outputs.len(), 4, "{:?}", first.outputs);
+    assert_eq!(
+        first.outputs[0],
+        Output::Stream {
+            name: StreamName::Stdout,
+            text: "a\n".into()
+        }
+    );
+    assert_eq!(plain(&first.outputs[1]).as_deref(), Some("'b'"));
+    assert!(matches!(&first.outputs[3], Output::ExecuteResult { .. }));
+    assert_eq!(plain(&first.outputs[3]).as_deref(), Some("42"));
+    let second = run("_ + 1").await;
+    assert_eq!(plain(&second.outputs[0]).as_deref(), Some("43"));
+    let quiet = run("_ + 1;").await;
+    assert!(quiet.outputs.is_empty(), "{:?}", quiet.outputs);
+    let asked = run("input()").await;
+    assert_eq!(asked.error.map(|e| e.kind).as_deref(), Some("EOFError"));
+    engine.stop_session(Scope::Server, &id).await.expect("stop");
+}

@@ -1,10 +1,16 @@
-# Reading an execution's stdout and stderr pipes within the output cap.
+# Reading an execution's stdout and stderr pipes within the output cap, and knowing at any moment
+# how much of each stream has been written (display.py places outputs between stream bytes so).
 
+import fcntl
 import os
 import queue
 import select
+import sys
 import threading
 import time
+
+# The ioctl that tells how many bytes wait in a pipe (termios.FIONREAD, without importing termios).
+FIONREAD = 0x541B
 
 
 class CaptureJob:
@@ -15,6 +21,10 @@ class CaptureJob:
         self.kept = [bytearray(), bytearray()]
         self.dropped = [0, 0]
         self.room = cap
+        # Bytes read from each pipe (kept or dropped). Reading a chunk and counting it happen under
+        # the lock, so `position` never sees a chunk in between.
+        self.read = [0, 0]
+        self.lock = threading.Lock()
         self.finish_requested = threading.Event()
         self.done = threading.Event()
 
@@ -35,22 +45,38 @@ class CaptureJob:
                     stream = self.fds.get(fd)
                     if stream is None:
                         continue
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        poller.unregister(fd)
-                        del self.fds[fd]
-                        os.close(fd)
-                        continue
+                    with self.lock:
+                        chunk = os.read(fd, 65536)
+                        if not chunk:
+                            poller.unregister(fd)
+                            del self.fds[fd]
+                            os.close(fd)
+                            continue
+                        self.read[stream] += len(chunk)
                     keep = min(len(chunk), self.room)
                     if keep:
                         self.kept[stream] += chunk[:keep]
                         self.room -= keep
                     self.dropped[stream] += len(chunk) - keep
         finally:
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = {}
+            with self.lock:
+                for fd in self.fds:
+                    os.close(fd)
+                self.fds = {}
             self.done.set()
+
+    def position(self):
+        """[stdout, stderr]: the bytes written to each stream so far, read or still in its pipe
+        (the caller flushes Python's buffers first)."""
+        with self.lock:
+            position = list(self.read)
+            for fd, stream in self.fds.items():
+                try:
+                    pending = fcntl.ioctl(fd, FIONREAD, b"\0\0\0\0")
+                    position[stream] += int.from_bytes(pending, sys.byteorder)
+                except OSError:
+                    pass
+            return position
 
 
 class Capture:

@@ -2,7 +2,8 @@
 # runner, so a session keeps its variables between executions. Its stdout and stderr are captured
 # within the request's cap; a SIGINT (which the supervisor passes on from the host) interrupts it
 # with KeyboardInterrupt. The result names the workspace files the execution created or changed and
-# carries the matplotlib figures it showed or left open.
+# carries the matplotlib figures it showed or left open. The value of the code's last expression
+# and what it passed to display() come back as outputs in order with its prints (display.py).
 
 import base64
 import linecache
@@ -15,6 +16,7 @@ import traceback
 
 # Called through the module, like protocol.send_frame (see runner.main).
 from . import changes as workspace_changes
+from . import display as rich
 from .capture import Capture
 from .processes import kill_others, other_processes
 
@@ -60,10 +62,12 @@ class Executor:
     """The runner's executions: its namespace, the capture thread, and whether code is running.
     Made once per runner, after its standard streams point at /dev/null (`devnull`)."""
 
-    def __init__(self, devnull, figures):
+    def __init__(self, devnull, figures, display):
         self.pid = os.getpid()
         self.devnull = devnull
         self.figures = figures
+        self.display = display
+        self.outputs = None
         self.executing = False
         self.counter = 0
         self.capture = Capture()
@@ -82,11 +86,37 @@ class Executor:
         kill_others(2.0, lambda children: not other_processes(self.pid))
 
     def run_code(self, code):
-        self.counter += 1
         filename = "<run %d>" % self.counter
         # Register the source so tracebacks can show the failing lines.
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        exec(compile(code, filename, "exec"), self.namespace)
+        body, expression = rich.last_expression_split(code, filename)
+        exec(body, self.namespace)
+        if expression is not None:
+            value = eval(expression, self.namespace)
+            if value is not None:
+                self.namespace["_"] = value
+                self.outputs.display(value, result=True)
+
+    def position(self, job):
+        """How many bytes of stdout and stderr the code has written so far, its buffers flushed."""
+        if os.getpid() != self.pid:
+            # A child the code forked: its outputs never reach the host, and the capture thread's
+            # lock may have been held at the fork, forever in this process.
+            return [0, 0]
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        return job.position()
+
+    def record_error(self, exc, job):
+        """The exception as an `error` output and, as before, its traceback on stderr; the
+        output records where the traceback's text is, so that it is not shown twice."""
+        text = user_traceback(exc)
+        at = self.position(job)
+        sys.stderr.write(text)
+        self.outputs.error(exc, text, at, self.position(job))
 
     def execute(self, request):
         op = request.get("op")
@@ -95,6 +125,11 @@ class Executor:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         job = self.capture.start(out_r, err_r, cap)
+        if op != "shell":
+            self.counter += 1  # the execution count of nbformat, and <run N> in tracebacks
+        self.outputs = rich.Outputs(lambda: self.position(job), cap, self.counter)
+        self.display.outputs = self.outputs
+        self.figures.outputs = self.outputs
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.close(out_w)
@@ -118,7 +153,7 @@ class Executor:
             interrupted = True
             exit_code = 130
             error = {"type": "KeyboardInterrupt", "message": "interrupted"}
-            sys.stderr.write(user_traceback(exc))
+            self.record_error(exc, job)
         except BaseException as exc:  # the code's own failure, reported like Python would
             exit_code = 1
             try:
@@ -126,7 +161,7 @@ class Executor:
             except Exception:  # a __str__ that raises
                 message = "(the exception's message could not be read)"
             error = {"type": type(exc).__name__, "message": message}
-            sys.stderr.write(user_traceback(exc))
+            self.record_error(exc, job)
         duration = time.monotonic() - started
         if os.getpid() != self.pid:
             # A child the code forked has finished the code: it must not go on as a runner.
@@ -134,6 +169,7 @@ class Executor:
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is not None and not interrupted:
             self.figures.capture(pyplot, skip_saved=True)
+        self.display.outputs = self.figures.outputs = None
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -169,4 +205,6 @@ class Executor:
             "files_left_out": left_out,
             "files_truncated": truncated,
             "figures": [base64.b64encode(f).decode("ascii") for f in self.figures.take()],
+            "outputs": self.outputs.items,
+            "outputs_dropped": self.outputs.dropped,
         }

@@ -14,6 +14,8 @@ class Figures:
     def __init__(self):
         self.captured = []
         self.size = 0
+        # The running execution's outputs (display.Outputs): a figure is also a display there.
+        self.outputs = None
 
     def capture(self, pyplot, skip_saved=False):
         try:
@@ -29,6 +31,8 @@ class Figures:
                 if self.size + len(data) <= MAX_FIGURES_BYTES:
                     self.captured.append(data)
                     self.size += len(data)
+                    if self.outputs is not None:
+                        self.outputs.image(data)
             pyplot.close("all")
         except Exception:
             pass

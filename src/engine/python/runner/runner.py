@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import figures, protocol
+from . import display, figures, protocol
 from .execute import Executor
 from .seccomp import forbid_targeting_init
 from .workspace import list_directory, read_file, write_file
@@ -36,7 +36,7 @@ def main():
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    executor = Executor(devnull, figures.install())
+    executor = Executor(devnull, figures.install(), display.install())
     signal.signal(signal.SIGINT, executor.on_sigint)
     sys.argv = [""]
     protocol.send_frame(
