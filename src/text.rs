@@ -8,6 +8,15 @@ pub fn duration(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
+/// A count with its noun: `1 line`, `3 lines`.
+pub fn count(n: u64, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}
+
 /// A size for people: `2 GiB`, `1.5 KiB`, `10 bytes` (binary units, like the settings).
 pub fn bytes(n: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];

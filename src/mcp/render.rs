@@ -6,9 +6,10 @@ use rmcp::model::{CallToolResult, ContentBlock, Resource, ResourceContents};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use super::notebook::{self, OutputJson};
 use crate::config::Limits;
 use crate::engine::artifacts::{display_path, is_displayable_image};
-use crate::engine::outcome::Output;
+use crate::engine::outcome::{Output, StreamName};
 use crate::engine::{Artifact, Execution, KeptStream};
 use crate::text::{self, bytes, duration, Excerpt};
 
@@ -56,172 +57,6 @@ pub struct ExecutionOutput {
     pub outputs: Vec<OutputJson>,
     /// Displays left out of `outputs` over their count or size limits.
     pub outputs_dropped: u64,
-}
-
-/// One output, as in a Jupyter notebook (nbformat v4).
-#[derive(Debug, Serialize, JsonSchema)]
-#[serde(tag = "output_type", rename_all = "snake_case")]
-pub enum OutputJson {
-    Stream {
-        /// `stdout` or `stderr`.
-        name: String,
-        text: String,
-    },
-    DisplayData {
-        /// By MIME type: text; base64 for images; the JSON itself for application/json.
-        data: serde_json::Map<String, serde_json::Value>,
-        metadata: serde_json::Map<String, serde_json::Value>,
-    },
-    ExecuteResult {
-        /// By MIME type: text; base64 for images; the JSON itself for application/json.
-        data: serde_json::Map<String, serde_json::Value>,
-        metadata: serde_json::Map<String, serde_json::Value>,
-        /// Counts the session's executions, like a notebook's `Out[n]`.
-        execution_count: u64,
-    },
-    Error {
-        ename: String,
-        evalue: String,
-        traceback: Vec<String>,
-    },
-}
-
-fn bundle_json(bundle: &[(String, String)]) -> serde_json::Map<String, serde_json::Value> {
-    bundle
-        .iter()
-        .map(|(mime, value)| {
-            let value = if mime == "application/json" {
-                // Checked to parse when it came from the sandbox.
-                serde_json::from_str(value).unwrap_or_else(|_| value.clone().into())
-            } else {
-                value.clone().into()
-            };
-            (mime.clone(), value)
-        })
-        .collect()
-}
-
-impl OutputJson {
-    pub fn of(output: &Output) -> Self {
-        match output {
-            Output::Stream { name, text } => OutputJson::Stream {
-                name: name.as_str().to_string(),
-                text: text.clone(),
-            },
-            Output::DisplayData { data } => OutputJson::DisplayData {
-                data: bundle_json(data),
-                metadata: Default::default(),
-            },
-            Output::ExecuteResult {
-                data,
-                execution_count,
-            } => OutputJson::ExecuteResult {
-                data: bundle_json(data),
-                metadata: Default::default(),
-                execution_count: *execution_count,
-            },
-            Output::Error {
-                ename,
-                evalue,
-                traceback,
-            } => OutputJson::Error {
-                ename: ename.clone(),
-                evalue: evalue.clone(),
-                traceback: traceback.clone(),
-            },
-        }
-    }
-}
-
-/// The scheme of the embedded resources that carry rich outputs (HTML, Markdown, LaTeX, JSON,
-/// SVG). They are not files: `resources/read` does not serve them, the URI only names the output
-/// (`sandbox-output://out-N/I.ext`: execution N's output I).
-pub const OUTPUT_SCHEME: &str = "sandbox-output://";
-
-/// MIME types shown as an embedded resource beside a text rendering, and their URIs' extension.
-const RESOURCE_MIMES: &[(&str, &str)] = &[
-    ("text/html", "html"),
-    ("text/markdown", "md"),
-    ("text/latex", "tex"),
-    ("application/json", "json"),
-    ("image/svg+xml", "svg"),
-];
-
-/// `repr`'s default for objects without one (`<module.Class object at 0x...>`): says nothing.
-fn is_default_repr(text: &str) -> bool {
-    text.starts_with('<') && text.contains(" object at 0x") && !text.contains('\n')
-}
-
-/// Content blocks for the outputs, in order: text for streams, the text rendering of every
-/// display and value, images as images, HTML/Markdown/LaTeX/JSON/SVG as embedded resources.
-fn output_blocks(outputs: &[Output], execution_count: Option<u64>) -> Vec<ContentBlock> {
-    let mut blocks = Vec::new();
-    for (index, output) in outputs.iter().enumerate() {
-        let (data, label) = match output {
-            Output::Stream { name, text } => {
-                blocks.push(ContentBlock::text(format!(
-                    "--- {} ---\n{text}",
-                    name.as_str()
-                )));
-                continue;
-            }
-            Output::Error { traceback, .. } => {
-                blocks.push(ContentBlock::text(traceback.join("\n")));
-                continue;
-            }
-            Output::DisplayData { data } => (data, String::new()),
-            Output::ExecuteResult {
-                data,
-                execution_count,
-            } => (data, format!("Out[{execution_count}]: ")),
-        };
-        let get = |mime: &str| {
-            data.iter()
-                .find(|(m, _)| m == mime)
-                .map(|(_, v)| v.as_str())
-        };
-        let plain = get("text/plain").unwrap_or_default();
-        let image = ["image/png", "image/jpeg"]
-            .into_iter()
-            .find_map(|mime| Some((mime, get(mime)?)));
-        let rich = RESOURCE_MIMES
-            .iter()
-            .filter_map(|(mime, ext)| Some((*mime, *ext, get(mime)?)))
-            .collect::<Vec<_>>();
-        // The text a model reads: the plain repr, unless it is repr's empty default and a
-        // readable form exists (Markdown, LaTeX and JSON read well as they are; HTML comes last).
-        let text = if !is_default_repr(plain) || (image.is_none() && rich.is_empty()) {
-            Some(plain)
-        } else {
-            rich.iter()
-                .find(|(mime, _, _)| *mime != "image/svg+xml")
-                .map(|(_, _, value)| *value)
-        };
-        if let Some(text) = text.filter(|t| !t.is_empty() && (image.is_none() || !label.is_empty()))
-        {
-            blocks.push(ContentBlock::text(format!("{label}{text}")));
-        }
-        if let Some((mime, base64)) = image {
-            blocks.push(ContentBlock::image(base64.to_string(), mime.to_string()));
-        }
-        for (mime, ext, value) in rich {
-            let uri = format!(
-                "{OUTPUT_SCHEME}out-{}/{index}.{ext}",
-                execution_count.unwrap_or(0)
-            );
-            blocks.push(ContentBlock::resource(
-                ResourceContents::text(value, uri).with_mime_type(mime),
-            ));
-        }
-    }
-    blocks
-}
-
-/// Outputs beyond what the stdout/stderr summary says: displays or a last value.
-fn has_rich_outputs(outputs: &[Output]) -> bool {
-    outputs
-        .iter()
-        .any(|o| matches!(o, Output::DisplayData { .. } | Output::ExecuteResult { .. }))
 }
 
 /// A stream of output cut to its head and tail for the model, and where its whole is.
@@ -295,17 +130,10 @@ impl CutOutput {
             }
             _ => String::new(),
         };
-        let plural = |n: u64, one: &str| {
-            if n == 1 {
-                format!("1 {one}")
-            } else {
-                format!("{n} {one}s")
-            }
-        };
         format!(
             "[… {} ({}) cut here; the whole {stream} ({}) {whole}{note} …]",
-            plural(self.cut_chars, "character"),
-            plural(self.cut_lines, "line"),
+            text::count(self.cut_chars, "character"),
+            text::count(self.cut_lines, "line"),
             bytes(self.whole_bytes),
         )
     }
@@ -503,13 +331,27 @@ pub fn execution(
     });
     let stdout = shown("stdout", &stdout_excerpt, stdout_cut.as_ref());
     let stderr = shown("stderr", &stderr_excerpt, stderr_cut.as_ref());
+    // The outputs' stream text is the same text, cut the same way.
+    let cut_line = |name: StreamName, excerpt: &Excerpt| {
+        let (whole, kept) = match name {
+            StreamName::Stdout => (execution.stdout.len(), kept.map(|k| &k.stdout)),
+            StreamName::Stderr => (execution.stderr.len(), kept.map(|k| &k.stderr)),
+        };
+        CutOutput::of(excerpt, whole, kept, container_id).line(name.as_str())
+    };
+    let outputs = notebook::bounded(
+        &execution.outputs,
+        [stdout_share, stderr_share],
+        limits.model_output_chars,
+        &cut_line,
+    );
     let deliveries: Vec<Delivery> = execution
         .files
         .iter()
         .map(|a| delivery(a, container_id, readable_max))
         .collect();
     // With displays or a last value, the streams come in order among them rather than first.
-    let rich = has_rich_outputs(&execution.outputs);
+    let rich = notebook::has_rich_outputs(&outputs);
     let text = summary(execution, limits, &stdout, &stderr, &deliveries, rich);
     let output = ExecutionOutput {
         stdout,
@@ -547,21 +389,21 @@ pub fn execution(
             requirements: d.requirements.clone(),
             installed: d.installed,
         }),
-        outputs: execution.outputs.iter().map(OutputJson::of).collect(),
+        outputs: outputs.iter().map(OutputJson::of).collect(),
         outputs_dropped: execution.outputs_dropped,
     };
     let mut content = vec![ContentBlock::text(text)];
     // Figures shown among the outputs are not attached a second time.
     let mut shown_images = std::collections::HashSet::new();
     if rich {
-        let count = execution.outputs.iter().find_map(|o| match o {
+        let count = outputs.iter().find_map(|o| match o {
             Output::ExecuteResult {
                 execution_count, ..
             } => Some(*execution_count),
             _ => None,
         });
-        content.extend(output_blocks(&execution.outputs, count));
-        for output in &execution.outputs {
+        content.extend(notebook::output_blocks(&outputs, count));
+        for output in &outputs {
             if let Output::DisplayData { data } | Output::ExecuteResult { data, .. } = output {
                 shown_images.extend(
                     data.iter()

@@ -122,8 +122,10 @@ async def test_misbehaving_reprs_do_not_break_the_session():
         assert "boom" in value["data"]["text/plain"] and "text/html" not in value["data"]
         huge = await run(client, code_huge, session)
         [value] = outputs(huge)
-        assert 100_000 <= len(value["data"]["text/plain"]) < 200_000
-        assert "more characters" in value["data"]["text/plain"]
+        # The runner keeps 100 000 characters; the result keeps head and tail of half the budget.
+        plain = value["data"]["text/plain"]
+        assert len(plain) < 10_000 + 300 and plain.startswith("xxx"), len(plain)
+        assert "of this value cut …]" in plain and "more characters" in plain
         after = await run(client, "1 + 1", session)
         assert outputs(after)[0]["data"]["text/plain"] == "2"
         await client.call_tool("sandbox_stop", {"container_id": session})

@@ -1,5 +1,7 @@
 """Results sized for a model (SANDBOX_MODEL_OUTPUT): whatever the code prints, the text and
-structured content a model reads stay within a small multiple of the budget, the cut part is one
+structured content a model reads stay within a small multiple of the budget (a stream's text is
+there three times: in the text block, in `stdout`/`stderr` and in `outputs`; displays and values
+share twice the budget, in a text block and in `outputs`), the cut part is one
 line saying how much was cut and where the whole output is, and the whole output is kept: saved
 with the run's files on the host and, in a session, in /workspace/.outputs/."""
 
@@ -14,6 +16,11 @@ pytestmark = pytest.mark.anyio
 
 BUDGET = 20_000  # the default
 CAPTURE = 8 << 20  # SANDBOX_MAX_OUTPUT for these tests: more than the budget, less than printed
+
+# Three copies of the streams' budget, and room for the JSON around them.
+STREAMS_BOUND = 3 * BUDGET + BUDGET // 2
+# The streams' copies, and two of the displays' share (twice the budget).
+DISPLAYS_BOUND = STREAMS_BOUND + 4 * BUDGET + BUDGET // 2
 
 # About 50 MB: 50 000 numbered lines of 1 000 characters.
 FIFTY_MB = "line = 'x' * 992\nfor i in range(50_000):\n    print(f'{i:06d}', line)\n"
@@ -33,7 +40,7 @@ async def test_fifty_megabytes_of_output_come_back_within_the_budget_and_are_sav
     async with connect(SANDBOX_FILES_DIR=str(tmp_path), SANDBOX_MAX_OUTPUT="8m", SANDBOX_TIMEOUT="300") as client:
         result = await client.call_tool("run_python_ephemeral", {"code": FIFTY_MB})
         assert result.is_error is False, text_of(result)[:2000]
-        assert result_size(result) <= 3 * BUDGET, result_size(result)
+        assert result_size(result) <= STREAMS_BOUND, result_size(result)
         text = text_of(result)
         structured = result.structured_content
         assert structured["truncated"] is True  # the capture itself stopped at SANDBOX_MAX_OUTPUT
@@ -62,7 +69,7 @@ async def test_a_session_can_read_its_whole_output_in_the_workspace(tmp_path):
         code = "import sys\nfor i in range(3000):\n    print(f'out {i:05d}')\nprint('boom ' * 5000, file=sys.stderr)\n"
         result = await client.call_tool("run_python", {"container_id": cid, "code": code})
         assert result.is_error is False, text_of(result)[:2000]
-        assert result_size(result) <= 3 * BUDGET
+        assert result_size(result) <= STREAMS_BOUND
         structured = result.structured_content
         expected = "".join(f"out {i:05d}\n" for i in range(3000))
         assert len(cut_lines(text_of(result))) == 2  # one for each stream
@@ -106,3 +113,41 @@ async def test_output_within_the_budget_is_unchanged():
         longer = await client.call_tool("run_python_ephemeral", {"code": code.replace("500", "700")})
         assert longer.structured_content["stdout_cut"]["cut_chars"] > 0
         assert longer.structured_content["stderr_cut"] is None
+
+
+# Each display is large in both its plain and its HTML form; there are more than fit.
+MANY_LARGE_DISPLAYS = """
+class Big:
+    def __init__(self, n):
+        self.n = n
+    def _repr_html_(self):
+        return '<p>' + 'h' * 20_000 + '</p>'
+    def __repr__(self):
+        return f'big {self.n} ' + 'r' * 50_000
+for i in range(10):
+    display(Big(i))
+print('printed ' * 10_000)
+Big('last')
+"""
+
+
+async def test_displays_and_values_beyond_the_budget_stay_within_a_small_multiple():
+    async with connect() as client:
+        result = await client.call_tool("run_python_ephemeral", {"code": MANY_LARGE_DISPLAYS})
+        assert result.is_error is False, text_of(result)[:2000]
+        assert result_size(result) <= DISPLAYS_BOUND, result_size(result)
+        outputs = result.structured_content["outputs"]
+        kinds = [o["output_type"] for o in outputs]
+        assert kinds == ["display_data"] * 10 + ["stream", "execute_result"], kinds
+        first = outputs[0]["data"]
+        assert first["text/html"].startswith("<p>hhh"), "the first HTML fits whole"
+        assert first["text/plain"].startswith("big 0 rrr")
+        assert "characters (1 line) of this value cut …]" in first["text/plain"]
+        # Later ones are left out whole (never cut into broken HTML), and their text says so.
+        last = outputs[-1]["data"]
+        assert "text/html" not in last
+        assert "[text/html of 20007 characters left out: over this result's budget" in last["text/plain"]
+        assert outputs[-1]["execution_count"] == 1
+        # The stream among them is cut like the stdout field, with the same line.
+        assert outputs[10]["text"] == result.structured_content["stdout"]
+        assert "cut here; the whole stdout" in outputs[10]["text"]
