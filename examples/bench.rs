@@ -382,12 +382,38 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         call(&client, "run_python", session_call.clone()).await?;
         in_session.push(started.elapsed());
     }
+    eprintln!("bench: session run_python, a 1000-row DataFrame as the last value");
+    let make_frame = json!({
+        "container_id": container_id,
+        "dependencies": ["pandas"],
+        "code": "import numpy as np, pandas as pd\n\
+                 df = pd.DataFrame({'n': np.arange(1000), 'half': np.arange(1000) / 2, \
+                 'label': [f'row {i}' for i in range(1000)]})",
+    });
+    call(&client, "run_python", make_frame).await?;
+    let show_frame = json!({"container_id": container_id, "code": "df"});
+    let shown = call(&client, "run_python", show_frame.clone()).await?;
+    let is_table = shown.structured_content.as_ref().is_some_and(|s| {
+        s["outputs"][0]["data"]["text/html"]
+            .as_str()
+            .is_some_and(|html| html.contains("<table"))
+    });
+    if !is_table {
+        return Err("the DataFrame did not come back as an HTML table".into());
+    }
+    let mut frames = Vec::new();
+    for _ in 0..options.session_runs {
+        let started = Instant::now();
+        call(&client, "run_python", show_frame.clone()).await?;
+        frames.push(started.elapsed());
+    }
     call(
         &client,
         "sandbox_stop",
         json!({"container_id": container_id}),
     )
     .await?;
+    let frame_above_hello = ms(percentile(&frames, 50.0)) - ms(percentile(&in_session, 50.0));
 
     eprintln!("bench: ephemeral with one cached dependency");
     let with_dep = json!({"code": "import six\nprint('hello')", "dependencies": ["six"]});
@@ -495,6 +521,11 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
             Some(floor_round_trip),
         ),
         Series::new(
+            "MCP session run_python, 1000-row DataFrame as value",
+            frames,
+            None,
+        ),
+        Series::new(
             "MCP ephemeral with a cached dependency",
             cached_dep,
             Some(floor_lifecycle),
@@ -523,6 +554,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
                 "image": image, "series": rows,
                 "throughput": {"calls_per_s": throughput, "errors": errors, "lifecycle_floor_per_s": lifecycle_rate,
                                "lifecycle_errors": lifecycle_errors, "ratio": throughput / lifecycle_rate.max(0.001)},
+                "dataframe_above_session_hello_ms": frame_above_hello,
                 "server": {"spawn_to_initialize_ms": ms(initialize), "rss_idle_kib": rss_idle,
                            "rss_warm_kib": rss_warm, "warm_runs": warm_calls,
                            "rss_after_runs_kib": rss_after, "runs": calls},
@@ -548,6 +580,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
             ratio
         );
     }
+    println!("a 1000-row DataFrame as the last value: {frame_above_hello:.2} ms above session hello (p50)");
     println!(
         "sustained ephemeral, 4 concurrent: {throughput:.2} calls/s, {errors} errors; floor (docker run --rm, 4 parallel): {lifecycle_rate:.2}/s ({lifecycle_errors} errors); ratio {:.2}",
         throughput / lifecycle_rate.max(0.001)
