@@ -478,7 +478,7 @@ fn summary(
         ));
     }
     if rich {
-        text.push_str("(what the code showed follows, in order)\n");
+        // Said last, below: what follows this block is what the code showed.
     } else if !stdout.is_empty() {
         text.push_str("--- stdout ---\n");
         text.push_str(stdout);
@@ -524,6 +524,9 @@ fn summary(
         text.push_str("[the sandbox was restarted: variables from earlier calls and files in /workspace are gone]\n");
     } else if execution.state_lost {
         text.push_str("[the interpreter was restarted: variables from earlier calls are gone; files in /workspace remain]\n");
+    }
+    if rich {
+        text.push_str("(what the code showed follows, in order)\n");
     }
     text
 }

@@ -300,6 +300,8 @@ def _bound_pandas(pandas):
         ("display.max_columns", 20),
         ("display.max_colwidth", 50),
         ("display.show_dimensions", True),
+        # One table, a row to a line: wrapped column blocks are hard for a model to line up.
+        ("display.expand_frame_repr", False),
     ):
         pandas.set_option(option, value)
 
