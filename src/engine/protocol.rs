@@ -37,6 +37,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("execute"),
     runner_module!("figures"),
     runner_module!("host_test"),
+    runner_module!("prepared"),
     runner_module!("processes"),
     runner_module!("protocol"),
     runner_module!("runner"),

@@ -14,7 +14,8 @@ use crate::engine::backend::{paths, SandboxSpec};
 use crate::engine::deps::{self, IndexConfig, Requirement};
 use crate::engine::installer::{
     index_config, installer_arguments, installer_spec, maintenance_operation, maintenance_spec,
-    uses_download_cache, CachedSet, Egress, Measured, Verified, INSTALL_SCRIPT, MAINTENANCE_SCRIPT,
+    preparer_spec, uses_download_cache, CachedSet, Egress, Measured, Verified, INSTALL_SCRIPT,
+    MAINTENANCE_SCRIPT, PREPARE_SCRIPT, SET_LAYOUT,
 };
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::Task;
@@ -35,7 +36,7 @@ impl Engine {
     ) -> Result<DependencyReport, EngineError> {
         let image_id = self.backend.image_id(&base.image).await?;
         let index = index_config(&self.config);
-        let key = deps::cache_key(&image_id, requirements, &index, "auto");
+        let key = deps::cache_key(&image_id, requirements, &index, SET_LAYOUT);
         let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
         let mut report = DependencyReport {
             requirements: canonical.clone(),
@@ -176,6 +177,8 @@ impl Engine {
                     Ok(execution) if execution.succeeded() => {
                         // Stop whatever the install left running before its staging is read.
                         let _ = self.backend.kill_processes(installer.id()).await;
+                        options.report("preparing the dependencies (bytecode, caches)");
+                        self.prepare_staged(base, &staging).await;
                         let op = serde_json::json!({
                             "op": "publish",
                             "key": key,
@@ -242,6 +245,44 @@ impl Engine {
                 }
                 Err(EngineError::Dependencies(why))
             }
+        }
+    }
+
+    /// Does the import-time work of a staged set once (see `python/prepare_set.py`) in a preparer
+    /// sandbox. The installer must still be running: the staging tmpfs lives while it is mounted.
+    /// A failure leaves the set as installed (it works, only slower to import), and is logged.
+    async fn prepare_staged(&self, base: &SandboxSpec, staging: &str) {
+        let mut spec = preparer_spec(base, staging);
+        spec.labels = self.owner.labels("preparer");
+        let started = std::time::Instant::now();
+        let outcome = async {
+            let mut preparer =
+                crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
+            let outcome = preparer
+                .execute(
+                    Task::Python(PREPARE_SCRIPT),
+                    self.config.deps.install_timeout,
+                    64 << 10,
+                    None,
+                )
+                .await;
+            preparer.destroy().await;
+            outcome
+        }
+        .await;
+        match outcome {
+            Ok(execution) if execution.succeeded() => tracing::debug!(
+                prepare_ms = started.elapsed().as_millis() as u64,
+                "dependency set prepared: {}",
+                crate::text::truncate_chars(String::from_utf8_lossy(&execution.stdout).trim(), 200)
+            ),
+            Ok(execution) => tracing::warn!(
+                "could not prepare a dependency set (it is published unprepared): {}",
+                deps::installer_error_summary(&String::from_utf8_lossy(&execution.stderr))
+            ),
+            Err(e) => tracing::warn!(
+                "could not prepare a dependency set (it is published unprepared): {e}"
+            ),
         }
     }
 
