@@ -42,7 +42,7 @@ if os.path.isdir(os.path.join(TARGET, "matplotlib")):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 os.unlink(path)
-    if done.returncode == 0 and len(caches) == 1 and re.fullmatch(r"fontlist-v\d+\.json", caches[0]):
+    if done.returncode == 0 and len(caches) == 1 and re.fullmatch(r"fontlist-v[0-9][0-9.]*\.json", caches[0]):
         report["matplotlib"] = caches[0]
     else:
         print(done.stderr.decode("utf-8", "replace")[-2000:], file=sys.stderr)
