@@ -180,6 +180,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Creates (but does not start) a sandbox.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError>;
 
+    /// The memory a running sandbox uses now, as the platform measures it (never the sandbox's
+    /// own word): what the warm pool counts against `SANDBOX_POOL_MAX_MEMORY`. `None` when the
+    /// platform does not say.
+    async fn memory_usage(&self, _id: &SandboxId) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
+
     /// Starts the sandbox's main process (again, after [`Backend::kill`]) and attaches to its
     /// standard streams before it can write anything.
     async fn start(&self, id: &SandboxId) -> Result<RunnerStreams, BackendError>;

@@ -55,6 +55,8 @@ def main():
             return
         if request.get("op") == "paths":
             protocol.send_frame(update_paths(request))
+        elif request.get("op") == "preload":
+            protocol.send_frame(prepared.preload(request))
         elif request.get("op") == "list":
             listing = list_directory(str(request.get("path", "")))
             listing.update({"type": "listing", "id": request.get("id")})
