@@ -34,9 +34,8 @@ impl Engine {
         replaces: Option<&str>,
         options: &super::RunOptions,
     ) -> Result<DependencyReport, EngineError> {
-        let image_id = self.backend.image_id(&base.image).await?;
         let index = index_config(&self.config);
-        let key = deps::cache_key(&image_id, requirements, &index, SET_LAYOUT);
+        let key = self.dependency_key(&base.image, requirements).await?;
         let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
         let mut report = DependencyReport {
             requirements: canonical.clone(),
@@ -100,6 +99,17 @@ impl Engine {
         Ok(report)
     }
 
+    /// The key `requirements` are cached under for `image`.
+    pub(super) async fn dependency_key(
+        &self,
+        image: &str,
+        requirements: &[Requirement],
+    ) -> Result<String, EngineError> {
+        let image_id = self.backend.image_id(image).await?;
+        let index = index_config(&self.config);
+        Ok(deps::cache_key(&image_id, requirements, &index, SET_LAYOUT))
+    }
+
     /// Puts a set's directory on the sandbox's `sys.path`; false when it does not exist.
     async fn use_set(
         &self,
@@ -135,6 +145,7 @@ impl Engine {
                 }),
             Some("tampered") => {
                 self.deps.forget(&[key.to_string()]);
+                self.discard_prepared(&[key.to_string()]);
                 Ok(Verified::Tampered)
             }
             _ => Ok(Verified::Missing),
@@ -470,6 +481,7 @@ impl Engine {
         let op = serde_json::json!({"op": "list", "remove": remove});
         let answer = self.run_maintenance(base, None, &op).await?;
         self.deps.forget(remove);
+        self.discard_prepared(remove);
         #[derive(Deserialize)]
         struct Listed {
             key: String,

@@ -9,6 +9,7 @@
 //! - `files`: the workspace file tools of a session;
 //! - `dependencies`: installing and finding dependency sets, and the cache's maintenance;
 //! - `pool`: keeping the warm pool full and drawing from it;
+//! - `prepared`: sandboxes prepared per dependency set, in the background, and handed out;
 //! - `lifecycle`: finding the server's own container, removing what dead servers left, and
 //!   removing everything at shutdown.
 
@@ -16,6 +17,7 @@ mod dependencies;
 mod files;
 mod lifecycle;
 mod pool;
+mod prepared;
 mod run;
 mod sessions;
 
@@ -33,6 +35,7 @@ use super::installer::{self, Dependencies};
 use super::outcome::{DependencyReport, Execution};
 use super::owner::Owner;
 use super::pool::Pool;
+use super::prepared::Prepared;
 use super::protocol;
 use super::sandbox::{Sandbox, Task};
 use super::sessions::Sessions;
@@ -86,6 +89,10 @@ pub struct Engine {
     identified: tokio::sync::OnceCell<()>,
     /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
     pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Sandboxes prepared per dependency set, the task preparing them, and its wake-up.
+    prepared: Prepared<prepared::PreparedSandbox>,
+    prepared_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    prepared_wake: Arc<tokio::sync::Notify>,
     /// The retention of saved files (`None` when nothing is saved).
     retention: Option<Arc<Retention>>,
 }
@@ -100,6 +107,14 @@ impl Engine {
             background: tokio_util::task::TaskTracker::new(),
             identified: tokio::sync::OnceCell::new(),
             pool_task: std::sync::Mutex::new(None),
+            // The plain pool's share of the bound is set aside; the rest is the prepared ones'.
+            prepared: Prepared::new(
+                config
+                    .pool_max_memory
+                    .saturating_sub(config.pool_size as u64 * prepared::PLAIN_ESTIMATE),
+            ),
+            prepared_task: std::sync::Mutex::new(None),
+            prepared_wake: Arc::new(tokio::sync::Notify::new()),
             retention: files_dir::Retention::new(&config.files),
             backend,
             config,
@@ -174,6 +189,9 @@ impl Engine {
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
         let spec = self.base_spec(image, kind).await;
+        if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
+            return Ok((sandbox, Some(report)));
+        }
         let mut sandbox = match self.take_pooled(&spec.image).await {
             Some(sandbox) => sandbox,
             None => {
@@ -190,7 +208,12 @@ impl Engine {
             .prepare_dependencies(&mut sandbox, &spec, requirements, None, options)
             .await
         {
-            Ok(report) => Ok((sandbox, Some(report))),
+            Ok(report) => {
+                if spec.image == self.config.image {
+                    self.learn_set(&report);
+                }
+                Ok((sandbox, Some(report)))
+            }
             Err(e) => {
                 self.retire(sandbox);
                 Err(e)

@@ -34,12 +34,14 @@ impl Engine {
         Sandbox::launch(self.backend.clone(), &spec).await
     }
 
-    /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), in the background, until
+    /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), and preparing sandboxes per
+    /// dependency set (`SANDBOX_PRELOAD` and the sets calls use), in the background, until
     /// `shutdown`.
     pub fn start_pool(self: &Arc<Self>) {
         if let Some(task) = spawn_refill(self) {
             *self.pool_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         }
+        self.start_prepared();
     }
 
     pub(crate) fn pool_wake(&self) -> Arc<tokio::sync::Notify> {
