@@ -60,6 +60,16 @@ struct Cli {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Calls of the plot prompt (matplotlib + numpy) in each of its series.
+    #[arg(long, default_value_t = 15)]
+    plot_runs: usize,
+    /// Pause before each call of the plot prompt with a prepared pool, e.g. 6s: time for the
+    /// pool to prepare the next sandbox (one per set waits).
+    #[arg(long, default_value = "6s")]
+    plot_pause: String,
+    /// Measure only the plot prompt (prepared sandboxes per dependency set).
+    #[arg(long)]
+    only_plot: bool,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +100,26 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let plot_pause = match humantime::parse_duration(&cli.plot_pause) {
+        Ok(pause) => pause,
+        Err(e) => {
+            eprintln!(
+                "python-code-sandbox: {}",
+                config::ConfigError::new(
+                    "--plot-pause",
+                    cli.plot_pause.clone(),
+                    "a duration such as 6s"
+                )
+                .because(e)
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let plot = PlotOptions {
+        runs: cli.plot_runs.max(1),
+        pause: plot_pause,
+        json: cli.json,
+    };
     let options = BenchOptions {
         ephemeral_runs: cli.ephemeral_runs.max(1),
         session_runs: cli.session_runs.max(1),
@@ -107,7 +137,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_INFRA);
         }
     };
-    match runtime.block_on(run(config, options)) {
+    let only_plot = cli.only_plot;
+    let measured = runtime.block_on(async move {
+        if !only_plot {
+            run(config.clone(), options).await?;
+        }
+        plot_prompt(config, plot).await
+    });
+    match measured {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("python-code-sandbox: error: {e}");
@@ -591,6 +628,187 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         rss_idle as f64 / 1024.0,
         rss_warm as f64 / 1024.0,
         rss_after as f64 / 1024.0
+    );
+    Ok(())
+}
+
+/// The plot prompt's series: how many calls, the pause before each with a prepared pool.
+struct PlotOptions {
+    runs: usize,
+    pause: Duration,
+    json: bool,
+}
+
+/// The original project's second test prompt: dependencies matplotlib and numpy, a sine wave saved
+/// to a PNG. It prints whether pyplot was already imported when it started (a prepared sandbox).
+const PLOT_CODE: &str = "import sys\n\
+prepared = 'matplotlib.pyplot' in sys.modules\n\
+import numpy as np\n\
+import matplotlib.pyplot as plt\n\
+x = np.linspace(0, 2 * np.pi, 200)\n\
+plt.plot(x, np.sin(x))\n\
+plt.title('Sine wave')\n\
+plt.savefig('sine.png')\n\
+print('prepared' if prepared else 'cold')\n";
+
+/// Starts the server as a child with these settings and connects rmcp's client to it.
+async fn plot_server(env: &[(&str, &str)]) -> Result<Client, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (transport, _stderr) =
+        TokioChildProcess::builder(tokio::process::Command::new(&exe).configure(|cmd| {
+            cmd.env(SERVER_ROLE, "1").env("LOG_LEVEL", "warn");
+            for (k, v) in &env {
+                cmd.env(k, v);
+            }
+        }))
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    ().serve(transport)
+        .await
+        .map_err(|e| format!("initialize failed: {e}"))
+}
+
+/// Runs the plot prompt `runs` times, `pause` before each; returns the durations and how many
+/// calls found pyplot already imported.
+async fn plot_series(
+    client: &Client,
+    runs: usize,
+    pause: Duration,
+) -> Result<(Vec<Duration>, usize), String> {
+    let prompt = json!({"code": PLOT_CODE, "dependencies": ["matplotlib", "numpy"]});
+    let mut samples = Vec::with_capacity(runs);
+    let mut prepared = 0;
+    for _ in 0..runs {
+        tokio::time::sleep(pause).await;
+        let started = Instant::now();
+        let result = call(client, "run_python_ephemeral", prompt.clone()).await?;
+        samples.push(started.elapsed());
+        match stdout_of(&result).trim() {
+            "prepared" => prepared += 1,
+            "cold" => {}
+            other => return Err(format!("the plot prompt printed {other:?}")),
+        }
+        let saved = result
+            .structured_content
+            .as_ref()
+            .is_some_and(|s| s.to_string().contains("sine.png"));
+        if !saved {
+            return Err("the plot prompt's sine.png did not come back".into());
+        }
+    }
+    Ok((samples, prepared))
+}
+
+/// The plot prompt with the pool prepared for its set and with every pool disabled, beside the
+/// plain hello of the same server, and the memory of prepared sandboxes.
+async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String> {
+    let runs = options.runs;
+    eprintln!(
+        "bench: plot prompt, pool prepared for matplotlib+numpy, {runs} calls {} ms apart",
+        options.pause.as_millis()
+    );
+    let prepared_server = plot_server(&[
+        ("SANDBOX_POOL_SIZE", "1"),
+        ("SANDBOX_PRELOAD", "matplotlib,numpy"),
+    ])
+    .await?;
+    // The first call installs the set if the cache does not hold it yet.
+    plot_series(&prepared_server, 1, Duration::ZERO).await?;
+    let (with_pool, hits) = plot_series(&prepared_server, runs, options.pause).await?;
+    let hello = json!({"code": "print('hello')"});
+    let mut hellos = Vec::new();
+    for _ in 0..runs {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let started = Instant::now();
+        call(&prepared_server, "run_python_ephemeral", hello.clone()).await?;
+        hellos.push(started.elapsed());
+    }
+    let _ = prepared_server.cancel().await;
+
+    eprintln!("bench: plot prompt, every pool disabled, {runs} calls back to back");
+    let cold_server = plot_server(&[("SANDBOX_POOL_SIZE", "0")]).await?;
+    let (without_pool, _) = plot_series(&cold_server, runs, Duration::ZERO).await?;
+    let _ = cold_server.cancel().await;
+
+    eprintln!("bench: memory of prepared sandboxes (Docker's measure)");
+    let engine = Arc::new(Engine::with_docker(Config {
+        pool_size: 1,
+        preload: vec![
+            vec!["matplotlib".into(), "numpy".into()],
+            vec!["matplotlib".into(), "numpy".into(), "pandas".into()],
+        ],
+        ..config
+    }));
+    engine.start_pool();
+    let waited = tokio::time::timeout(Duration::from_secs(900), async {
+        while engine.prepared_ready() < 2 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let sets = engine.prepared_sets();
+    let pool_memory = engine.prepared_memory();
+    engine.shutdown().await;
+    if waited.is_err() {
+        return Err("the prepared sandboxes for the memory figure were not ready in time".into());
+    }
+
+    let hello_p50 = ms(percentile(&hellos, 50.0));
+    let series = [
+        ("plot prompt, pool prepared for the set", &with_pool),
+        ("plot prompt, every pool disabled", &without_pool),
+        ("ephemeral hello, same server, 250 ms apart", &hellos),
+    ];
+    if options.json {
+        let rows: Vec<Value> = series
+            .iter()
+            .map(|(name, samples)| {
+                json!({"name": name, "runs": samples.len(), "p50_ms": ms(percentile(samples, 50.0)),
+                       "p95_ms": ms(percentile(samples, 95.0)),
+                       "ratio_to_hello": ms(percentile(samples, 50.0)) / hello_p50.max(0.001)})
+            })
+            .collect();
+        let memory: Vec<Value> = sets
+            .iter()
+            .map(|(set, bytes)| json!({"set": set, "bytes": bytes}))
+            .collect();
+        println!(
+            "{}",
+            json!({"plot": rows, "prepared_hits": hits, "prepared_memory": memory,
+                   "prepared_pool_bytes": pool_memory})
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<56} {:>6} {:>10} {:>10} {:>9}",
+        "measurement", "runs", "p50 ms", "p95 ms", "/ hello"
+    );
+    for (name, samples) in series {
+        println!(
+            "{:<56} {:>6} {:>10.2} {:>10.2} {:>9.2}",
+            name,
+            samples.len(),
+            ms(percentile(samples, 50.0)),
+            ms(percentile(samples, 95.0)),
+            ms(percentile(samples, 50.0)) / hello_p50.max(0.001)
+        );
+    }
+    println!("plot prompt calls served by a prepared sandbox: {hits} of {runs}");
+    for (set, bytes) in &sets {
+        println!(
+            "prepared sandbox for {}: {:.1} MiB",
+            set.join(" "),
+            *bytes as f64 / (1024.0 * 1024.0)
+        );
+    }
+    println!(
+        "prepared sandboxes together: {:.1} MiB",
+        pool_memory as f64 / (1024.0 * 1024.0)
     );
     Ok(())
 }

@@ -154,6 +154,20 @@ impl<T> Prepared<T> {
         self.lock().sets.values().map(|e| e.ready.len()).sum()
     }
 
+    /// The requirements of each waiting sandbox's set, with what it measured.
+    pub fn waiting(&self) -> Vec<(Vec<String>, u64)> {
+        let inner = self.lock();
+        inner
+            .sets
+            .values()
+            .flat_map(|e| {
+                e.ready
+                    .iter()
+                    .map(|(_, bytes)| (e.requirements.clone(), *bytes))
+            })
+            .collect()
+    }
+
     /// Sandboxes waiting now for the set under `key`.
     pub fn ready_for(&self, key: &str) -> usize {
         self.lock().sets.get(key).map_or(0, |e| e.ready.len())

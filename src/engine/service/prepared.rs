@@ -109,6 +109,11 @@ impl Engine {
         self.prepared.ready()
     }
 
+    /// Each waiting prepared sandbox: its set's requirements and the memory Docker measured.
+    pub fn prepared_sets(&self) -> Vec<(Vec<String>, u64)> {
+        self.prepared.waiting()
+    }
+
     /// What the prepared sandboxes use together now, as counted against the bound.
     pub fn prepared_memory(&self) -> u64 {
         self.prepared.used()
