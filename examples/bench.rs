@@ -712,8 +712,9 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
         "bench: plot prompt, pool prepared for matplotlib+numpy, {runs} calls {} ms apart",
         options.pause.as_millis()
     );
+    // The default pool size, so that the same server's hello has its usual pool.
     let prepared_server = plot_server(&[
-        ("SANDBOX_POOL_SIZE", "1"),
+        ("SANDBOX_POOL_SIZE", "2"),
         ("SANDBOX_PRELOAD", "matplotlib,numpy"),
     ])
     .await?;
