@@ -51,7 +51,12 @@ impl Engine {
         spec: &SandboxSpec,
         requirements: &[Requirement],
     ) -> Option<(Sandbox, DependencyReport)> {
-        if !self.prepares() || spec.image != self.config.image || requirements.is_empty() {
+        // Nothing waits: skip the key (an image inspection) on the way to the cold path.
+        if !self.prepares()
+            || spec.image != self.config.image
+            || requirements.is_empty()
+            || self.prepared.ready() == 0
+        {
             return None;
         }
         let key = self.dependency_key(&spec.image, requirements).await.ok()?;
