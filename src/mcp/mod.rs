@@ -14,6 +14,7 @@
 //! - `outcome`: the one conversion of a handler's outcome to a tool result;
 //! - `descriptions`: the live configuration's part of the descriptions;
 //! - `render`: executions and files as content blocks;
+//! - `notices`: a call's progress and log notifications (its steps, the code's live output);
 //! - `server`: the [`SandboxServer`] (capabilities, resources, prompts, completions);
 //! - `running`: the engine's background tasks while a server runs;
 //! - [`stdio`], [`http`]: the transports; [`ServeError`]: why serving stopped or never started.
@@ -24,6 +25,7 @@ mod error;
 pub mod http;
 mod logging;
 mod mcp_sessions;
+mod notices;
 mod outcome;
 pub mod outputs;
 mod oversize;
