@@ -529,3 +529,49 @@ async fn buffered_prints_keep_their_order_around_subprocesses_and_forks() {
     assert_eq!(execution.stderr, b"e\n");
     sandbox.destroy().await;
 }
+
+#[tokio::test]
+async fn streams_the_code_closed_or_replaced_are_back_in_the_next_execution() {
+    let (mut sandbox, _fake) = launch().await;
+    let code = "import io, sys\nprint('kept')\nsys.stdout.close()\nsys.stderr = io.StringIO()";
+    let closed = sandbox
+        .execute(Task::Python(code), Duration::from_secs(10), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(closed.stdout, b"kept\n");
+    let code = "import sys\nprint('back')\nprint('err', file=sys.stderr)";
+    let next = sandbox
+        .execute(Task::Python(code), Duration::from_secs(10), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(next.stdout, b"back\n");
+    assert_eq!(next.stderr, b"err\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn an_interrupt_in_the_middle_of_printing_leaves_nothing_for_the_next_execution() {
+    let (mut sandbox, _fake) = launch().await;
+    let flood = sandbox
+        .execute(
+            Task::Python("while True:\n    print('x' * 100)"),
+            Duration::from_millis(500),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(flood.timed_out && !flood.state_lost, "{flood:?}");
+    assert!(flood.stdout.starts_with(b"xxx"), "{:?}", flood.stdout.len());
+    let next = sandbox
+        .execute(
+            Task::Python("print('next')"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(next.stdout, b"next\n");
+    sandbox.destroy().await;
+}

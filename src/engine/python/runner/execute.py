@@ -76,7 +76,7 @@ class Executor:
         self.streams = Streams()
         self.streams.install()
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-        self.original_streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.original_stdin = sys.stdin
 
     def on_sigint(self, signum, frame):
         # Only the executing code is interrupted; the runner itself ignores a late signal.
@@ -138,6 +138,10 @@ class Executor:
         self.outputs = rich.Outputs(lambda: self.position(job), cap, self.counter)
         self.display.outputs = self.outputs
         self.figures.outputs = self.outputs
+        # What the code's threads printed between executions went to /dev/null, as it always has,
+        # not into this execution's output.
+        with self.streams.lock:
+            self.streams.flush()
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.close(out_w)
@@ -183,7 +187,8 @@ class Executor:
         self.display.outputs = self.figures.outputs = None
         self.streams.running.clear()
         self.streams.flush(sys.stdout, sys.stderr)
-        sys.stdin, sys.stdout, sys.stderr = self.original_streams
+        sys.stdin = self.original_stdin
+        self.streams.install()
         # Under the flushing thread's lock: its last flush must not land in /dev/null.
         with self.streams.lock:
             self.streams.flush()

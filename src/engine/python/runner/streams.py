@@ -58,6 +58,12 @@ class Streams:
         threading.Thread(target=self._loop, name="flush", daemon=True).start()
 
     def install(self):
+        """Makes them the code's sys.stdout and sys.stderr again (the code may have replaced them),
+        new ones in place of any the code closed (which would fail every later print)."""
+        if self.stdout.closed:
+            self.stdout = _buffered(1, self.stdout, line_buffering=False)
+        if self.stderr.closed:
+            self.stderr = _buffered(2, self.stderr, line_buffering=True)
         sys.stdout = sys.__stdout__ = self.stdout
         sys.stderr = sys.__stderr__ = self.stderr
 
