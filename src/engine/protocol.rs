@@ -71,7 +71,8 @@ def r(n):\n \
 n=int.from_bytes(r(4),'big')\n\
 exec(compile(r(n),'<sandbox-runner>','exec'),{'__name__':'__sandbox_runner__'})\n";
 
-/// The argv of a sandbox's main process.
+/// The argv of a sandbox's main process. `-u` keeps the supervisor's and runner's own streams
+/// unbuffered; the code gets buffered ones (`python/runner/streams.py`).
 pub fn bootstrap_command() -> Vec<String> {
     vec!["python3".into(), "-u".into(), "-c".into(), BOOTSTRAP.into()]
 }
