@@ -26,8 +26,10 @@ impl SandboxServer {
         Parameters(params): Parameters<InitializeParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let options = self.options_for(&context, params.image, None);
-        let id = self.engine.create_session(self.scope(), &options).await?;
+        let (options, notices) = self.options_for(&context, params.image, None, false);
+        let id = self.engine.create_session(self.scope(), &options).await;
+        super::run::finish(notices).await;
+        let id = id?;
         let image = self
             .engine
             .sessions(self.scope())
