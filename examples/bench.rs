@@ -23,7 +23,9 @@ use clap::Parser;
 use python_code_sandbox::cli::{EXIT_CONFIG, EXIT_INFRA};
 use python_code_sandbox::config::{self, Config};
 use python_code_sandbox::engine::{Engine, RunOptions, Task};
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, NumberOrString, ProgressToken, RequestMetaObject,
+};
 use rmcp::service::RunningService;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
@@ -57,6 +59,9 @@ struct Cli {
     /// SANDBOX_POOL_SIZE of the measured server.
     #[arg(long, default_value_t = 4)]
     pool: usize,
+    /// Lines the output-throughput case prints (0 skips it).
+    #[arg(long, default_value_t = 2_000_000)]
+    output_lines: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -128,6 +133,7 @@ fn main() -> ExitCode {
         rss_runs: cli.rss_runs,
         think,
         pool_size: cli.pool,
+        output_lines: cli.output_lines,
         json: cli.json,
     };
     let runtime = match tokio::runtime::Runtime::new() {
@@ -165,6 +171,7 @@ struct BenchOptions {
     /// series is always measured too.
     think: Duration,
     pool_size: usize,
+    output_lines: u64,
     json: bool,
 }
 
@@ -452,6 +459,25 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     .await?;
     let frame_above_hello = ms(percentile(&frames, 50.0)) - ms(percentile(&in_session, 50.0));
 
+    let output = if options.output_lines > 0 {
+        eprintln!(
+            "bench: output throughput, {} lines, against docker run --cpus {}",
+            options.output_lines, config.limits.cpus
+        );
+        Some(
+            output_throughput(
+                &client,
+                server_pid,
+                &image,
+                config.limits.cpus,
+                options.output_lines,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+
     eprintln!("bench: ephemeral with one cached dependency");
     let with_dep = json!({"code": "import six\nprint('hello')", "dependencies": ["six"]});
     call(&client, "run_python_ephemeral", with_dep.clone()).await?;
@@ -592,6 +618,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
                 "throughput": {"calls_per_s": throughput, "errors": errors, "lifecycle_floor_per_s": lifecycle_rate,
                                "lifecycle_errors": lifecycle_errors, "ratio": throughput / lifecycle_rate.max(0.001)},
                 "dataframe_above_session_hello_ms": frame_above_hello,
+                "output_throughput": output.as_ref().map(OutputThroughput::to_json),
                 "server": {"spawn_to_initialize_ms": ms(initialize), "rss_idle_kib": rss_idle,
                            "rss_warm_kib": rss_warm, "warm_runs": warm_calls,
                            "rss_after_runs_kib": rss_after, "runs": calls},
@@ -629,6 +656,9 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         rss_warm as f64 / 1024.0,
         rss_after as f64 / 1024.0
     );
+    if let Some(output) = &output {
+        output.print();
+    }
     Ok(())
 }
 
@@ -812,4 +842,121 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
         pool_memory as f64 / (1024.0 * 1024.0)
     );
     Ok(())
+}
+
+/// The output-throughput case: code printing many short lines, through the server (an ephemeral
+/// call, without and with live output) against the same code under `docker run` of the same image
+/// with the same CPU quota, its stdout piped to a counter. Also the server's memory around it: the
+/// capture path keeps only the cap, whatever the code prints.
+struct OutputThroughput {
+    lines: u64,
+    floor: Duration,
+    floor_bytes: u64,
+    plain: Duration,
+    live: Duration,
+    rss_before_kib: u64,
+    rss_after_kib: u64,
+}
+
+impl OutputThroughput {
+    fn to_json(&self) -> Value {
+        json!({
+            "lines": self.lines, "floor_ms": ms(self.floor), "floor_bytes": self.floor_bytes,
+            "sandbox_ms": ms(self.plain), "sandbox_live_ms": ms(self.live),
+            "ratio": ms(self.plain) / ms(self.floor).max(0.001),
+            "ratio_live": ms(self.live) / ms(self.floor).max(0.001),
+            "rss_before_kib": self.rss_before_kib, "rss_after_kib": self.rss_after_kib,
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "output throughput, {} lines ({:.1} MB): MCP ephemeral {:.2} s, with live output {:.2} s; floor (docker run --rm --cpus, piped to a counter) {:.2} s; ratio {:.2} / {:.2}; server RSS {:.1} → {:.1} MiB",
+            self.lines,
+            self.floor_bytes as f64 / 1e6,
+            self.plain.as_secs_f64(),
+            self.live.as_secs_f64(),
+            self.floor.as_secs_f64(),
+            ms(self.plain) / ms(self.floor).max(0.001),
+            ms(self.live) / ms(self.floor).max(0.001),
+            self.rss_before_kib as f64 / 1024.0,
+            self.rss_after_kib as f64 / 1024.0,
+        );
+    }
+}
+
+async fn output_throughput(
+    client: &Client,
+    server_pid: u32,
+    image: &str,
+    cpus: f64,
+    lines: u64,
+) -> Result<OutputThroughput, String> {
+    use tokio::io::AsyncReadExt;
+    let code = format!("for i in range({lines}):\n    print('line', i)\n");
+
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--cpus",
+            &cpus.to_string(),
+            image,
+            "python3",
+            "-c",
+            &code,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run the docker CLI for the floor: {e}"))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut buffer = vec![0u8; 1 << 16];
+    let mut floor_bytes = 0u64;
+    loop {
+        match stdout.read(&mut buffer).await {
+            Ok(0) => break,
+            Ok(n) => floor_bytes += n as u64,
+            Err(e) => return Err(format!("reading the floor's output: {e}")),
+        }
+    }
+    let status = child.wait().await.map_err(|e| e.to_string())?;
+    let floor = started.elapsed();
+    if !status.success() {
+        return Err(format!("the output floor failed ({status})"));
+    }
+
+    let rss_before_kib = rss_kib(server_pid).unwrap_or(0);
+    let arguments = json!({"code": code});
+    let started = Instant::now();
+    call(client, "run_python_ephemeral", arguments.clone()).await?;
+    let plain = started.elapsed();
+    // With a progress token: the live-output path runs too (this client ignores the notices).
+    let Value::Object(arguments) = arguments else {
+        return Err("arguments".into());
+    };
+    let mut request = CallToolRequestParams::new("run_python_ephemeral").with_arguments(arguments);
+    request.meta = Some(RequestMetaObject::with_progress_token(ProgressToken(
+        NumberOrString::String("bench-output".into()),
+    )));
+    let started = Instant::now();
+    let result = client
+        .call_tool(request)
+        .await
+        .map_err(|e| format!("run_python_ephemeral (live): {e}"))?;
+    let live = started.elapsed();
+    if result.is_error == Some(true) {
+        return Err("the live output run failed".into());
+    }
+    Ok(OutputThroughput {
+        lines,
+        floor,
+        floor_bytes,
+        plain,
+        live,
+        rss_before_kib,
+        rss_after_kib: rss_kib(server_pid).unwrap_or(0),
+    })
 }

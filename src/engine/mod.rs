@@ -42,6 +42,7 @@ pub mod whole_output;
 
 pub use error::EngineError;
 pub use outcome::{Artifact, DependencyReport, Execution, KeptStream, WholeOutput};
-pub use sandbox::Task;
+pub use protocol::LiveOutput;
+pub use sandbox::{LiveOutputSink, Task};
 pub use service::{Engine, ProgressSink, RunOptions, MAX_CODE_BYTES};
 pub use sessions::{workspace_relative, SessionInfo};

@@ -42,6 +42,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("protocol"),
     runner_module!("runner"),
     runner_module!("seccomp"),
+    runner_module!("streams"),
     runner_module!("supervisor"),
     runner_module!("workspace"),
 ];
@@ -71,7 +72,8 @@ def r(n):\n \
 n=int.from_bytes(r(4),'big')\n\
 exec(compile(r(n),'<sandbox-runner>','exec'),{'__name__':'__sandbox_runner__'})\n";
 
-/// The argv of a sandbox's main process.
+/// The argv of a sandbox's main process. `-u` keeps the supervisor's and runner's own streams
+/// unbuffered; the code gets buffered ones (`python/runner/streams.py`).
 pub fn bootstrap_command() -> Vec<String> {
     vec!["python3".into(), "-u".into(), "-c".into(), BOOTSTRAP.into()]
 }
@@ -93,12 +95,17 @@ pub enum Request<'a> {
         id: u64,
         code: &'a str,
         max_output: u64,
+        /// Send the output as it comes too ([`Reply::Output`]); only when the host shows it.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        live: bool,
     },
     /// Run a shell command (`/bin/sh -c`) with the same capture and limits.
     Shell {
         id: u64,
         command: &'a str,
         max_output: u64,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        live: bool,
     },
     /// List one directory of the workspace.
     List { id: u64, path: &'a str },
@@ -159,6 +166,8 @@ pub enum Reply {
         python: String,
     },
     Result(RawResult),
+    /// Output of a live execution so far, before its result.
+    Output(RawLiveOutput),
     Listing(RawListing),
     Paths {
         id: u64,
@@ -263,6 +272,7 @@ impl Reply {
                 python: body_as::<ReadyBody>(body)?.python,
             },
             "result" => Reply::Result(body_as(body)?),
+            "output" => Reply::Output(body_as(body)?),
             "listing" => Reply::Listing(body_as(body)?),
             "paths" => {
                 let paths: PathsBody = body_as(body)?;
@@ -352,11 +362,86 @@ impl Reply {
         match self {
             Reply::Ready { .. } | Reply::Exited(_) => None,
             Reply::Result(r) => Some(r.id),
+            Reply::Output(o) => Some(o.id),
             Reply::Listing(l) => Some(l.id),
             Reply::Paths { id, .. } | Reply::Written { id, .. } | Reply::Preloaded { id, .. } => {
                 Some(*id)
             }
             Reply::File(f) => Some(f.id),
+        }
+    }
+}
+
+/// Output a live execution wrote since the last such message, as the runner sent it: base64 of
+/// the latest bytes of each stream, and how many earlier ones it skipped.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawLiveOutput {
+    pub id: u64,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    #[serde(default)]
+    pub stdout_skipped: u64,
+    #[serde(default)]
+    pub stderr_skipped: u64,
+}
+
+/// The most of each stream one live output message passes on (the runner sends 2 KiB).
+pub const MAX_LIVE_BYTES: usize = 4096;
+
+/// Output of a live execution so far, decoded and bounded: text is lossily UTF-8, at most
+/// [`MAX_LIVE_BYTES`] of each stream (the latest).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveOutput {
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes of each stream written meanwhile but not in the text (the runner's and this bound's).
+    pub stdout_skipped: u64,
+    pub stderr_skipped: u64,
+}
+
+impl RawLiveOutput {
+    /// Decodes the message; whatever it claims, only the last [`MAX_LIVE_BYTES`] of each stream
+    /// are decoded (the base64 is cut from its end first, so a long one costs no more), and a
+    /// character cut at the start is dropped. Base64 that does not decode counts as skipped.
+    pub fn decode(&self) -> LiveOutput {
+        fn tail(b64: &str, skipped: u64) -> (String, u64) {
+            // Base64's 4-character groups from the end decode on their own.
+            let groups = MAX_LIVE_BYTES.div_ceil(3) * 4;
+            let start = b64.len().saturating_sub(groups);
+            let start = start + (b64.len() - start) % 4;
+            let mut skipped = skipped.saturating_add((start / 4 * 3) as u64);
+            let Some(Ok(mut bytes)) = b64
+                .get(start..)
+                .map(|b| base64::engine::general_purpose::STANDARD.decode(b))
+            else {
+                return (
+                    String::new(),
+                    skipped.saturating_add((b64.len() / 4 * 3) as u64),
+                );
+            };
+            if bytes.len() > MAX_LIVE_BYTES {
+                let over = bytes.len() - MAX_LIVE_BYTES;
+                bytes.drain(..over);
+                skipped = skipped.saturating_add(over as u64);
+            }
+            // UTF-8 continuation bytes at the start are the rest of a character cut off.
+            let cut = bytes
+                .iter()
+                .take(3)
+                .take_while(|b| (**b & 0xC0) == 0x80)
+                .count();
+            let text = String::from_utf8_lossy(&bytes[cut..]).into_owned();
+            (text, skipped.saturating_add(cut as u64))
+        }
+        let (stdout, stdout_skipped) = tail(&self.stdout, self.stdout_skipped);
+        let (stderr, stderr_skipped) = tail(&self.stderr, self.stderr_skipped);
+        LiveOutput {
+            stdout,
+            stderr,
+            stdout_skipped,
+            stderr_skipped,
         }
     }
 }
@@ -1134,16 +1219,58 @@ TB!!
     }
 
     #[test]
+    fn live_output_is_decoded_within_its_bound() {
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        let frame = format!(
+            r#"{{"type":"output","id":4,"stdout":"{}","stderr":"{}","stdout_skipped":10}}"#,
+            b64(b"step 1\n"),
+            b64("é".repeat(MAX_LIVE_BYTES).as_bytes()),
+        );
+        let Ok(Reply::Output(raw)) = Reply::parse(frame.as_bytes()) else {
+            panic!("not output")
+        };
+        assert_eq!(raw.id, 4);
+        let live = raw.decode();
+        assert_eq!(live.stdout, "step 1\n");
+        assert_eq!(live.stdout_skipped, 10);
+        // Only the latest bytes, and no character cut in two.
+        assert!(live.stderr.len() <= MAX_LIVE_BYTES && live.stderr.len() >= MAX_LIVE_BYTES - 3);
+        assert!(
+            live.stderr.chars().all(|c| c == 'é'),
+            "{:?}",
+            &live.stderr[..10]
+        );
+        assert_eq!(
+            live.stderr_skipped as usize + live.stderr.len(),
+            2 * MAX_LIVE_BYTES
+        );
+        let bad = RawLiveOutput {
+            id: 1,
+            stdout: "!!!!".into(),
+            stderr: String::new(),
+            stdout_skipped: 0,
+            stderr_skipped: 0,
+        };
+        assert_eq!(bad.decode().stdout, "");
+        assert_eq!(bad.decode().stdout_skipped, 3);
+    }
+
+    #[test]
     fn requests_serialize_with_their_op() {
         let frame = Request::Exec {
             id: 3,
             code: "print(1)",
             max_output: 5,
+            live: false,
         }
         .to_frame();
         let body: serde_json::Value = serde_json::from_slice(&frame[4..]).unwrap();
         assert_eq!(body["op"], "exec");
         assert_eq!(body["code"], "print(1)");
+        assert!(
+            body.get("live").is_none(),
+            "live only when asked for: {body}"
+        );
         assert_eq!(
             u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize,
             frame.len() - 4

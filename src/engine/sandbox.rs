@@ -27,8 +27,8 @@ use super::backend::{
 };
 use super::outcome::Execution;
 use super::protocol::{
-    runner_start_frames, ChangedEntry, DirEntry, FrameDecoder, ProtocolError, RaisedException,
-    Reply, Request, RunnerExit,
+    runner_start_frames, ChangedEntry, DirEntry, FrameDecoder, LiveOutput, ProtocolError,
+    RaisedException, Reply, Request, RunnerExit,
 };
 use super::EngineError;
 use crate::text::{self, truncate_chars};
@@ -43,6 +43,40 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes kept of what the sandbox's processes print outside the protocol (start-up failures).
 const DIAGNOSTICS_LIMIT: usize = 8 * 1024;
+
+/// Receives an execution's output while it runs ([`Sandbox::execute_live`]).
+pub type LiveOutputSink = Arc<dyn Fn(LiveOutput) + Send + Sync>;
+
+/// Live output messages passed on per second, at most, and in a burst: the runner sends 4 a second
+/// and a last one at the end; one that sends more (its code can rewrite it) is held to this.
+const LIVE_PER_SECOND: f64 = 5.0;
+const LIVE_BURST: f64 = 3.0;
+
+/// Where one execution's live output goes: only messages for its request id, within the rate.
+struct LiveTarget {
+    id: u64,
+    sink: LiveOutputSink,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl LiveTarget {
+    fn pass(&mut self, output: &super::protocol::RawLiveOutput) {
+        if output.id != self.id {
+            return;
+        }
+        let now = Instant::now();
+        self.tokens = (self.tokens
+            + now.duration_since(self.refilled).as_secs_f64() * LIVE_PER_SECOND)
+            .min(LIVE_BURST);
+        self.refilled = now;
+        if self.tokens < 1.0 {
+            return;
+        }
+        self.tokens -= 1.0;
+        (self.sink)(output.decode());
+    }
+}
 
 /// What to execute.
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +158,8 @@ struct Runner {
     output: OutputStream,
     decoder: FrameDecoder,
     diagnostics: Vec<u8>,
+    /// Set while a live execution runs; live output for anything else is dropped unread.
+    live: Option<LiveTarget>,
 }
 
 enum RunnerFailure {
@@ -144,6 +180,7 @@ impl Runner {
             output: streams.output,
             decoder: FrameDecoder::new(FrameDecoder::limit_for_output(0)),
             diagnostics: Vec::new(),
+            live: None,
         };
         if let Err(e) = runner.send(&runner_start_frames()).await {
             return Err((e, runner.diagnostics));
@@ -179,11 +216,18 @@ impl Runner {
     }
 
     /// Reads until one complete reply is decoded; the supervisor's report of a dead runner is a
-    /// failure. Cancel-safe: a chunk is consumed only once it is in the decoder.
+    /// failure. Live output is passed to the live execution's sink, if it is for that one, and is
+    /// never a reply. Cancel-safe: a chunk is consumed only once it is in the decoder.
     async fn next_reply(&mut self) -> Result<Reply, RunnerFailure> {
         loop {
             match self.decoder.next_reply().map_err(RunnerFailure::Protocol)? {
                 Some(Reply::Exited(exit)) => return Err(RunnerFailure::Exited(exit)),
+                Some(Reply::Output(output)) => {
+                    if let Some(live) = &mut self.live {
+                        live.pass(&output);
+                    }
+                    continue;
+                }
                 Some(reply) => return Ok(reply),
                 None => {}
             }
@@ -222,17 +266,19 @@ enum Stop {
 }
 
 /// The runner's request for a task.
-fn request_for(task: Task<'_>, id: u64, max_output: u64) -> Request<'_> {
+fn request_for(task: Task<'_>, id: u64, max_output: u64, live: bool) -> Request<'_> {
     match task {
         Task::Python(code) => Request::Exec {
             id,
             code,
             max_output,
+            live,
         },
         Task::Shell(command) => Request::Shell {
             id,
             command,
             max_output,
+            live,
         },
     }
 }
@@ -415,21 +461,42 @@ impl Sandbox {
         max_output: u64,
         cancel: Option<&CancellationToken>,
     ) -> Result<Execution, EngineError> {
+        self.execute_live(task, timeout, max_output, cancel, None)
+            .await
+    }
+
+    /// [`execute`](Self::execute), passing the output to `live` as it comes (when given; the
+    /// runner sends none otherwise). The result still carries all of it.
+    pub async fn execute_live(
+        &mut self,
+        task: Task<'_>,
+        timeout: Duration,
+        max_output: u64,
+        cancel: Option<&CancellationToken>,
+        live: Option<&LiveOutputSink>,
+    ) -> Result<Execution, EngineError> {
         let (mut runner, restarted) = self.take_runner("an execution was abandoned").await?;
         self.next_request += 1;
         let id = self.next_request;
         runner
             .decoder
             .set_limit(FrameDecoder::limit_for_output(max_output));
+        runner.live = live.map(|sink| LiveTarget {
+            id,
+            sink: sink.clone(),
+            tokens: LIVE_BURST,
+            refilled: Instant::now(),
+        });
         let started = Instant::now();
         let (waited, stop) = self
             .await_result(
                 &mut runner,
-                &request_for(task, id, max_output),
+                &request_for(task, id, max_output, live.is_some()),
                 timeout,
                 cancel,
             )
             .await;
+        runner.live = None;
         let elapsed = started.elapsed();
         let mut execution = match waited {
             Waited::Replied(Ok(Reply::Result(raw)))
@@ -947,4 +1014,41 @@ fn with_diagnostics(mut reason: String, diagnostics: &[u8]) -> String {
         reason.push_str(text);
     }
     reason
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::protocol::RawLiveOutput;
+
+    #[test]
+    fn live_output_passes_only_for_its_execution_and_within_the_rate() {
+        let passed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = passed.clone();
+        let mut target = LiveTarget {
+            id: 7,
+            sink: Arc::new(move |_| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }),
+            tokens: LIVE_BURST,
+            refilled: Instant::now(),
+        };
+        let output = |id| RawLiveOutput {
+            id,
+            stdout: "aGkK".into(),
+            stderr: String::new(),
+            stdout_skipped: 0,
+            stderr_skipped: 0,
+        };
+        target.pass(&output(8));
+        assert_eq!(passed.load(std::sync::atomic::Ordering::Relaxed), 0);
+        // A flood: the burst passes, the rest waits for the rate (far more than these calls take).
+        for _ in 0..100 {
+            target.pass(&output(7));
+        }
+        assert_eq!(
+            passed.load(std::sync::atomic::Ordering::Relaxed),
+            LIVE_BURST as usize
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! What is logged is what a person watching the client would want to know while a call runs:
 //! the steps of preparing a sandbox and installing dependencies (`info`, the same text progress
-//! notifications carry) and an execution that lost the session's variables or files (`warning`).
+//! notifications carry), the code's output while it runs (`info`, see `notices`) and an
+//! execution that lost the session's variables or files (`warning`).
 //! Until the client sets a level, only warnings and worse are sent.
 //!
 //! rmcp marks logging deprecated: revision 2026-07-28 (SEP-2577) drops it. Every revision this
@@ -74,12 +75,18 @@ impl RequestLog {
         self.allows(LoggingLevel::Info)
     }
 
-    pub fn info(&self, message: &str) {
-        self.send(LoggingLevel::Info, message);
-    }
-
     pub fn warning(&self, message: &str) {
         self.send(LoggingLevel::Warning, message);
+    }
+
+    /// Sends an `info` message if the client wants it, and waits until it is written (so what is
+    /// sent next, the call's result too, comes after it).
+    pub async fn info_now(&self, message: &str) {
+        if self.allows(LoggingLevel::Info) {
+            let param = LoggingMessageNotificationParam::new(LoggingLevel::Info, message.into())
+                .with_logger(LOGGER);
+            let _ = self.peer.notify_logging_message(param).await;
+        }
     }
 
     /// Sends `message` at `level` if the client wants it; never waits for the client.

@@ -15,6 +15,7 @@
 //! - `descriptions`: the live configuration's part of the descriptions;
 //! - `render`: executions and files as content blocks;
 //! - `notebook`: what the code showed, as nbformat outputs bounded for a model;
+//! - `notices`: a call's progress and log notifications (its steps, the code's live output);
 //! - `server`: the [`SandboxServer`] (capabilities, resources, prompts, completions);
 //! - `running`: the engine's background tasks while a server runs;
 //! - [`stdio`], [`http`]: the transports; [`ServeError`]: why serving stopped or never started.
@@ -26,6 +27,7 @@ pub mod http;
 mod logging;
 mod mcp_sessions;
 mod notebook;
+mod notices;
 mod outcome;
 pub mod outputs;
 mod oversize;

@@ -131,6 +131,20 @@ async def test_misbehaving_reprs_do_not_break_the_session():
         await client.call_tool("sandbox_stop", {"container_id": session})
 
 
+async def test_a_repr_that_never_returns_meets_the_timeout_and_the_session_goes_on():
+    code = "class Endless:\n    def __repr__(self):\n        while True:\n            pass\nx = 41\nEndless()"
+    async with connect(SANDBOX_FILES_DIR="", SANDBOX_TIMEOUT="3s") as client:
+        session = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+        endless = await run(client, code, session)
+        assert endless.is_error is True
+        assert endless.structured_content["timed_out"] is True, text_of(endless)
+        # Interrupted like the code itself: the session keeps its state.
+        assert endless.structured_content["state_lost"] is False
+        after = await run(client, "x + 1", session)
+        assert outputs(after)[0]["data"]["text/plain"] == "42", text_of(after)
+        await client.call_tool("sandbox_stop", {"container_id": session})
+
+
 async def test_input_fails_at_once_with_a_clear_error():
     async with connect(SANDBOX_FILES_DIR="") as client:
         result = await run(client, "name = input('your name? ')")

@@ -37,7 +37,7 @@ use super::owner::Owner;
 use super::pool::Pool;
 use super::prepared::Prepared;
 use super::protocol;
-use super::sandbox::{Sandbox, Task};
+use super::sandbox::{LiveOutputSink, Sandbox, Task};
 use super::sessions::Sessions;
 use super::whole_output;
 use super::EngineError;
@@ -58,6 +58,9 @@ pub struct RunOptions {
     /// Fires to interrupt the execution (an MCP `notifications/cancelled`).
     pub cancel: Option<CancellationToken>,
     pub progress: Option<ProgressSink>,
+    /// Receives the code's output while it runs (the result still carries all of it). `None`
+    /// costs nothing: the runner is not asked for it.
+    pub live_output: Option<LiveOutputSink>,
     /// PyPI requirements to make importable first (PEP 508 strings, validated here).
     pub dependencies: Vec<String>,
     /// The result's reader (a model) sees only `SANDBOX_MODEL_OUTPUT` characters of output: when
@@ -276,11 +279,12 @@ impl Engine {
     ) -> Result<Execution, EngineError> {
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
         sandbox
-            .execute(
+            .execute_live(
                 task,
                 timeout,
                 self.config.limits.max_output_bytes,
                 options.cancel.as_ref(),
+                options.live_output.as_ref(),
             )
             .await
     }

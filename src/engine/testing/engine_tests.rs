@@ -570,3 +570,67 @@ async fn a_session_shows_its_last_value_and_keeps_it_in_underscore() {
     assert_eq!(asked.error.map(|e| e.kind).as_deref(), Some("EOFError"));
     engine.stop_session(Scope::Server, &id).await.expect("stop");
 }
+
+#[tokio::test]
+async fn live_output_reaches_the_sink_while_the_code_runs() {
+    let (engine, _fake) = engine_with(|_| {});
+    let dir = std::env::temp_dir().join(format!("pcs-live-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let go = dir.join("go");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(
+        Vec::<crate::engine::LiveOutput>::new(),
+    ));
+    let sink: crate::engine::LiveOutputSink = {
+        let (seen, go) = (seen.clone(), go.clone());
+        std::sync::Arc::new(move |output: crate::engine::LiveOutput| {
+            // The code waits for this file: it goes on only once its first line came live.
+            if output.stdout.contains("first") {
+                let _ = std::fs::write(&go, b"");
+            }
+            if let Ok(mut seen) = seen.lock() {
+                seen.push(output);
+            }
+        })
+    };
+    let options = RunOptions {
+        live_output: Some(sink),
+        ..Default::default()
+    };
+    let code = format!(
+        "import os, sys, time\n\
+         print('first')\n\
+         print('warn', file=sys.stderr)\n\
+         deadline = time.monotonic() + 15\n\
+         while not os.path.exists({go:?}) and time.monotonic() < deadline:\n    time.sleep(0.02)\n\
+         print('go seen' if os.path.exists({go:?}) else 'no go')\n"
+    );
+    let id = within(LIMIT, engine.create_session(Scope::Server, &options))
+        .await
+        .expect("create");
+    let execution = within(
+        LIMIT,
+        engine.execute_in_session(Scope::Server, &id, Task::Python(&code), &options),
+    )
+    .await
+    .expect("execute");
+    // The result still carries everything.
+    assert_eq!(stdout(&execution), "first\ngo seen\n");
+    assert_eq!(String::from_utf8_lossy(&execution.stderr), "warn\n");
+    let first = seen.lock().expect("seen").clone();
+    let live_stdout: String = first.iter().map(|o| o.stdout.as_str()).collect();
+    let live_stderr: String = first.iter().map(|o| o.stderr.as_str()).collect();
+    assert_eq!(live_stdout, "first\ngo seen\n", "{first:?}");
+    assert_eq!(live_stderr, "warn\n", "{first:?}");
+    // A shell command in the session shares the path.
+    let shell = within(
+        LIMIT,
+        engine.execute_in_session(Scope::Server, &id, Task::Shell("echo from-shell"), &options),
+    )
+    .await
+    .expect("shell");
+    assert_eq!(stdout(&shell), "from-shell\n");
+    let live = seen.lock().expect("seen").clone();
+    assert!(live.iter().any(|o| o.stdout == "from-shell\n"), "{live:?}");
+    engine.stop_session(Scope::Server, &id).await.expect("stop");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -465,3 +465,113 @@ async fn a_runner_that_dies_as_it_starts_is_reported_with_what_it_printed() {
     }
     assert!(fake.sandboxes().is_empty());
 }
+
+#[tokio::test]
+async fn stray_live_output_is_ignored_and_never_taken_for_a_reply() {
+    let (mut sandbox, fake) = launch().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink: crate::engine::LiveOutputSink = {
+        let seen = seen.clone();
+        Arc::new(move |output: crate::engine::LiveOutput| {
+            if let Ok(mut seen) = seen.lock() {
+                seen.push(output.stdout);
+            }
+        })
+    };
+    // "b2xk" is "old": frames for another request, and with no live execution at all.
+    let frame = |id: u64| {
+        let body = format!(r#"{{"type":"output","id":{id},"stdout":"b2xk"}}"#);
+        let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(body.as_bytes());
+        bytes
+    };
+    fake.inject_output(sandbox.id(), &frame(99));
+    let execution = sandbox
+        .execute_live(
+            Task::Python("print('new')"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+            Some(&sink),
+        )
+        .await
+        .expect("execute");
+    assert_eq!(execution.stdout, b"new\n");
+    assert_eq!(*seen.lock().expect("seen"), ["new\n"]);
+    fake.inject_output(sandbox.id(), &frame(1));
+    let listing = sandbox.list("").await.expect("list");
+    assert!(listing.error.is_none(), "{listing:?}");
+    assert_eq!(seen.lock().expect("seen").len(), 1);
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn buffered_prints_keep_their_order_around_subprocesses_and_forks() {
+    let (mut sandbox, _fake) = launch().await;
+    // 'c' is still in the parent's buffer at the fork: flushed before it, it is written once.
+    let code = "import os, subprocess, sys\n\
+                print('a')\n\
+                subprocess.run(['echo', 'b'])\n\
+                print('c', end='')\n\
+                pid = os.fork()\n\
+                if pid == 0:\n    print(' child'); sys.stdout.flush(); os._exit(0)\n\
+                os.waitpid(pid, 0)\n\
+                print('!')\n\
+                print('e', file=sys.stderr)\n";
+    let execution = sandbox
+        .execute(Task::Python(code), Duration::from_secs(10), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(
+        String::from_utf8_lossy(&execution.stdout),
+        "a\nb\nc child\n!\n"
+    );
+    assert_eq!(execution.stderr, b"e\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn streams_the_code_closed_or_replaced_are_back_in_the_next_execution() {
+    let (mut sandbox, _fake) = launch().await;
+    let code = "import io, sys\nprint('kept')\nsys.stdout.close()\nsys.stderr = io.StringIO()";
+    let closed = sandbox
+        .execute(Task::Python(code), Duration::from_secs(10), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(closed.stdout, b"kept\n");
+    let code = "import sys\nprint('back')\nprint('err', file=sys.stderr)";
+    let next = sandbox
+        .execute(Task::Python(code), Duration::from_secs(10), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(next.stdout, b"back\n");
+    assert_eq!(next.stderr, b"err\n");
+    sandbox.destroy().await;
+}
+
+#[tokio::test]
+async fn an_interrupt_in_the_middle_of_printing_leaves_nothing_for_the_next_execution() {
+    let (mut sandbox, _fake) = launch().await;
+    let flood = sandbox
+        .execute(
+            Task::Python("while True:\n    print('x' * 100)"),
+            Duration::from_millis(500),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert!(flood.timed_out && !flood.state_lost, "{flood:?}");
+    assert!(flood.stdout.starts_with(b"xxx"), "{:?}", flood.stdout.len());
+    let next = sandbox
+        .execute(
+            Task::Python("print('next')"),
+            Duration::from_secs(10),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(next.stdout, b"next\n");
+    sandbox.destroy().await;
+}

@@ -1,15 +1,13 @@
 //! Running code: a disposable sandbox per call, or a session's interpreter or shell.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, RoleServer};
 
-use crate::engine::{Execution, ProgressSink, RunOptions, Task};
+use crate::engine::{Execution, RunOptions, Task};
+use crate::mcp::notices::CallNotices;
 use crate::mcp::outcome::ToolError;
 use crate::mcp::params::{ExecParams, RunEphemeralParams, RunPythonParams};
 use crate::mcp::render::{self, ExecutionOutput};
@@ -34,12 +32,14 @@ impl SandboxServer {
         Parameters(params): Parameters<RunEphemeralParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let options = self.options_for(&context, params.image, params.dependencies);
+        let (options, notices) =
+            self.options_for(&context, params.image, params.dependencies, true);
         let execution = self
             .engine
             .run_ephemeral(Task::Python(&params.code), &options)
-            .await?;
-        Ok(self.execution_result(&context, &execution, None))
+            .await;
+        finish(notices).await;
+        Ok(self.execution_result(&context, &execution?, None))
     }
 
     #[tool(
@@ -57,10 +57,13 @@ impl SandboxServer {
         Parameters(params): Parameters<RunPythonParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let options = self.options_for(&context, None, params.dependencies);
+        let (options, notices) = self.options_for(&context, None, params.dependencies, true);
         let task = Task::Python(&params.code);
-        self.in_session(&context, &params.container_id, task, &options)
-            .await
+        let result = self
+            .in_session(&context, &params.container_id, task, &options)
+            .await;
+        finish(notices).await;
+        result
     }
 
     #[tool(
@@ -75,52 +78,47 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let options = self.options_for(&context, None, None);
+        let (options, notices) = self.options_for(&context, None, None, true);
         let task = Task::Shell(&params.command);
-        self.in_session(&context, &params.container_id, task, &options)
-            .await
+        let result = self
+            .in_session(&context, &params.container_id, task, &options)
+            .await;
+        finish(notices).await;
+        result
     }
 }
 
 impl SandboxServer {
     /// Run options for one request: cancellation follows the client's `notifications/cancelled`;
-    /// the steps of preparing the sandbox go to the client as progress when it sent a progress
-    /// token, and as `info` log messages when it asked for them.
+    /// the steps of preparing the sandbox, and with `live` the code's output while it runs, go to
+    /// the client as progress when it sent a progress token, and as `info` log messages when it
+    /// asked for them (see `notices`). The caller finishes the notices before it returns.
     pub(super) fn options_for(
         &self,
         context: &RequestContext<RoleServer>,
         image: Option<String>,
         dependencies: Option<Vec<String>>,
-    ) -> RunOptions {
-        let token = context.meta.get_progress_token();
-        let log = self.log.for_request(context);
-        let progress: Option<ProgressSink> = (token.is_some() || log.wants_info()).then(|| {
-            let peer = context.peer.clone();
-            let step = Arc::new(AtomicU32::new(0));
-            let sink: ProgressSink = Arc::new(move |message: &str| {
-                log.info(message);
-                let Some(token) = &token else {
-                    return;
-                };
-                let n = step.fetch_add(1, Ordering::Relaxed) + 1;
-                let param = ProgressNotificationParam::new(token.clone(), f64::from(n))
-                    .with_message(message.to_string());
-                let peer = peer.clone();
-                tokio::spawn(async move {
-                    let _ = peer.notify_progress(param).await;
-                });
-            });
-            sink
-        });
-        RunOptions {
+        live: bool,
+    ) -> (RunOptions, Option<CallNotices>) {
+        let notices = CallNotices::start(
+            context.peer.clone(),
+            context.meta.get_progress_token(),
+            self.log.for_request(context),
+        );
+        let options = RunOptions {
             timeout: None,
             image,
             cancel: Some(context.ct.clone()),
-            progress,
+            progress: notices.as_ref().map(CallNotices::steps),
+            live_output: notices
+                .as_ref()
+                .filter(|_| live)
+                .map(CallNotices::live_output),
             dependencies: dependencies.unwrap_or_default(),
             // The result shows a model the head and tail of long output: keep the whole.
             keep_whole_output: true,
-        }
+        };
+        (options, notices)
     }
 
     /// A tool result for an execution, with a warning logged to the client when it lost state.
@@ -162,5 +160,12 @@ impl SandboxServer {
             .execute_in_session(self.scope(), container_id, task, options)
             .await?;
         Ok(self.execution_result(context, &execution, Some(container_id)))
+    }
+}
+
+/// Waits until the call's notices are sent, so none comes after its result.
+pub(super) async fn finish(notices: Option<CallNotices>) {
+    if let Some(notices) = notices {
+        notices.finish().await;
     }
 }

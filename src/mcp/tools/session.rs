@@ -28,8 +28,11 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let requested = params.dependencies.clone().unwrap_or_default();
-        let options = self.options_for(&context, params.image, params.dependencies);
-        let id = self.engine.create_session(self.scope(), &options).await?;
+        let (options, notices) =
+            self.options_for(&context, params.image, params.dependencies, false);
+        let id = self.engine.create_session(self.scope(), &options).await;
+        super::run::finish(notices).await;
+        let id = id?;
         let image = self
             .engine
             .sessions(self.scope())

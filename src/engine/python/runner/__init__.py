@@ -22,6 +22,7 @@
 #   runner.py      the runner's start and its request loop
 #   execute.py     execution in one namespace: output capture and caps, interrupts, tracebacks
 #   capture.py     the thread that reads an execution's stdout and stderr within a cap
+#   streams.py     the code's buffered sys.stdout and sys.stderr, and when they are flushed
 #   display.py     the last expression's value, display(), outputs in order, a failing input()
 #   workspace.py   opening /workspace paths without following links; reading, writing, listing
 #   changes.py     the workspace's entries before and after an execution: what changed

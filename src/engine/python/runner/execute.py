@@ -17,8 +17,10 @@ import traceback
 # Called through the module, like protocol.send_frame (see runner.main).
 from . import changes as workspace_changes
 from . import display as rich
+from . import protocol
 from .capture import Capture
 from .processes import kill_others, other_processes
+from .streams import Streams
 
 # Frames of the runner's own code (the loader's and every module's) are named <sandbox-runner...>.
 RUNNER_FILENAME_PREFIX = "<sandbox-runner"
@@ -71,8 +73,10 @@ class Executor:
         self.executing = False
         self.counter = 0
         self.capture = Capture()
+        self.streams = Streams()
+        self.streams.install()
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-        self.original_streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.original_stdin = sys.stdin
 
     def on_sigint(self, signum, frame):
         # Only the executing code is interrupted; the runner itself ignores a late signal.
@@ -103,11 +107,7 @@ class Executor:
             # A child the code forked: its outputs never reach the host, and the capture thread's
             # lock may have been held at the fork, forever in this process.
             return [0, 0]
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        self.streams.flush(sys.stdout, sys.stderr)
         return job.position()
 
     def record_error(self, exc, job):
@@ -124,16 +124,29 @@ class Executor:
         before, _ = workspace_changes.snapshot()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        job = self.capture.start(out_r, err_r, cap)
+        live = None
+        if request.get("live"):
+            request_id = request.get("id")
+
+            def live(frame):
+                frame["id"] = request_id
+                protocol.send_frame(frame)
+
+        job = self.capture.start(out_r, err_r, cap, live)
         if op != "shell":
             self.counter += 1  # the execution count of nbformat, and <run N> in tracebacks
         self.outputs = rich.Outputs(lambda: self.position(job), cap, self.counter)
         self.display.outputs = self.outputs
         self.figures.outputs = self.outputs
+        # What the code's threads printed between executions went to /dev/null, as it always has,
+        # not into this execution's output.
+        with self.streams.lock:
+            self.streams.flush()
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
+        self.streams.running.set()
         exit_code = 0
         interrupted = False
         error = None
@@ -164,25 +177,23 @@ class Executor:
             self.record_error(exc, job)
         duration = time.monotonic() - started
         if os.getpid() != self.pid:
-            # A child the code forked has finished the code: it must not go on as a runner.
+            # A child the code forked has finished the code: it must not go on as a runner (its
+            # prints still in the buffers go out first, as they would at a normal exit).
+            self.streams.flush(sys.stdout, sys.stderr)
             os._exit(exit_code & 0xFF)
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is not None and not interrupted:
             self.figures.capture(pyplot, skip_saved=True)
         self.display.outputs = self.figures.outputs = None
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        sys.stdin, sys.stdout, sys.stderr = self.original_streams
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os.dup2(self.devnull, 1)
-        os.dup2(self.devnull, 2)
+        self.streams.running.clear()
+        self.streams.flush(sys.stdout, sys.stderr)
+        sys.stdin = self.original_stdin
+        self.streams.install()
+        # Under the flushing thread's lock: its last flush must not land in /dev/null.
+        with self.streams.lock:
+            self.streams.flush()
+            os.dup2(self.devnull, 1)
+            os.dup2(self.devnull, 2)
         signal.signal(signal.SIGINT, self.on_sigint)
         if interrupted:
             self.kill_strays()

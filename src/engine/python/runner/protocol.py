@@ -6,11 +6,15 @@
 #            {"op": "paths", "id": N, "add": [dir], "remove": [dir]}   (installed dependencies)
 #            {"op": "read", "id": N, "path": str, "path_bytes"?: b64, "offset": n, "length": n}
 #            {"op": "write", "id": N, "path": str, "data": b64, "offset": n}  (offset 0 creates)
+#            exec and shell may carry "live": true: the host wants the code's output as it comes.
 # Replies:   {"type": "ready", ...} once per runner, then per request one {"type": "result", "id":
 #            N, ...} (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths",
 #            "id": N, "missing": [dir]} (paths: directories that do not exist are not added),
 #            {"type": "file", "id": N, "data": b64, "size": n, "inode": "dev:ino"} or with "error"
 #            (read), {"type": "written", "id": N, "size": n} or with "error" (write).
+#            Before the result of a live exec or shell, any number of {"type": "output", "id": N,
+#            "stdout": b64, "stderr": b64, "stdout_skipped": n, "stderr_skipped": n}: what the code
+#            wrote since the last one (the latest bytes of it; the skipped ones counted).
 # The supervisor writes one frame per runner death:
 #            {"type": "exited", "status": int (negative: killed by that signal), "oom": bool|null,
 #             "requested": bool}
@@ -18,6 +22,7 @@
 import json
 import os
 import struct
+import threading
 
 
 def valid_text(obj):
@@ -99,5 +104,11 @@ def read_frame():
     return json.loads(body.decode("utf-8"))
 
 
+# The capture thread sends live output frames while the main thread may send a result: one frame
+# at a time. (A forked child never sends: its protocol descriptors are closed.)
+SEND_LOCK = threading.Lock()
+
+
 def send_frame(obj):
-    write_frame(PROTO_OUT, obj)
+    with SEND_LOCK:
+        write_frame(PROTO_OUT, obj)

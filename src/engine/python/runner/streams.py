@@ -1,0 +1,102 @@
+# The code's sys.stdout and sys.stderr: buffered like Python's own when they are pipes, flushed
+# often enough that output is never held back for long.
+#
+# The container's Python runs with -u, which would make every print several write(2) calls, each
+# waking the capture thread (a thread of this process, so each wake-up also contends for the GIL):
+# code that prints a lot ran 8x slower than the same code under a plain `docker run`. So the runner
+# gives the code a block-buffered stdout and a line-buffered stderr (Python's defaults for pipes)
+# over fds 1 and 2, one pair for the runner's whole life (a session's code may keep references to
+# them). Buffered text reaches the pipes:
+#   - at the end of an execution and before each output position is taken (execute.py, display.py);
+#   - before a fork (os.register_at_fork), so a forked child never repeats the parent's text;
+#   - every FLUSH_INTERVAL while code runs, from a thread of its own (below), so a slow loop's
+#     prints show up while it runs (live output) and a process killed for memory loses little.
+# As with any Python whose stdout is a pipe, text a subprocess or os.write(1, ...) writes directly
+# can come before print()ed text still in the buffer; the runner flushes before starting a
+# subprocess (an audit hook), which keeps the common case, print() then a command, in order.
+
+import io
+import os
+import sys
+import threading
+import time
+
+FLUSH_INTERVAL = 0.2
+BUFFER_SIZE = 1 << 16
+
+
+def _buffered(fd, like, line_buffering):
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw, BUFFER_SIZE),
+        encoding=getattr(like, "encoding", None) or "utf-8",
+        errors=getattr(like, "errors", None) or "strict",
+        line_buffering=line_buffering,
+    )
+
+
+class Streams:
+    """The runner's stdout and stderr objects and the thread that flushes them while code runs.
+
+    The flushing is a thread of its own, made once (like the capture thread): the capture thread
+    cannot do it, because a flush waits for the stream's lock, which the code's thread holds while
+    it writes into a full pipe that only the capture thread empties."""
+
+    def __init__(self):
+        self.stdout = _buffered(1, sys.stdout, line_buffering=False)
+        self.stderr = _buffered(2, sys.stderr, line_buffering=True)
+        # Held while this runner flushes, and taken before a fork: a child is never forked while
+        # the flushing thread holds a stream's lock (which would stay held forever in the child).
+        self.lock = threading.Lock()
+        self.running = threading.Event()
+        os.register_at_fork(
+            before=self._before_fork,
+            after_in_parent=self.lock.release,
+            after_in_child=self._after_fork_in_child,
+        )
+        sys.addaudithook(self._audit)
+        threading.Thread(target=self._loop, name="flush", daemon=True).start()
+
+    def install(self):
+        """Makes them the code's sys.stdout and sys.stderr again (the code may have replaced them),
+        new ones in place of any the code closed (which would fail every later print)."""
+        if self.stdout.closed:
+            self.stdout = _buffered(1, self.stdout, line_buffering=False)
+        if self.stderr.closed:
+            self.stderr = _buffered(2, self.stderr, line_buffering=True)
+        sys.stdout = sys.__stdout__ = self.stdout
+        sys.stderr = sys.__stderr__ = self.stderr
+
+    def flush(self, *extra):
+        """Flushes the runner's streams and `extra` ones (the code may have replaced sys.stdout);
+        a stream that fails to flush (closed by the code, a broken object) is skipped."""
+        for stream in (self.stdout, self.stderr) + extra:
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    def _loop(self):
+        while True:
+            self.running.wait()
+            time.sleep(FLUSH_INTERVAL)
+            if self.running.is_set():
+                with self.lock:
+                    self.flush()
+
+    def _before_fork(self):
+        self.lock.acquire()
+        self.flush()
+
+    def _after_fork_in_child(self):
+        self.lock.release()
+        self.running.clear()  # the flushing thread does not exist in the child
+
+    def _audit(self, event, args):
+        # Only the events that start another program on these pipes; the hook is called for every
+        # audited event, so the test comes first and costs a set lookup.
+        if event in SPAWN_EVENTS:
+            self.flush(sys.stdout, sys.stderr)
+
+
+SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec"})

@@ -1,0 +1,189 @@
+//! One tool call's notifications to its client: the steps of preparing a sandbox, and the code's
+//! output while it runs (live output), as `notifications/progress` when the call carries a
+//! progress token and as `notifications/message` (`info`) when the client's log level admits them.
+//!
+//! Every notice goes through one queue and one task that sends them in order and waits for each to
+//! be written; the call waits for that queue to empty ([`CallNotices::finish`]) before it returns
+//! its result, so a client sees every notice of a call before the call's result. Neither sink
+//! ever waits: a notice that finds the queue full (a client that does not read) is dropped. The
+//! engine already holds live output to a few messages a second, each bounded.
+//!
+//! Live output as the client sees it: a progress message with the latest lines the code wrote
+//! (at most [`PROGRESS_LINES`] lines and [`PROGRESS_CHARS`] characters), and one log message per
+//! stream, logger `python-code-sandbox`, data `stdout: <text>` or `stderr: <text>` with what that
+//! stream got since the previous message (at most 4 KiB; what was skipped is said first).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::{Peer, RoleServer};
+use tokio::sync::mpsc;
+
+use crate::engine::{LiveOutput, LiveOutputSink, ProgressSink};
+use crate::mcp::logging::RequestLog;
+
+/// Notices waiting to be sent, at most: the rest are dropped.
+const QUEUE: usize = 64;
+/// How long a call waits for its notices to be sent before returning its result anyway.
+const FINISH_WAIT: Duration = Duration::from_secs(5);
+/// What a progress message shows of live output.
+pub const PROGRESS_LINES: usize = 3;
+pub const PROGRESS_CHARS: usize = 300;
+
+enum Notice {
+    /// A step of the call ("starting the sandbox").
+    Step(String),
+    Live(LiveOutput),
+    /// The call is done: everything queued before this has been sent.
+    Done(tokio::sync::oneshot::Sender<()>),
+}
+
+/// The notices of one call; `None` from [`CallNotices::start`] when the client wants none.
+pub struct CallNotices {
+    queue: mpsc::Sender<Notice>,
+}
+
+impl CallNotices {
+    pub fn start(
+        peer: Peer<RoleServer>,
+        token: Option<ProgressToken>,
+        log: RequestLog,
+    ) -> Option<CallNotices> {
+        if token.is_none() && !log.wants_info() {
+            return None;
+        }
+        let (queue, mut notices) = mpsc::channel(QUEUE);
+        tokio::spawn(async move {
+            let mut step = 0u32;
+            while let Some(notice) = notices.recv().await {
+                let (progress, logs) = match notice {
+                    Notice::Step(message) => (Some(message.clone()), vec![message]),
+                    Notice::Live(output) => (latest_lines(&output), log_messages(&output)),
+                    Notice::Done(done) => {
+                        let _ = done.send(());
+                        return;
+                    }
+                };
+                for message in logs {
+                    log.info_now(&message).await;
+                }
+                if let (Some(token), Some(message)) = (&token, progress) {
+                    step += 1;
+                    let param = ProgressNotificationParam::new(token.clone(), f64::from(step))
+                        .with_message(message);
+                    let _ = peer.notify_progress(param).await;
+                }
+            }
+        });
+        Some(CallNotices { queue })
+    }
+
+    /// The sink for the steps of preparing a sandbox.
+    pub fn steps(&self) -> ProgressSink {
+        let queue = self.queue.clone();
+        Arc::new(move |message: &str| {
+            let _ = queue.try_send(Notice::Step(message.to_string()));
+        })
+    }
+
+    /// The sink for the code's output while it runs.
+    pub fn live_output(&self) -> LiveOutputSink {
+        let queue = self.queue.clone();
+        Arc::new(move |output: LiveOutput| {
+            let _ = queue.try_send(Notice::Live(output));
+        })
+    }
+
+    /// Waits (a bounded time) until every notice queued so far has been sent.
+    pub async fn finish(self) {
+        let (done, sent) = tokio::sync::oneshot::channel();
+        let wait = async {
+            if self.queue.send(Notice::Done(done)).await.is_ok() {
+                let _ = sent.await;
+            }
+        };
+        let _ = tokio::time::timeout(FINISH_WAIT, wait).await;
+    }
+}
+
+/// The progress message for live output: its latest non-blank lines (stderr's after stdout's).
+fn latest_lines(output: &LiveOutput) -> Option<String> {
+    let text = format!("{}\n{}", output.stdout, output.stderr);
+    let mut lines: Vec<&str> = text
+        .lines()
+        .rev()
+        .filter(|line| !line.trim().is_empty())
+        .take(PROGRESS_LINES)
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    lines.reverse();
+    let message = lines.join("\n");
+    let chars = message.chars().count();
+    Some(if chars > PROGRESS_CHARS {
+        let tail: String = message.chars().skip(chars - PROGRESS_CHARS + 1).collect();
+        format!("…{tail}")
+    } else {
+        message
+    })
+}
+
+/// One log message per stream that got text.
+fn log_messages(output: &LiveOutput) -> Vec<String> {
+    [
+        ("stdout", &output.stdout, output.stdout_skipped),
+        ("stderr", &output.stderr, output.stderr_skipped),
+    ]
+    .into_iter()
+    .filter(|(_, text, _)| !text.is_empty())
+    .map(|(name, text, skipped)| {
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        if skipped > 0 {
+            format!("{name}: [{} skipped] …{text}", crate::text::bytes(skipped))
+        } else {
+            format!("{name}: {text}")
+        }
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_shows_the_latest_lines_within_bounds() {
+        let output = LiveOutput {
+            stdout: "a\nb\n\nc\nd\n".into(),
+            stderr: String::new(),
+            ..Default::default()
+        };
+        assert_eq!(latest_lines(&output).as_deref(), Some("b\nc\nd"));
+        let output = LiveOutput {
+            stdout: "x".repeat(1000),
+            stderr: "warning\n".into(),
+            ..Default::default()
+        };
+        let message = latest_lines(&output).unwrap();
+        assert_eq!(message.chars().count(), PROGRESS_CHARS);
+        assert!(message.starts_with('…') && message.ends_with("x\nwarning"));
+        assert_eq!(latest_lines(&LiveOutput::default()), None);
+    }
+
+    #[test]
+    fn log_messages_name_their_stream_and_what_was_skipped() {
+        let output = LiveOutput {
+            stdout: "step 3\n".into(),
+            stderr: "oops\n".into(),
+            stdout_skipped: 2048,
+            stderr_skipped: 0,
+        };
+        assert_eq!(
+            log_messages(&output),
+            vec!["stdout: [2 KiB skipped] …step 3", "stderr: oops"]
+        );
+        assert!(log_messages(&LiveOutput::default()).is_empty());
+    }
+}
