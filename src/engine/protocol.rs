@@ -31,6 +31,7 @@ macro_rules! runner_module {
 /// `python/runner/`, which a test checks. A new module of the runner is one more line here.
 const RUNNER_MODULES: &[(&str, &str)] = &[
     ("sandbox_runner", include_str!("python/runner/__init__.py")),
+    runner_module!("after_import"),
     runner_module!("capture"),
     runner_module!("changes"),
     runner_module!("display"),

@@ -16,6 +16,8 @@ import builtins
 import json
 import sys
 
+from . import after_import
+
 # Outputs other than streams an execution may return, the bytes of one MIME value, and of
 # text/plain (cut, not dropped: the model still sees the head).
 MAX_OUTPUTS = 200
@@ -261,37 +263,6 @@ def last_expression_split(code, filename):
     return compile(tree, filename, "exec"), expression
 
 
-class AfterImport:
-    """Runs a function on a module once it has been imported (a meta path finder needs only
-    find_spec; see figures.PyplotHook). pandas gets bounded display options this way, without
-    the runner importing it."""
-
-    def __init__(self, hooks):
-        self.hooks = hooks
-
-    def find_spec(self, name, path=None, target=None):
-        hook = self.hooks.get(name)
-        if hook is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                original = spec.loader.exec_module
-
-                def exec_module(module, original=original):
-                    original(module)
-                    try:
-                        hook(module)
-                    except Exception:
-                        pass
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
-
-
 def _bound_pandas(pandas):
     # Head and tail of long frames, the shape stated: a table a model can read.
     for option, value in (
@@ -316,8 +287,6 @@ def install():
     display = Display()
     builtins.display = display
     builtins.input = no_input
-    sys.meta_path.insert(
-        0,
-        AfterImport({"pandas": _bound_pandas, "IPython.core.display_functions": _route_ipython}),
-    )
+    after_import.on_import("pandas", _bound_pandas)
+    after_import.on_import("IPython.core.display_functions", _route_ipython)
     return display
