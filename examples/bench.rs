@@ -681,6 +681,27 @@ plt.title('Sine wave')\n\
 plt.savefig('sine.png')\n\
 print('prepared' if prepared else 'cold')\n";
 
+/// The back-to-back bursts at default settings: calls per burst, and the pause between bursts.
+const BURST: usize = 50;
+const BURST_PAUSE: Duration = Duration::from_secs(15);
+
+const PLOT_SET: &[&str] = &["matplotlib", "numpy"];
+
+/// The data-analysis call: a 100k-row frame, a group-by, a bar chart saved as PNG.
+const ANALYSIS_CODE: &str = "import sys\n\
+prepared = 'pandas' in sys.modules\n\
+import numpy as np\n\
+import pandas as pd\n\
+import matplotlib.pyplot as plt\n\
+rng = np.random.default_rng(0)\n\
+df = pd.DataFrame({'group': rng.integers(0, 10, 100_000), 'value': rng.normal(size=100_000)})\n\
+summary = df.groupby('group')['value'].agg(['mean', 'std', 'count'])\n\
+summary['mean'].plot(kind='bar')\n\
+plt.savefig('groups.png')\n\
+print('prepared' if prepared else 'cold')\n";
+
+const ANALYSIS_SET: &[&str] = &["matplotlib", "pandas"];
+
 /// Starts the server as a child with these settings and connects rmcp's client to it.
 async fn plot_server(env: &[(&str, &str)]) -> Result<Client, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
@@ -710,7 +731,21 @@ async fn plot_series(
     runs: usize,
     pause: Duration,
 ) -> Result<(Vec<Duration>, usize), String> {
-    let prompt = json!({"code": PLOT_CODE, "dependencies": ["matplotlib", "numpy"]});
+    prepared_series(client, PLOT_CODE, PLOT_SET, "sine.png", runs, pause).await
+}
+
+/// Runs `code` (which prints `prepared` or `cold`) with dependencies `set` `runs` times, `pause`
+/// before each; checks that `file` came back; returns the durations and how many calls found the
+/// set's modules already imported.
+async fn prepared_series(
+    client: &Client,
+    code: &str,
+    set: &[&str],
+    file: &str,
+    runs: usize,
+    pause: Duration,
+) -> Result<(Vec<Duration>, usize), String> {
+    let prompt = json!({"code": code, "dependencies": set});
     let mut samples = Vec::with_capacity(runs);
     let mut prepared = 0;
     for _ in 0..runs {
@@ -721,14 +756,14 @@ async fn plot_series(
         match stdout_of(&result).trim() {
             "prepared" => prepared += 1,
             "cold" => {}
-            other => return Err(format!("the plot prompt printed {other:?}")),
+            other => return Err(format!("the code printed {other:?}")),
         }
         let saved = result
             .structured_content
             .as_ref()
-            .is_some_and(|s| s.to_string().contains("sine.png"));
+            .is_some_and(|s| s.to_string().contains(file));
         if !saved {
-            return Err("the plot prompt's sine.png did not come back".into());
+            return Err(format!("the code's {file} did not come back"));
         }
     }
     Ok((samples, prepared))
@@ -745,12 +780,25 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     // The default pool size, so that the same server's hello has its usual pool.
     let prepared_server = plot_server(&[
         ("SANDBOX_POOL_SIZE", "2"),
-        ("SANDBOX_PRELOAD", "matplotlib,numpy"),
+        ("SANDBOX_PRELOAD", "matplotlib,numpy;matplotlib,pandas"),
     ])
     .await?;
-    // The first call installs the set if the cache does not hold it yet.
+    // The first calls install the sets if the cache does not hold them yet.
     plot_series(&prepared_server, 1, Duration::ZERO).await?;
+    let analysis = |runs, pause| {
+        prepared_series(
+            &prepared_server,
+            ANALYSIS_CODE,
+            ANALYSIS_SET,
+            "groups.png",
+            runs,
+            pause,
+        )
+    };
+    analysis(1, Duration::ZERO).await?;
     let (with_pool, hits) = plot_series(&prepared_server, runs, options.pause).await?;
+    eprintln!("bench: data analysis (pandas, 100k rows, group-by, bar chart), pool prepared");
+    let (analysis_samples, analysis_hits) = analysis(runs, options.pause).await?;
     let hello = json!({"code": "print('hello')"});
     let mut hellos = Vec::new();
     for _ in 0..runs {
@@ -766,9 +814,27 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     let (without_pool, _) = plot_series(&cold_server, runs, Duration::ZERO).await?;
     let _ = cold_server.cancel().await;
 
-    eprintln!("bench: memory of prepared sandboxes (Docker's measure)");
+    eprintln!("bench: ephemeral hello back to back at default settings, 3 bursts of {BURST} calls, {} s apart", BURST_PAUSE.as_secs());
+    let default_server = plot_server(&[]).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut bursts = Vec::new();
+    for n in 0..3 {
+        if n > 0 {
+            tokio::time::sleep(BURST_PAUSE).await;
+        }
+        let mut samples = Vec::with_capacity(BURST);
+        for _ in 0..BURST {
+            let started = Instant::now();
+            call(&default_server, "run_python_ephemeral", hello.clone()).await?;
+            samples.push(started.elapsed());
+        }
+        bursts.push(samples);
+    }
+    let _ = default_server.cancel().await;
+
+    eprintln!("bench: memory of the pool (Docker's measure), default size, two sets prepared");
     let engine = Arc::new(Engine::with_docker(Config {
-        pool_size: 1,
+        pool_size: Config::default().pool_size,
         preload: vec![
             vec!["matplotlib".into(), "numpy".into()],
             vec!["matplotlib".into(), "numpy".into(), "pandas".into()],
@@ -777,13 +843,15 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     }));
     engine.start_pool();
     let waited = tokio::time::timeout(Duration::from_secs(900), async {
-        while engine.prepared_ready() < 2 {
+        while engine.prepared_ready() < 2 || engine.pool_ready() < engine.pool_target() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })
     .await;
     let sets = engine.prepared_sets();
     let pool_memory = engine.prepared_memory();
+    let plain_memory = engine.pool_memory().await;
+    let plain_ready = engine.pool_ready();
     engine.shutdown().await;
     if waited.is_err() {
         return Err("the prepared sandboxes for the memory figure were not ready in time".into());
@@ -793,7 +861,23 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     let series = [
         ("plot prompt, pool prepared for the set", &with_pool),
         ("plot prompt, every pool disabled", &without_pool),
+        (
+            "data analysis (pandas 100k rows), pool prepared",
+            &analysis_samples,
+        ),
         ("ephemeral hello, same server, 250 ms apart", &hellos),
+        (
+            "hello back to back, default settings, 1st burst",
+            &bursts[0],
+        ),
+        (
+            "hello back to back, default settings, 2nd burst",
+            &bursts[1],
+        ),
+        (
+            "hello back to back, default settings, 3rd burst",
+            &bursts[2],
+        ),
     ];
     if options.json {
         let rows: Vec<Value> = series
@@ -810,8 +894,9 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
             .collect();
         println!(
             "{}",
-            json!({"plot": rows, "prepared_hits": hits, "prepared_memory": memory,
-                   "prepared_pool_bytes": pool_memory})
+            json!({"plot": rows, "prepared_hits": hits, "analysis_prepared_hits": analysis_hits,
+                   "prepared_memory": memory, "prepared_pool_bytes": pool_memory,
+                   "plain_pool_ready": plain_ready, "plain_pool_bytes": plain_memory})
         );
         return Ok(());
     }
@@ -829,7 +914,7 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
             ms(percentile(samples, 50.0)) / hello_p50.max(0.001)
         );
     }
-    println!("plot prompt calls served by a prepared sandbox: {hits} of {runs}");
+    println!("plot prompt calls served by a prepared sandbox: {hits} of {runs}; data analysis: {analysis_hits} of {runs}");
     for (set, bytes) in &sets {
         println!(
             "prepared sandbox for {}: {:.1} MiB",
@@ -838,8 +923,10 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
         );
     }
     println!(
-        "prepared sandboxes together: {:.1} MiB",
-        pool_memory as f64 / (1024.0 * 1024.0)
+        "prepared sandboxes together: {:.1} MiB; plain pool ({plain_ready} waiting): {:.1} MiB; whole pool {:.1} MiB",
+        pool_memory as f64 / (1024.0 * 1024.0),
+        plain_memory as f64 / (1024.0 * 1024.0),
+        (pool_memory + plain_memory) as f64 / (1024.0 * 1024.0)
     );
     Ok(())
 }

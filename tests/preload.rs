@@ -198,6 +198,44 @@ async fn a_prepared_sandbox_serves_only_its_set_and_carries_nothing_from_an_earl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_size_zero_disables_every_pool_prepared_ones_included() {
+    if skip_without_engine() {
+        return;
+    }
+    let (volume, fresh) = deps_volume();
+    let engine = std::sync::Arc::new(engine_with(|c| {
+        c.deps.volume = volume.clone();
+        c.pool_size = 0;
+        c.preload = vec![vec!["six==1.16.0".to_string()]];
+    }));
+    engine.start_pool();
+    no_hang(async {
+        // Calls for the set work, cold: it is neither preloaded nor learned from them.
+        for _ in 0..2 {
+            let run = run_with(
+                &engine,
+                "import sys\nprint('six' in sys.modules)",
+                &["six==1.16.0"],
+            )
+            .await;
+            assert_eq!(text(&run.stdout), "False\n", "{}", text(&run.stderr));
+        }
+        let plain = run(&engine, "print(1)").await;
+        assert_eq!(text(&plain.stdout), "1\n");
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        assert_eq!(engine.prepared_ready(), 0);
+        assert_eq!(engine.pool_ready(), 0);
+        // Nothing waits on the engine either: no sandbox of this server exists between calls.
+        assert_nothing_left(&engine).await;
+    })
+    .await;
+    engine.shutdown().await;
+    if fresh {
+        remove_volume(&volume).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_set_is_never_served_from_a_stale_prepared_sandbox() {
     if skip_without_engine() {
         return;
@@ -236,12 +274,13 @@ async fn the_pool_stays_within_its_memory_bound_under_a_burst_of_sets() {
         return;
     }
     let (volume, fresh) = deps_volume();
-    // Room for the plain pool's share and 300 MiB: one sandbox at the first estimate (256 MiB),
-    // a few once measured; five sets cannot all be kept.
+    // 400 MiB: the plain pool's share (grown to a quarter of it at most: 6 sandboxes at 16 MiB)
+    // and 304 MiB for prepared ones: one at the first estimate (256 MiB), a few once measured;
+    // five sets cannot all be kept.
     let engine = std::sync::Arc::new(engine_with(|c| {
         c.deps.volume = volume.clone();
         c.pool_size = 1;
-        c.pool_max_memory = (32 << 20) + (300 << 20);
+        c.pool_max_memory = 400 << 20;
     }));
     engine.start_pool();
     let sets: [&[&str]; 5] = [

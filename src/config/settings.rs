@@ -359,7 +359,7 @@ pub const SANDBOX_SESSION_MAX_LIFETIME: Setting = Setting {
 pub const SANDBOX_POOL_SIZE: Setting = Setting {
     name: "SANDBOX_POOL_SIZE",
     default: Shown::Value("2"),
-    doc: "sandboxes of the default image kept started (runner up, Python initialised) by the server; `0` disables the pool",
+    doc: "sandboxes of the default image kept started (runner up, Python initialised) by the server; a call that finds none waiting doubles the number kept, up to 32 and a quarter of `SANDBOX_POOL_MAX_MEMORY` (16 MiB each), back to this one a sandbox every 10 s after a minute without such a call; `0` disables the pool",
     read: Read::Value(|config, var, v| {
         config.pool_size = parse_count(var, v, 0, 64)?;
         Ok(())

@@ -218,6 +218,15 @@ pub trait Backend: Send + Sync + 'static {
         max_bytes: u64,
     ) -> Result<Bytes, BackendError>;
 
+    /// Freezes every process of the sandbox (the engine's pause: the cgroup freezer), so that
+    /// nothing in it runs while its removal waits. An engine that cannot says so with an error,
+    /// and the caller removes the sandbox at once instead.
+    async fn freeze(&self, id: &SandboxId) -> Result<(), BackendError> {
+        Err(BackendError::Unexpected(format!(
+            "this engine cannot freeze sandbox {id}"
+        )))
+    }
+
     /// Removes the sandbox and its storage. Removing one that is already gone succeeds.
     async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError>;
 

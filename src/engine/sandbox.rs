@@ -972,6 +972,11 @@ impl Sandbox {
     }
 
     /// Removes the sandbox and its storage.
+    /// Freezes the sandbox's processes until it is removed (see [`Backend::freeze`]).
+    pub(crate) async fn freeze(&mut self) -> Result<(), BackendError> {
+        self.backend.freeze(&self.id).await
+    }
+
     pub async fn destroy(mut self) {
         self.destroy_in_place().await;
     }

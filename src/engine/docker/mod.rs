@@ -383,6 +383,14 @@ impl Backend for DockerBackend {
         self.signal(id, "SIGKILL").await
     }
 
+    async fn freeze(&self, id: &SandboxId) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        docker
+            .pause_container(&id.0)
+            .await
+            .map_err(|e| not_found_or(e, id))
+    }
+
     async fn memory_usage(&self, id: &SandboxId) -> Result<Option<u64>, BackendError> {
         let docker = self.client().await?;
         let options = bollard::query_parameters::StatsOptionsBuilder::default()

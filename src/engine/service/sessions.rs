@@ -55,6 +55,7 @@ impl Engine {
             };
             self.launch("session", &options, &requirements).await
         };
+        self.pool_used();
         let mut sessions = self.lock_sessions();
         sessions.starting -= 1;
         let (sandbox, report) = launched?;
