@@ -925,3 +925,57 @@ async fn sandboxes_run_under_another_runtime() {
     .await;
     assert_nothing_left(&engine).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_sandbox_is_frozen_then_removed() {
+    if skip_without_engine() {
+        return;
+    }
+    let engine = std::sync::Arc::new(engine_with(|c| c.pool_size = 1));
+    engine.start_pool();
+    no_hang(async {
+        while engine.pool_ready() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // The code leaves a process behind and says which container it ran in.
+        let result = run(
+            &engine,
+            "import subprocess\nsubprocess.Popen(['sleep', '300'])\n\
+             print(open('/proc/self/cgroup').read())",
+        )
+        .await;
+        let out = text(&result.stdout);
+        let id = out
+            .split(|c: char| !c.is_ascii_hexdigit())
+            .find(|part| part.len() == 64)
+            .unwrap_or_else(|| panic!("no container id in {out:?}"))
+            .to_string();
+        // Before it is gone, the used sandbox is seen frozen (the engine's pause).
+        let docker = docker().await;
+        let mut seen_paused = false;
+        loop {
+            match docker
+                .inspect_container(
+                    &id,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+            {
+                Ok(info) => {
+                    if info.state.unwrap_or_default().paused == Some(true) {
+                        seen_paused = true;
+                    }
+                }
+                Err(_) => break, // removed
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(
+            seen_paused,
+            "the used sandbox was removed without being frozen first"
+        );
+    })
+    .await;
+    engine.shutdown().await;
+    assert_nothing_left(&engine).await;
+}

@@ -262,6 +262,11 @@ pub struct Config {
     pub max_concurrent: usize,
     /// Sandboxes of the default configuration kept started ahead of time (the server only).
     pub pool_size: usize,
+    /// Dependency sets the pool keeps prepared sandboxes for (`SANDBOX_PRELOAD`), as written:
+    /// the engine validates each requirement.
+    pub preload: Vec<Vec<String>>,
+    /// What the pool's waiting sandboxes may use together (`SANDBOX_POOL_MAX_MEMORY`).
+    pub pool_max_memory: u64,
     /// Base URL of the package index searched by `search_pypi_packages`.
     pub pypi_url: String,
     /// How long the downloaded PyPI name index is reused.
@@ -325,6 +330,8 @@ impl Default for Config {
             },
             max_concurrent: 8,
             pool_size: 2,
+            preload: Vec::new(),
+            pool_max_memory: 2 << 30,
             pypi_url: "https://pypi.org".to_string(),
             pypi_index_ttl: Duration::from_secs(24 * 60 * 60),
             cache_dir: default_cache_dir(),

@@ -252,3 +252,89 @@ pub(super) fn parse_token(var: &'static str, token: &str) -> Result<Secret, Conf
     }
     Ok(Secret::new(token))
 }
+
+/// Dependency sets at most in `SANDBOX_PRELOAD`, and requirements at most in one set.
+pub const MAX_PRELOAD_SETS: usize = 16;
+pub const MAX_PRELOAD_REQUIREMENTS: usize = 32;
+
+/// Parses requirement sets: sets separated by `;`, requirements within a set by `,`
+/// (`numpy,matplotlib;pandas`). A comma followed by a version operator continues a specifier
+/// (`pandas>=2,<3,numpy` is `pandas>=2,<3` and `numpy`), so only a comma before a name starts a
+/// new requirement. Markers (`; python_version...`) cannot be written here. Only the shape is
+/// checked here; each requirement is validated like a request's `dependencies` when the engine
+/// starts (the parser is the engine's).
+pub fn parse_requirement_sets(
+    var: &'static str,
+    value: &str,
+) -> Result<Vec<Vec<String>>, ConfigError> {
+    const EXPECTED: &str = "requirement sets separated by `;`, requirements within a set by `,`, \
+                            such as numpy,matplotlib;pandas>=2,<3 (at most 16 sets of 32)";
+    let mut sets: Vec<Vec<String>> = Vec::new();
+    for set in value.split(';') {
+        let set = set.trim();
+        if set.is_empty() {
+            return Err(ConfigError::new(var, value, EXPECTED));
+        }
+        let mut requirements: Vec<String> = Vec::new();
+        for piece in set.split(',') {
+            let piece = piece.trim();
+            let starts_name = piece.starts_with(|c: char| c.is_ascii_alphanumeric());
+            match requirements.last_mut() {
+                Some(last) if !starts_name && !piece.is_empty() => {
+                    last.push(',');
+                    last.push_str(piece);
+                }
+                _ if starts_name => requirements.push(piece.to_string()),
+                _ => return Err(ConfigError::new(var, value, EXPECTED)),
+            }
+        }
+        requirements.sort();
+        requirements.dedup();
+        if requirements.len() > MAX_PRELOAD_REQUIREMENTS {
+            return Err(ConfigError::new(var, value, EXPECTED));
+        }
+        if !sets.contains(&requirements) {
+            sets.push(requirements);
+        }
+    }
+    if sets.len() > MAX_PRELOAD_SETS {
+        return Err(ConfigError::new(var, value, EXPECTED));
+    }
+    Ok(sets)
+}
+
+#[cfg(test)]
+mod requirement_set_tests {
+    use super::*;
+
+    fn sets(value: &str) -> Vec<Vec<String>> {
+        parse_requirement_sets("V", value).expect("valid")
+    }
+
+    #[test]
+    fn sets_split_on_semicolons_and_requirements_on_commas_before_names() {
+        assert_eq!(
+            sets("numpy, matplotlib ; pandas>=2,<3,numpy"),
+            [
+                vec!["matplotlib".to_string(), "numpy".to_string()],
+                vec!["numpy".to_string(), "pandas>=2,<3".to_string()],
+            ]
+        );
+        // One set written twice (in another order) is one set.
+        assert_eq!(sets("numpy,six;six,numpy").len(), 1);
+    }
+
+    #[test]
+    fn empty_sets_and_dangling_commas_are_refused() {
+        for bad in ["numpy;", ";numpy", "numpy,,six", ",numpy", "numpy,"] {
+            assert!(parse_requirement_sets("V", bad).is_err(), "{bad}");
+        }
+        let many = vec!["six"; 33]
+            .iter()
+            .enumerate()
+            .map(|(i, _)| format!("p{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(parse_requirement_sets("V", &many).is_err());
+    }
+}

@@ -15,7 +15,8 @@ use super::address::parse_host;
 use super::error::ConfigError;
 use super::parse::{
     is_image_reference, is_volume_name, parse_bool, parse_bytes, parse_count, parse_duration,
-    parse_duration_within, parse_hosts, parse_mounts, parse_token, parse_url,
+    parse_duration_within, parse_hosts, parse_mounts, parse_requirement_sets, parse_token,
+    parse_url,
 };
 use super::{
     Config, DownloadCache, HostPattern, NetworkPolicy, DEFAULT_IMAGE, MAX_OUTPUT_CEILING,
@@ -358,9 +359,29 @@ pub const SANDBOX_SESSION_MAX_LIFETIME: Setting = Setting {
 pub const SANDBOX_POOL_SIZE: Setting = Setting {
     name: "SANDBOX_POOL_SIZE",
     default: Shown::Value("2"),
-    doc: "sandboxes of the default image kept started (runner up, Python initialised) by the server; `0` disables the pool",
+    doc: "sandboxes of the default image kept started (runner up, Python initialised) by the server; a call that finds none waiting doubles the number kept, up to 32 and a quarter of `SANDBOX_POOL_MAX_MEMORY` (16 MiB each), back to this one a sandbox every 10 s after a minute without such a call; `0` disables the pool",
     read: Read::Value(|config, var, v| {
         config.pool_size = parse_count(var, v, 0, 64)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_PRELOAD: Setting = Setting {
+    name: "SANDBOX_PRELOAD",
+    default: Shown::Prose("none"),
+    doc: "dependency sets the warm pool keeps sandboxes prepared for (the set mounted, its modules imported), besides the sets recent calls used: sets separated by `;`, requirements within a set by `,` (`matplotlib,numpy;pandas`); each is validated like `dependencies` and installed at start-up; an invalid one stops start-up",
+    read: Read::Value(|config, var, v| {
+        config.preload = parse_requirement_sets(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_POOL_MAX_MEMORY: Setting = Setting {
+    name: "SANDBOX_POOL_MAX_MEMORY",
+    default: Shown::Value("2g"),
+    doc: "memory the warm pool's waiting sandboxes may use together, as the engine measures it; prepared sandboxes beyond it are not kept; at most the host's memory",
+    read: Read::Value(|config, var, v| {
+        config.pool_max_memory = parse_bytes(var, v, 64 << 20)?;
         Ok(())
     }),
 };
@@ -899,6 +920,8 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_SESSION_IDLE_TIMEOUT,
     SANDBOX_SESSION_MAX_LIFETIME,
     SANDBOX_POOL_SIZE,
+    SANDBOX_PRELOAD,
+    SANDBOX_POOL_MAX_MEMORY,
     SANDBOX_MAX_CONCURRENT,
     SANDBOX_PYPI_URL,
     SANDBOX_PYPI_INDEX_TTL,

@@ -6,7 +6,7 @@ use super::address::{redact_url, url_has_credentials};
 use super::error::ConfigError;
 use super::settings::{
     Env, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN,
-    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_PIDS_LIMIT, SANDBOX_WORKSPACE_SIZE,
+    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_WORKSPACE_SIZE,
 };
 use super::{Config, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
 
@@ -66,6 +66,16 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
         ));
     }
 
+    if let (Some(v), Some(host)) = (env.get(&SANDBOX_POOL_MAX_MEMORY), host_memory()) {
+        if config.pool_max_memory > host {
+            return Err(ConfigError::new(
+                SANDBOX_POOL_MAX_MEMORY.name,
+                v,
+                "a size below the host's memory (the pool's sandboxes wait in it), such as 2g",
+            ));
+        }
+    }
+
     let deps = &config.deps;
     if deps.allow_source_builds {
         // A package's build code runs in the installer, which is given the index URLs.
@@ -84,4 +94,13 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
         }
     }
     Ok(())
+}
+
+/// The host's memory (`MemTotal` of /proc/meminfo), when it can be read. In a container this is
+/// still the machine's memory, which the sandboxes share.
+fn host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

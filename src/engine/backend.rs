@@ -180,6 +180,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Creates (but does not start) a sandbox.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError>;
 
+    /// The memory a running sandbox uses now, as the platform measures it (never the sandbox's
+    /// own word): what the warm pool counts against `SANDBOX_POOL_MAX_MEMORY`. `None` when the
+    /// platform does not say.
+    async fn memory_usage(&self, _id: &SandboxId) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
+
     /// Starts the sandbox's main process (again, after [`Backend::kill`]) and attaches to its
     /// standard streams before it can write anything.
     async fn start(&self, id: &SandboxId) -> Result<RunnerStreams, BackendError>;
@@ -210,6 +217,15 @@ pub trait Backend: Send + Sync + 'static {
         path: &str,
         max_bytes: u64,
     ) -> Result<Bytes, BackendError>;
+
+    /// Freezes every process of the sandbox (the engine's pause: the cgroup freezer), so that
+    /// nothing in it runs while its removal waits. An engine that cannot says so with an error,
+    /// and the caller removes the sandbox at once instead.
+    async fn freeze(&self, id: &SandboxId) -> Result<(), BackendError> {
+        Err(BackendError::Unexpected(format!(
+            "this engine cannot freeze sandbox {id}"
+        )))
+    }
 
     /// Removes the sandbox and its storage. Removing one that is already gone succeeds.
     async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError>;

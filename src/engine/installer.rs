@@ -42,6 +42,15 @@ pub(super) const STAGE: &str = "/opt/stage";
 /// environment variable [`INSTALL_ARGUMENTS_VAR`].
 pub(super) const INSTALL_SCRIPT: &str = include_str!("python/installer.py");
 
+/// Runs in a preparer sandbox after an install (see [`preparer_spec`]): the import-time work every
+/// fresh process would repeat (bytecode, matplotlib's font cache), done once and published with
+/// the set.
+pub(super) const PREPARE_SCRIPT: &str = include_str!("python/prepare_set.py");
+
+/// What sets are published as: part of their cache key, so that a set published before the
+/// server prepared sets (no bytecode, no font cache) is never taken for a prepared one.
+pub(super) const SET_LAYOUT: &str = "auto+prepared-v1";
+
 /// Carries the installer's arguments: a JSON document, data the script decodes, never source.
 const INSTALL_ARGUMENTS_VAR: &str = "PCS_INSTALLER_ARGUMENTS";
 
@@ -282,6 +291,26 @@ pub(super) fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str)
     spec.network = NetworkPolicy::Bridge;
     spec.volumes = volumes;
     spec.mounts = mounts;
+    spec.maintenance = false;
+    spec
+}
+
+/// A preparer: the code's own sandbox (its user and limits) with no network, the staging volume
+/// read-write and nothing else. Importing a package runs its code, so the download cache, which
+/// other installs read, is never mounted here (only the set it prepares can be changed by it, and
+/// that set's own packages could ship anything anyway).
+pub(super) fn preparer_spec(base: &SandboxSpec, staging: &str) -> SandboxSpec {
+    let mut spec = base.clone();
+    spec.network = NetworkPolicy::None;
+    spec.network_name = None;
+    spec.volumes = vec![VolumeMount {
+        name: staging.to_string(),
+        target: STAGE.to_string(),
+        read_only: false,
+        tmpfs_bytes: None,
+    }];
+    spec.mounts = Vec::new();
+    spec.env = Vec::new();
     spec.maintenance = false;
     spec
 }

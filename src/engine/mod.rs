@@ -11,7 +11,7 @@
 //!   retention.
 //! - [`deps`] and [`installer`]: validated requirements, installed in a separate sandbox into a
 //!   shared read-only cache.
-//! - [`pool`]: sandboxes started ahead of time.
+//! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
 //! - [`outcome`] and [`error`]: what an execution comes to, and what can go wrong; plain types
@@ -31,6 +31,7 @@ pub mod installer;
 pub mod outcome;
 pub mod owner;
 pub mod pool;
+pub mod prepared;
 pub mod protocol;
 pub mod sandbox;
 pub mod service;

@@ -31,12 +31,14 @@ macro_rules! runner_module {
 /// `python/runner/`, which a test checks. A new module of the runner is one more line here.
 const RUNNER_MODULES: &[(&str, &str)] = &[
     ("sandbox_runner", include_str!("python/runner/__init__.py")),
+    runner_module!("after_import"),
     runner_module!("capture"),
     runner_module!("changes"),
     runner_module!("display"),
     runner_module!("execute"),
     runner_module!("figures"),
     runner_module!("host_test"),
+    runner_module!("prepared"),
     runner_module!("processes"),
     runner_module!("protocol"),
     runner_module!("runner"),
@@ -114,6 +116,13 @@ pub enum Request<'a> {
         add: &'a [String],
         remove: &'a [String],
     },
+    /// Import the top-level modules of these distributions (found in the sets on `sys.path`)
+    /// into the runner, outside the code's namespace: a prepared sandbox's work before its first
+    /// request (`runner/prepared.py`).
+    Preload {
+        id: u64,
+        distributions: &'a [String],
+    },
     /// A piece of a workspace file, read as the sandbox's user without following links.
     Read {
         id: u64,
@@ -139,6 +148,7 @@ impl Request<'_> {
             | Request::Shell { id, .. }
             | Request::List { id, .. }
             | Request::Paths { id, .. }
+            | Request::Preload { id, .. }
             | Request::Read { id, .. }
             | Request::Write { id, .. } => *id,
         }
@@ -163,6 +173,12 @@ pub enum Reply {
     Paths {
         id: u64,
         missing: Vec<String>,
+    },
+    /// What a preload imported, and what failed to import (module names, at most 1000 each).
+    Preloaded {
+        id: u64,
+        imported: Vec<String>,
+        failed: Vec<String>,
     },
     /// From the supervisor: the runner died, and a new one is starting.
     Exited(RunnerExit),
@@ -193,6 +209,15 @@ struct PathsBody {
     id: u64,
     #[serde(deserialize_with = "at_most::<_, _, 1000>")]
     missing: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct PreloadedBody {
+    id: u64,
+    #[serde(default, deserialize_with = "at_most::<_, _, 1000>")]
+    imported: Vec<String>,
+    #[serde(default, deserialize_with = "at_most::<_, _, 1000>")]
+    failed: Vec<String>,
 }
 
 /// Entries of one directory listing, at most.
@@ -255,6 +280,14 @@ impl Reply {
                 Reply::Paths {
                     id: paths.id,
                     missing: paths.missing,
+                }
+            }
+            "preloaded" => {
+                let preloaded: PreloadedBody = body_as(body)?;
+                Reply::Preloaded {
+                    id: preloaded.id,
+                    imported: preloaded.imported,
+                    failed: preloaded.failed,
                 }
             }
             "exited" => Reply::Exited(body_as(body)?),
@@ -332,7 +365,9 @@ impl Reply {
             Reply::Result(r) => Some(r.id),
             Reply::Output(o) => Some(o.id),
             Reply::Listing(l) => Some(l.id),
-            Reply::Paths { id, .. } | Reply::Written { id, .. } => Some(*id),
+            Reply::Paths { id, .. } | Reply::Written { id, .. } | Reply::Preloaded { id, .. } => {
+                Some(*id)
+            }
             Reply::File(f) => Some(f.id),
         }
     }

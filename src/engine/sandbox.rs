@@ -783,9 +783,41 @@ impl Sandbox {
         }
     }
 
+    /// Imports the top-level modules of `distributions` (in the sets on `sys.path`) into the
+    /// runner, outside the code's namespace, within `limit`; returns the modules imported and
+    /// those that failed. A prepared sandbox's work before it is handed out.
+    pub async fn preload(
+        &mut self,
+        distributions: &[String],
+        limit: Duration,
+    ) -> Result<(Vec<String>, Vec<String>), EngineError> {
+        match self
+            .control_within(limit, |id| Request::Preload { id, distributions })
+            .await?
+        {
+            Reply::Preloaded {
+                imported, failed, ..
+            } => Ok((imported, failed)),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a preload".into(),
+                ))
+                .await),
+        }
+    }
+
     /// A short request that is not an execution: no capture, a fixed time limit.
     async fn control<'a>(
         &mut self,
+        request: impl FnOnce(u64) -> Request<'a>,
+    ) -> Result<Reply, EngineError> {
+        self.control_within(CONTROL_TIMEOUT, request).await
+    }
+
+    /// A request that is not an execution, answered within `limit`.
+    async fn control_within<'a>(
+        &mut self,
+        limit: Duration,
         request: impl FnOnce(u64) -> Request<'a>,
     ) -> Result<Reply, EngineError> {
         let (mut runner, _) = self.take_runner("a request was abandoned").await?;
@@ -794,7 +826,7 @@ impl Sandbox {
         runner.decoder.set_limit(4 << 20);
         let reply = match runner.send(&request(id).to_frame()).await {
             Err(failure) => Err(failure),
-            Ok(()) => match tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply()).await {
+            Ok(()) => match tokio::time::timeout(limit, runner.next_reply()).await {
                 Ok(reply) => reply,
                 Err(_) => Err(RunnerFailure::Backend(BackendError::Unexpected(
                     "the sandbox did not answer in time".into(),
@@ -940,6 +972,11 @@ impl Sandbox {
     }
 
     /// Removes the sandbox and its storage.
+    /// Freezes the sandbox's processes until it is removed (see [`Backend::freeze`]).
+    pub(crate) async fn freeze(&mut self) -> Result<(), BackendError> {
+        self.backend.freeze(&self.id).await
+    }
+
     pub async fn destroy(mut self) {
         self.destroy_in_place().await;
     }

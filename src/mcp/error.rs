@@ -14,6 +14,9 @@ pub enum ServeError {
     /// The package index settings are unusable.
     #[error(transparent)]
     PackageIndex(#[from] SearchError),
+    /// A dependency set of `SANDBOX_PRELOAD` is invalid.
+    #[error("SANDBOX_PRELOAD: {0}")]
+    Preload(#[source] crate::engine::EngineError),
     /// The `--http` address is no address, or one the configuration does not allow.
     #[error("{0}")]
     Address(String),
@@ -35,7 +38,10 @@ impl ServeError {
     pub fn is_configuration(&self) -> bool {
         matches!(
             self,
-            ServeError::FilesDir(_) | ServeError::PackageIndex(_) | ServeError::Address(_)
+            ServeError::FilesDir(_)
+                | ServeError::PackageIndex(_)
+                | ServeError::Address(_)
+                | ServeError::Preload(_)
         )
     }
 }

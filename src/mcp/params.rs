@@ -22,6 +22,10 @@ pub struct InitializeParams {
     /// Sandbox image; only the configured image or one the operator allowed.
     #[serde(default)]
     pub image: Option<String>,
+    /// PyPI packages the session starts with (PEP 508 requirements, as run_python's
+    /// dependencies): importable from its first call; run_python can add more later.
+    #[serde(default)]
+    pub dependencies: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -20,7 +20,8 @@ pub(crate) struct Running {
 impl Running {
     /// Starts the engine: the session reaper, the warm pool, and (in the background) the removal
     /// of what dead servers left and the retention of saved files. Nothing here waits for Docker.
-    /// A files directory that cannot be trusted, or an unusable package index, stops start-up.
+    /// A files directory that cannot be trusted, an unusable package index, or an invalid
+    /// `SANDBOX_PRELOAD` set stops start-up.
     pub(crate) fn start(config: Config) -> Result<Running, ServeError> {
         crate::engine::files_dir::prepare_configured(&config.files)?;
         let pypi = Arc::new(PypiSearch::new(
@@ -29,6 +30,8 @@ impl Running {
             config.pypi_index_ttl,
         )?);
         let engine = Arc::new(Engine::with_docker(config));
+        // Before anything starts: an invalid set stops start-up with the entry named.
+        engine.preload_sets().map_err(ServeError::Preload)?;
         let cleanup = {
             let engine = engine.clone();
             tokio::spawn(async move {

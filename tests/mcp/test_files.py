@@ -54,6 +54,49 @@ async def test_a_sine_plot_saved_with_savefig_comes_back_as_a_png(tmp_path):
         assert "sine.png" in text_of(result)
 
 
+SAVE_WITHOUT_REDRAW = """
+import numpy as np
+import matplotlib.pyplot as plt
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+drawn = []
+plain_draw = FigureCanvasAgg.draw
+def counting_draw(self, *args, **kwargs):
+    drawn.append(1)
+    return plain_draw(self, *args, **kwargs)
+FigureCanvasAgg.draw = counting_draw
+fig = plt.figure()
+plt.plot([0, 1], [1, 0])
+plt.savefig('a.png')
+print('draws for one save:', len(drawn))
+after_save = bytes(fig.canvas.buffer_rgba())
+fig.canvas.draw()
+print('canvas as a redraw leaves it:', after_save == bytes(fig.canvas.buffer_rgba()))
+plt.savefig('t.png', transparent=True)
+print('opaque after a transparent save:', np.asarray(fig.canvas.buffer_rgba())[0, 0, 3] == 255)
+events = []
+fig.canvas.mpl_connect('draw_event', lambda event: events.append(1))
+plt.savefig('b.png')
+print('draw events for a save:', len(events))
+"""
+
+
+async def test_plt_savefig_leaves_out_only_a_redraw_that_changes_nothing():
+    # matplotlib's plt.savefig draws the figure again after saving it; the sandbox leaves that
+    # out when the save left the same picture on the canvas, and keeps it when it did not (a
+    # transparent save) or when the code listens for draw events.
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        result = await client.call_tool(
+            "run_python_ephemeral", {"code": SAVE_WITHOUT_REDRAW, "dependencies": ["matplotlib", "numpy"]}
+        )
+        assert result.is_error is False, text_of(result)
+        assert result.structured_content["stdout"].splitlines() == [
+            "draws for one save: 1",
+            "canvas as a redraw leaves it: True",
+            "opaque after a transparent save: True",
+            "draw events for a save: 2",
+        ]
+
+
 async def test_plt_show_alone_returns_the_figure():
     async with connect(SANDBOX_FILES_DIR="") as client:
         result = await client.call_tool("run_python_ephemeral", {"code": SINE_SHOW, "dependencies": ["matplotlib"]})

@@ -383,6 +383,41 @@ impl Backend for DockerBackend {
         self.signal(id, "SIGKILL").await
     }
 
+    async fn freeze(&self, id: &SandboxId) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        docker
+            .pause_container(&id.0)
+            .await
+            .map_err(|e| not_found_or(e, id))
+    }
+
+    async fn memory_usage(&self, id: &SandboxId) -> Result<Option<u64>, BackendError> {
+        let docker = self.client().await?;
+        let options = bollard::query_parameters::StatsOptionsBuilder::default()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stats = docker.stats(&id.0, Some(options));
+        let Some(sample) = stats.next().await else {
+            return Ok(None);
+        };
+        let memory = sample
+            .map_err(|e| not_found_or(e, id))?
+            .memory_stats
+            .unwrap_or_default();
+        // As `docker stats` counts it: the cgroup's usage without page cache it may drop
+        // (cgroup v2 `inactive_file`, v1 `total_inactive_file`). Tmpfs pages stay counted.
+        let inactive = memory.stats.as_ref().and_then(|stats| {
+            stats
+                .get("inactive_file")
+                .or_else(|| stats.get("total_inactive_file"))
+                .copied()
+        });
+        Ok(memory
+            .usage
+            .map(|usage| usage.saturating_sub(inactive.unwrap_or(0))))
+    }
+
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
         let docker = self.client().await?;
         let inspected = docker

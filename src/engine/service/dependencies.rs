@@ -14,7 +14,8 @@ use crate::engine::backend::{paths, SandboxSpec};
 use crate::engine::deps::{self, IndexConfig, Requirement};
 use crate::engine::installer::{
     index_config, installer_arguments, installer_spec, maintenance_operation, maintenance_spec,
-    uses_download_cache, CachedSet, Egress, Measured, Verified, INSTALL_SCRIPT, MAINTENANCE_SCRIPT,
+    preparer_spec, uses_download_cache, CachedSet, Egress, Measured, Verified, INSTALL_SCRIPT,
+    MAINTENANCE_SCRIPT, PREPARE_SCRIPT, SET_LAYOUT,
 };
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::Task;
@@ -33,9 +34,8 @@ impl Engine {
         replaces: Option<&str>,
         options: &super::RunOptions,
     ) -> Result<DependencyReport, EngineError> {
-        let image_id = self.backend.image_id(&base.image).await?;
         let index = index_config(&self.config);
-        let key = deps::cache_key(&image_id, requirements, &index, "auto");
+        let key = self.dependency_key(&base.image, requirements).await?;
         let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
         let mut report = DependencyReport {
             requirements: canonical.clone(),
@@ -99,6 +99,17 @@ impl Engine {
         Ok(report)
     }
 
+    /// The key `requirements` are cached under for `image`.
+    pub(super) async fn dependency_key(
+        &self,
+        image: &str,
+        requirements: &[Requirement],
+    ) -> Result<String, EngineError> {
+        let image_id = self.backend.image_id(image).await?;
+        let index = index_config(&self.config);
+        Ok(deps::cache_key(&image_id, requirements, &index, SET_LAYOUT))
+    }
+
     /// Puts a set's directory on the sandbox's `sys.path`; false when it does not exist.
     async fn use_set(
         &self,
@@ -134,6 +145,7 @@ impl Engine {
                 }),
             Some("tampered") => {
                 self.deps.forget(&[key.to_string()]);
+                self.discard_prepared(&[key.to_string()]);
                 Ok(Verified::Tampered)
             }
             _ => Ok(Verified::Missing),
@@ -176,6 +188,8 @@ impl Engine {
                     Ok(execution) if execution.succeeded() => {
                         // Stop whatever the install left running before its staging is read.
                         let _ = self.backend.kill_processes(installer.id()).await;
+                        options.report("preparing the dependencies (bytecode, caches)");
+                        self.prepare_staged(base, &staging).await;
                         let op = serde_json::json!({
                             "op": "publish",
                             "key": key,
@@ -242,6 +256,44 @@ impl Engine {
                 }
                 Err(EngineError::Dependencies(why))
             }
+        }
+    }
+
+    /// Does the import-time work of a staged set once (see `python/prepare_set.py`) in a preparer
+    /// sandbox. The installer must still be running: the staging tmpfs lives while it is mounted.
+    /// A failure leaves the set as installed (it works, only slower to import), and is logged.
+    async fn prepare_staged(&self, base: &SandboxSpec, staging: &str) {
+        let mut spec = preparer_spec(base, staging);
+        spec.labels = self.owner.labels("preparer");
+        let started = std::time::Instant::now();
+        let outcome = async {
+            let mut preparer =
+                crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
+            let outcome = preparer
+                .execute(
+                    Task::Python(PREPARE_SCRIPT),
+                    self.config.deps.install_timeout,
+                    64 << 10,
+                    None,
+                )
+                .await;
+            preparer.destroy().await;
+            outcome
+        }
+        .await;
+        match outcome {
+            Ok(execution) if execution.succeeded() => tracing::debug!(
+                prepare_ms = started.elapsed().as_millis() as u64,
+                "dependency set prepared: {}",
+                crate::text::truncate_chars(String::from_utf8_lossy(&execution.stdout).trim(), 200)
+            ),
+            Ok(execution) => tracing::warn!(
+                "could not prepare a dependency set (it is published unprepared): {}",
+                deps::installer_error_summary(&String::from_utf8_lossy(&execution.stderr))
+            ),
+            Err(e) => tracing::warn!(
+                "could not prepare a dependency set (it is published unprepared): {e}"
+            ),
         }
     }
 
@@ -429,6 +481,7 @@ impl Engine {
         let op = serde_json::json!({"op": "list", "remove": remove});
         let answer = self.run_maintenance(base, None, &op).await?;
         self.deps.forget(remove);
+        self.discard_prepared(remove);
         #[derive(Deserialize)]
         struct Listed {
             key: String,

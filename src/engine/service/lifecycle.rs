@@ -134,6 +134,7 @@ impl Engine {
         for sandbox in self.pool.close() {
             self.retire(sandbox);
         }
+        self.close_prepared().await;
         // A refill may be starting sandboxes: let it finish (it retires them once closed).
         let refill = self
             .pool_task

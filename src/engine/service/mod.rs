@@ -9,6 +9,7 @@
 //! - `files`: the workspace file tools of a session;
 //! - `dependencies`: installing and finding dependency sets, and the cache's maintenance;
 //! - `pool`: keeping the warm pool full and drawing from it;
+//! - `prepared`: sandboxes prepared per dependency set, in the background, and handed out;
 //! - `lifecycle`: finding the server's own container, removing what dead servers left, and
 //!   removing everything at shutdown.
 
@@ -16,9 +17,11 @@ mod dependencies;
 mod files;
 mod lifecycle;
 mod pool;
+mod prepared;
 mod run;
 mod sessions;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +35,8 @@ use super::files_dir::{self, Retention};
 use super::installer::{self, Dependencies};
 use super::outcome::{DependencyReport, Execution};
 use super::owner::Owner;
-use super::pool::Pool;
+use super::pool::{Pool, QUIET};
+use super::prepared::Prepared;
 use super::protocol;
 use super::sandbox::{LiveOutputSink, Sandbox, Task};
 use super::sessions::Sessions;
@@ -82,27 +86,53 @@ pub struct Engine {
     sessions: std::sync::Mutex<Sessions>,
     executions: Semaphore,
     deps: Dependencies,
-    pool: Pool,
+    pool: Arc<Pool>,
+    /// Used sandboxes frozen and waiting for a pause in the calls to be removed.
+    removals_deferred: Arc<AtomicUsize>,
+    /// Removals of such sandboxes running at once.
+    deferred_removals: Arc<Semaphore>,
     /// Sandbox removals running after their result was returned.
     background: tokio_util::task::TaskTracker,
     /// Set once the server has looked for its own container (see `identified`).
     identified: tokio::sync::OnceCell<()>,
     /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
     pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Sandboxes prepared per dependency set, the task preparing them, and its wake-up.
+    prepared: Prepared<prepared::PreparedSandbox>,
+    prepared_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    prepared_wake: Arc<tokio::sync::Notify>,
     /// The retention of saved files (`None` when nothing is saved).
     retention: Option<Arc<Retention>>,
 }
+
+/// How many used sandboxes may wait, frozen, for a pause in the calls to be removed, and for how
+/// long at most. Only calls shorter than `pool::QUIET` leave them waiting (a longer call is its own
+/// pause), so what they hold is small and held briefly.
+const REMOVALS_DEFERRED: usize = 16;
+const REMOVAL_DEFERRED_AT_MOST: Duration = Duration::from_secs(2);
 
 impl Engine {
     pub fn new(backend: Arc<dyn Backend>, config: Config) -> Engine {
         let executions = Semaphore::new(config.max_concurrent.max(1));
         let deps = installer::Dependencies::new(&config);
+        let plain_cap = pool::plain_cap(config.pool_size, config.pool_max_memory);
         Engine {
             deps,
-            pool: Pool::new(config.pool_size),
+            pool: Arc::new(Pool::new(config.pool_size, plain_cap)),
+            removals_deferred: Arc::new(AtomicUsize::new(0)),
+            deferred_removals: Arc::new(Semaphore::new(2)),
             background: tokio_util::task::TaskTracker::new(),
             identified: tokio::sync::OnceCell::new(),
             pool_task: std::sync::Mutex::new(None),
+            // The plain pool's share of the bound, grown to its cap, is set aside; the rest is
+            // the prepared ones'.
+            prepared: Prepared::new(
+                config
+                    .pool_max_memory
+                    .saturating_sub(plain_cap as u64 * prepared::PLAIN_ESTIMATE),
+            ),
+            prepared_task: std::sync::Mutex::new(None),
+            prepared_wake: Arc::new(tokio::sync::Notify::new()),
             retention: files_dir::Retention::new(&config.files),
             backend,
             config,
@@ -177,6 +207,9 @@ impl Engine {
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
         let spec = self.base_spec(image, kind).await;
+        if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
+            return Ok((sandbox, Some(report)));
+        }
         let mut sandbox = match self.take_pooled(&spec.image).await {
             Some(sandbox) => sandbox,
             None => {
@@ -193,12 +226,51 @@ impl Engine {
             .prepare_dependencies(&mut sandbox, &spec, requirements, None, options)
             .await
         {
-            Ok(report) => Ok((sandbox, Some(report))),
+            Ok(report) => {
+                if spec.image == self.config.image {
+                    self.learn_set(&report);
+                }
+                Ok((sandbox, Some(report)))
+            }
             Err(e) => {
                 self.retire(sandbox);
                 Err(e)
             }
         }
+    }
+
+    /// Removes a sandbox a call has used, in the background: frozen at once (nothing in it runs
+    /// any more), removed once the calls pause for `pool::QUIET` (or after
+    /// `REMOVAL_DEFERRED_AT_MOST`). A removal costs the engine about
+    /// as much CPU as starting a sandbox, which during a burst of calls would come out of the next
+    /// calls. At most `REMOVALS_DEFERRED` wait so; beyond that, or when the engine cannot freeze
+    /// it, the sandbox is removed at once.
+    pub(crate) fn retire_used(&self, mut sandbox: Sandbox) {
+        let waiting = self.removals_deferred.clone();
+        if waiting.fetch_add(1, Ordering::SeqCst) >= REMOVALS_DEFERRED {
+            waiting.fetch_sub(1, Ordering::SeqCst);
+            return self.retire(sandbox);
+        }
+        let pool = self.pool.clone();
+        let removals = self.deferred_removals.clone();
+        self.background.spawn(async move {
+            let started = Instant::now();
+            if sandbox.freeze().await.is_ok() {
+                while !pool.is_closed()
+                    && !pool.quiet(Instant::now())
+                    && started.elapsed() < REMOVAL_DEFERRED_AT_MOST
+                {
+                    tokio::time::sleep(QUIET).await;
+                }
+            }
+            waiting.fetch_sub(1, Ordering::SeqCst);
+            // Two at a time: the waiting ones all become due at the same pause, often the cold
+            // start of a call that found the pool empty, which they would otherwise starve.
+            let _permit = removals.acquire().await;
+            let id = sandbox.id().clone();
+            sandbox.destroy().await;
+            tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "used sandbox removed");
+        });
     }
 
     /// Removes a sandbox in the background; `shutdown` waits for these removals.

@@ -1,10 +1,11 @@
 //! Keeping the warm pool full, in the background, and drawing a live sandbox from it.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::prepared::PLAIN_ESTIMATE;
 use super::Engine;
-use crate::engine::pool::REFILL_CONCURRENCY;
+use crate::engine::pool::{Refill, GROWTH_CAP};
 use crate::engine::sandbox::Sandbox;
 use crate::engine::EngineError;
 
@@ -14,7 +15,7 @@ impl Engine {
         if image != self.config.image {
             return None;
         }
-        while let Some(mut sandbox) = self.pool.take() {
+        while let Some(mut sandbox) = self.pool.take(Instant::now()) {
             // A round trip to the runner: a sandbox that died while waiting is not handed out.
             match sandbox.add_paths(&[], &[]).await {
                 Ok(_) => return Some(sandbox),
@@ -34,16 +35,40 @@ impl Engine {
         Sandbox::launch(self.backend.clone(), &spec).await
     }
 
-    /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), in the background, until
+    /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), and preparing sandboxes per
+    /// dependency set (`SANDBOX_PRELOAD` and the sets calls use), in the background, until
     /// `shutdown`.
     pub fn start_pool(self: &Arc<Self>) {
         if let Some(task) = spawn_refill(self) {
             *self.pool_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         }
+        self.start_prepared();
+    }
+
+    /// A call that took a sandbox is done with the engine for now: the pool may refill.
+    pub(super) fn pool_used(&self) {
+        self.pool.used();
     }
 
     pub(crate) fn pool_wake(&self) -> Arc<tokio::sync::Notify> {
         self.pool.wake()
+    }
+
+    /// The memory the plain pool's waiting sandboxes use now, as Docker measures it (the
+    /// benchmark's figure; the bound counts them at `PLAIN_ESTIMATE`).
+    pub async fn pool_memory(&self) -> u64 {
+        let mut total = 0;
+        for id in self.pool.ready_ids() {
+            if let Ok(Some(bytes)) = self.backend.memory_usage(&id).await {
+                total += bytes;
+            }
+        }
+        total
+    }
+
+    /// How many sandboxes the plain pool wants now (`SANDBOX_POOL_SIZE`, grown by demand).
+    pub fn pool_target(&self) -> usize {
+        self.pool.target()
     }
 
     /// Sandboxes waiting in the pool now.
@@ -52,9 +77,23 @@ impl Engine {
     }
 }
 
+/// How far demand may grow the plain pool: a quarter of `SANDBOX_POOL_MAX_MEMORY` (at
+/// `PLAIN_ESTIMATE` each), at most `GROWTH_CAP`, never below `SANDBOX_POOL_SIZE`; 0 when the pool is
+/// disabled.
+pub(super) fn plain_cap(base: usize, max_memory: u64) -> usize {
+    if base == 0 {
+        return 0;
+    }
+    let by_memory = (max_memory / 4 / PLAIN_ESTIMATE).min(GROWTH_CAP as u64) as usize;
+    by_memory.max(base)
+}
+
+/// How often an idle refill looks at the pool without being woken.
+const IDLE_LOOK: Duration = Duration::from_secs(5);
+
 /// Keeps the pool full until it is closed or the engine is gone.
 fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
-    if engine.pool.target() == 0 {
+    if engine.pool.base() == 0 {
         return None;
     }
     let weak: Weak<Engine> = Arc::downgrade(engine);
@@ -72,17 +111,29 @@ fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
             if pool.is_closed() {
                 return;
             }
-            let wanted = pool.deficit().min(REFILL_CONCURRENCY);
-            if wanted == 0 {
-                drop(engine);
-                // Wake on a take, or look again now and then. The engine is not held meanwhile,
-                // so dropping it ends this task.
-                let Some(engine) = weak.upgrade() else { return };
-                let wake = engine.pool_wake();
-                drop(engine);
-                let _ = tokio::time::timeout(Duration::from_secs(5), wake.notified()).await;
-                continue;
+            let now = Instant::now();
+            for sandbox in pool.shrink(now) {
+                engine.retire(sandbox);
             }
+            let wanted = match pool.refill(now) {
+                Refill::Start(n) => n,
+                Refill::After(pause) => {
+                    drop(engine);
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                Refill::Idle => {
+                    // Wake on a miss or a call's end, when the target may step back, or now and
+                    // then. The engine is not held meanwhile, so dropping it ends this task.
+                    let wait = pool
+                        .next_shrink(now)
+                        .map_or(IDLE_LOOK, |d| d.min(IDLE_LOOK));
+                    let wake = engine.pool_wake();
+                    drop(engine);
+                    let _ = tokio::time::timeout(wait, wake.notified()).await;
+                    continue;
+                }
+            };
             pool.starting(wanted);
             let launches = (0..wanted).map(|_| engine.launch_pooled());
             let results = futures_util::future::join_all(launches).await;

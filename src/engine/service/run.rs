@@ -51,7 +51,8 @@ impl Engine {
         }
         let collected = started.elapsed();
         // The result goes back now; the sandbox is removed in the background.
-        self.retire(sandbox);
+        self.retire_used(sandbox);
+        self.pool_used();
         tracing::debug!(
             acquire_ms = ms(acquired),
             execute_ms = ms(executed - acquired),

@@ -37,6 +37,8 @@ impl Engine {
         options: &RunOptions,
     ) -> Result<String, EngineError> {
         let image = self.check_image(options.image.as_deref())?;
+        // Validated before anything starts, like run_python's.
+        let requirements = self.requirements(&options.dependencies)?;
         {
             let mut sessions = self.lock_sessions();
             let max = self.config.sessions.max_sessions;
@@ -51,13 +53,21 @@ impl Engine {
                 image: Some(image.clone()),
                 ..options.clone()
             };
-            self.launch("session", &options, &[])
-                .await
-                .map(|(sandbox, _)| sandbox)
+            self.launch("session", &options, &requirements).await
         };
+        self.pool_used();
         let mut sessions = self.lock_sessions();
         sessions.starting -= 1;
-        let sandbox = launched?;
+        let (sandbox, report) = launched?;
+        // The session's set, as if its first run_python had asked for it: later requests add to it.
+        let dependencies = match report {
+            Some(report) => SessionDependencies {
+                requirements,
+                key: Some(report.key),
+                path: Some(report.path),
+            },
+            None => SessionDependencies::default(),
+        };
         let id = sandbox.id().0.clone();
         let now = Instant::now();
         let session = Session {
@@ -66,7 +76,7 @@ impl Engine {
             client: scope.owner(),
             created: now,
             last_used: std::sync::Mutex::new(now),
-            dependencies: std::sync::Mutex::default(),
+            dependencies: std::sync::Mutex::new(dependencies),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)

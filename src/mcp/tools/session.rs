@@ -18,7 +18,8 @@ impl SandboxServer {
         name = "sandbox_initialize",
         description = "Start a persistent sandbox session and return its container_id. Use it for \
                        multi-step work: run_python keeps variables, imports and files between calls, \
-                       like a notebook. Call sandbox_stop when done. {session_policy} {images}",
+                       like a notebook. `dependencies` (as run_python's) are importable from the \
+                       first call. Call sandbox_stop when done. {session_policy} {images}",
         output_schema = schema_for_output::<SessionOutput>()
     )]
     async fn sandbox_initialize(
@@ -26,7 +27,9 @@ impl SandboxServer {
         Parameters(params): Parameters<InitializeParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let (options, notices) = self.options_for(&context, params.image, None, false);
+        let requested = params.dependencies.clone().unwrap_or_default();
+        let (options, notices) =
+            self.options_for(&context, params.image, params.dependencies, false);
         let id = self.engine.create_session(self.scope(), &options).await;
         super::run::finish(notices).await;
         let id = id?;
@@ -37,10 +40,13 @@ impl SandboxServer {
             .find(|s| s.id == id)
             .map(|s| s.image)
             .unwrap_or_default();
-        let text = format!(
+        let mut text = format!(
             "Sandbox session started.\ncontainer_id: {id}\nimage: {image}\nPass this container_id to run_python \
              (variables persist between calls), sandbox_exec and sandbox_stop."
         );
+        if !requested.is_empty() {
+            text.push_str(&format!("\ndependencies: {}", requested.join(" ")));
+        }
         Ok(structured(
             text,
             &SessionOutput {

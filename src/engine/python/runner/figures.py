@@ -4,6 +4,8 @@ import io
 import sys
 import warnings
 
+from . import after_import
+
 MAX_FIGURES = 8
 MAX_FIGURES_BYTES = 16 << 20
 
@@ -42,47 +44,86 @@ class Figures:
         return captured
 
 
-class PyplotHook:
-    """When the code imports matplotlib.pyplot, make plt.show() hand the figures to the host
-    (the Agg backend cannot show anything). Nothing happens when matplotlib is not installed.
-    A meta path finder needs only find_spec: importlib.abc's base class would cost the runner's
-    start importlib.resources, pathlib and more (about a third of its imports)."""
+def patch_pyplot(figures):
+    """The hook run once matplotlib.pyplot is imported: plt.show() hands the figures to the host
+    (the Agg backend cannot show anything), figures the code saves itself are marked (they come
+    back as files, not twice), and plt.savefig skips a redraw that cannot change anything."""
 
-    def __init__(self, figures):
-        self.figures = figures
+    def patch(pyplot):
+        pyplot.show = lambda *args, **kwargs: figures.capture(pyplot)
+        figure_class = sys.modules["matplotlib.figure"].Figure
+        savefig = figure_class.savefig
 
-    def find_spec(self, name, path=None, target=None):
-        if name != "matplotlib.pyplot":
-            return None
-        figures = self.figures
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                original = spec.loader.exec_module
+        def marking_savefig(self, *args, **kwargs):
+            self._sandbox_saved = True
+            return savefig(self, *args, **kwargs)
 
-                def exec_module(module, original=original):
-                    original(module)
-                    module.show = lambda *args, **kwargs: figures.capture(module)
-                    # Remember which figures the code saved itself (they are not sent twice).
-                    figure_class = sys.modules["matplotlib.figure"].Figure
-                    savefig = figure_class.savefig
+        figure_class.savefig = marking_savefig
+        pyplot.savefig = without_redundant_redraw(pyplot, pyplot.savefig)
 
-                    def marking_savefig(self, *args, **kwargs):
-                        self._sandbox_saved = True
-                        return savefig(self, *args, **kwargs)
+    return patch
 
-                    figure_class.savefig = marking_savefig
 
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
+# Formats the Agg canvas itself renders when it saves (no other backend's canvas is switched in).
+AGG_FORMATS = ("png", "jpg", "jpeg")
+# savefig's keywords that do not change what is drawn on the canvas.
+INERT_KEYWORDS = ("format", "metadata", "pil_kwargs")
+
+
+def without_redundant_redraw(pyplot, original):
+    """plt.savefig as matplotlib writes it saves the figure, then draws it again on its canvas
+    (`draw_idle`, to refresh an interactive window after a save with other colours). On the Agg
+    canvas draw_idle draws at once, and the second drawing costs as much as the save: a third of
+    the plot prompt's CPU time. When the save drew on the same canvas exactly what the redraw would
+    draw (an Agg format, the figure's own dpi and colours, no tight bounding box) and nothing listens
+    for draw events, the canvas already holds that picture: the redraw is left out. Otherwise
+    matplotlib's own savefig runs."""
+
+    def savefig(*args, **kwargs):
+        figure = pyplot.gcf()
+        try:
+            redundant = redraw_is_redundant(pyplot, figure, args, kwargs)
+        except Exception:
+            redundant = False
+        if not redundant:
+            return original(*args, **kwargs)
+        return figure.savefig(*args, **kwargs)
+
+    savefig.__doc__ = original.__doc__
+    savefig.__wrapped__ = original
+    return savefig
+
+
+def redraw_is_redundant(pyplot, figure, args, kwargs):
+    import os
+
+    if len(args) != 1 or any(key not in INERT_KEYWORDS for key in kwargs):
+        return False
+    if type(figure.canvas).__name__ != "FigureCanvasAgg":
+        return False
+    callbacks = getattr(figure.canvas.callbacks, "callbacks", None)
+    if not isinstance(callbacks, dict) or callbacks.get("draw_event"):
+        return False
+    rc = pyplot.rcParams
+    if rc["savefig.dpi"] != "figure" and rc["savefig.dpi"] != figure.dpi:
+        return False
+    if rc["savefig.transparent"] or rc["savefig.bbox"] is not None:
+        return False
+    if rc["savefig.facecolor"] != "auto" or rc["savefig.edgecolor"] != "auto":
+        return False
+    file_format = kwargs.get("format")
+    if file_format is None:
+        target = args[0]
+        if isinstance(target, (str, os.PathLike)):
+            file_format = os.path.splitext(os.fspath(target))[1][1:] or None
+        if file_format is None:
+            file_format = rc["savefig.format"]
+    return isinstance(file_format, str) and file_format.lower() in AGG_FORMATS
 
 
 def install():
     """Hooks matplotlib.pyplot for this process; returns the Figures its plt.show() fills."""
     figures = Figures()
-    sys.meta_path.insert(0, PyplotHook(figures))
+    after_import.on_import("matplotlib.pyplot", patch_pyplot(figures))
     warnings.filterwarnings("ignore", message=".*non-interactive.*cannot be shown")
     return figures

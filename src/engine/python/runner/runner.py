@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import display, figures, protocol
+from . import display, figures, prepared, protocol
 from .execute import Executor
 from .seccomp import forbid_targeting_init
 from .workspace import list_directory, read_file, write_file
@@ -23,6 +23,7 @@ def update_paths(request):
             missing.append(path)
         elif path not in sys.path:
             sys.path.insert(0, path)
+            prepared.use_set(path)
     importlib.invalidate_caches()
     return {"type": "paths", "id": request.get("id"), "missing": missing}
 
@@ -54,6 +55,8 @@ def main():
             return
         if request.get("op") == "paths":
             protocol.send_frame(update_paths(request))
+        elif request.get("op") == "preload":
+            protocol.send_frame(prepared.preload(request))
         elif request.get("op") == "list":
             listing = list_directory(str(request.get("path", "")))
             listing.update({"type": "listing", "id": request.get("id")})

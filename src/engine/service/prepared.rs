@@ -1,0 +1,283 @@
+//! Sandboxes prepared per dependency set (see `engine::prepared` for which sets and the bound):
+//! prepared in the background, one at a time, and handed to a call that asks for exactly their
+//! set. A prepared sandbox is a pool sandbox with the set on `sys.path` and the set's top-level
+//! modules imported by the runner (never into the code's namespace), before any code ran in it;
+//! like every sandbox it serves one call and is removed.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::{Engine, RunOptions};
+use crate::engine::backend::{paths, SandboxSpec};
+use crate::engine::deps::Requirement;
+use crate::engine::outcome::DependencyReport;
+use crate::engine::prepared::{Wanted, FIRST_ESTIMATE};
+use crate::engine::sandbox::Sandbox;
+use crate::engine::EngineError;
+
+/// What the plain pool's sandboxes are counted at against `SANDBOX_POOL_MAX_MEMORY` (an idle
+/// one measures about 10.5 MiB as Docker counts it; they are not measured one by one).
+pub(crate) const PLAIN_ESTIMATE: u64 = 16 << 20;
+
+/// How long a prepared sandbox's imports may take.
+const PRELOAD_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A waiting prepared sandbox and its set.
+pub struct PreparedSandbox {
+    sandbox: Sandbox,
+    report: DependencyReport,
+}
+
+impl Engine {
+    /// The dependency sets of `SANDBOX_PRELOAD`, each validated like a call's `dependencies`:
+    /// the server refuses to start with an invalid one.
+    pub fn preload_sets(&self) -> Result<Vec<Vec<Requirement>>, EngineError> {
+        self.config
+            .preload
+            .iter()
+            .map(|set| self.requirements(set))
+            .collect()
+    }
+
+    /// Whether sandboxes are prepared per set (`SANDBOX_POOL_SIZE=0` disables every pool).
+    fn prepares(&self) -> bool {
+        self.config.pool_size > 0
+    }
+
+    /// A prepared sandbox for exactly this set, if one waits and its set is still the one the
+    /// cache holds under its key (never one whose set was evicted or replaced meanwhile).
+    pub(super) async fn take_prepared(
+        &self,
+        spec: &SandboxSpec,
+        requirements: &[Requirement],
+    ) -> Option<(Sandbox, DependencyReport)> {
+        // Nothing waits: skip the key (an image inspection) on the way to the cold path.
+        if !self.prepares()
+            || spec.image != self.config.image
+            || requirements.is_empty()
+            || self.prepared.ready() == 0
+        {
+            return None;
+        }
+        let key = self.dependency_key(&spec.image, requirements).await.ok()?;
+        while let Some(PreparedSandbox {
+            mut sandbox,
+            mut report,
+        }) = self.prepared.take(&key, Instant::now())
+        {
+            self.prepared_wake.notify_one();
+            let current = self
+                .deps
+                .verified_name(&key)
+                .map(|name| format!("{}/{name}", paths::DEPS));
+            if current.as_deref() != Some(report.path.as_str()) {
+                tracing::info!(key, "a prepared sandbox's set left the cache; removing it");
+                self.retire(sandbox);
+                continue;
+            }
+            // A round trip: a sandbox that died while waiting is not handed out.
+            if let Err(e) = sandbox.add_paths(&[], &[]).await {
+                tracing::info!(sandbox = %sandbox.id(), "a prepared sandbox is dead ({e}); removing it");
+                self.retire(sandbox);
+                continue;
+            }
+            self.deps.touch(&key);
+            report.installed = false;
+            return Some((sandbox, report));
+        }
+        None
+    }
+
+    /// A call's set was made ready without a prepared sandbox: prepare for it from now on.
+    pub(super) fn learn_set(&self, report: &DependencyReport) {
+        if !self.prepares() {
+            return;
+        }
+        let displaced =
+            self.prepared
+                .learn(&report.key, report.requirements.clone(), Instant::now());
+        for prepared in displaced {
+            self.retire(prepared.sandbox);
+        }
+        self.prepared_wake.notify_one();
+    }
+
+    /// Sets that left the dependency cache: their prepared sandboxes go.
+    pub(super) fn discard_prepared(&self, keys: &[String]) {
+        for prepared in self.prepared.discard(keys) {
+            self.retire(prepared.sandbox);
+        }
+    }
+
+    /// Prepared sandboxes waiting now (all sets).
+    pub fn prepared_ready(&self) -> usize {
+        self.prepared.ready()
+    }
+
+    /// Each waiting prepared sandbox: its set's requirements and the memory Docker measured.
+    pub fn prepared_sets(&self) -> Vec<(Vec<String>, u64)> {
+        self.prepared.waiting()
+    }
+
+    /// What the prepared sandboxes use together now, as counted against the bound.
+    pub fn prepared_memory(&self) -> u64 {
+        self.prepared.used()
+    }
+
+    /// The bound the prepared sandboxes are kept within (`SANDBOX_POOL_MAX_MEMORY` less the
+    /// plain pool's share).
+    pub fn prepared_budget(&self) -> u64 {
+        self.prepared.budget()
+    }
+
+    /// Starts one sandbox, puts the set on its `sys.path` (installing it if needed) and imports
+    /// its modules; returns it with what the engine measured of its memory.
+    async fn prepare_one(&self, wanted: &Wanted) -> Result<(PreparedSandbox, u64), EngineError> {
+        let requirements = self.requirements(&wanted.requirements)?;
+        let spec = self.base_spec(self.config.image.clone(), "pool").await;
+        self.backend.ensure_image(&spec.image).await?;
+        let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
+        let outcome = async {
+            let report = self
+                .prepare_dependencies(
+                    &mut sandbox,
+                    &spec,
+                    &requirements,
+                    None,
+                    &RunOptions::default(),
+                )
+                .await?;
+            if report.key != wanted.key {
+                // The image changed since the set was learned: its key is another now.
+                return Err(EngineError::Dependencies(
+                    "the set's key changed while it was prepared".into(),
+                ));
+            }
+            let names: Vec<String> = requirements.iter().map(|r| r.name.clone()).collect();
+            let (imported, failed) = sandbox.preload(&names, PRELOAD_TIMEOUT).await?;
+            if !failed.is_empty() {
+                tracing::info!(
+                    key = wanted.key,
+                    ?failed,
+                    "modules that did not import in a prepared sandbox"
+                );
+            }
+            let bytes = match self.backend.memory_usage(sandbox.id()).await {
+                Ok(Some(bytes)) => bytes,
+                _ => FIRST_ESTIMATE,
+            };
+            tracing::debug!(
+                key = wanted.key,
+                ?imported,
+                memory = bytes,
+                "sandbox prepared"
+            );
+            Ok((report, bytes))
+        }
+        .await;
+        match outcome {
+            Ok((report, bytes)) => Ok((PreparedSandbox { sandbox, report }, bytes)),
+            Err(e) => {
+                self.retire(sandbox);
+                Err(e)
+            }
+        }
+    }
+
+    /// Names the sets of `SANDBOX_PRELOAD` to the pool (their keys need the image's id).
+    async fn configure_preload(&self) -> Result<(), EngineError> {
+        let now = Instant::now();
+        for set in self.preload_sets()? {
+            let key = self.dependency_key(&self.config.image, &set).await?;
+            let requirements = set.iter().map(Requirement::canonical).collect();
+            self.prepared.configure(&key, requirements, now);
+        }
+        Ok(())
+    }
+
+    /// Stops preparing and removes the waiting prepared sandboxes (shutdown).
+    pub(super) async fn close_prepared(&self) {
+        for prepared in self.prepared.close() {
+            self.retire(prepared.sandbox);
+        }
+        self.prepared_wake.notify_one();
+        let task = self
+            .prepared_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            // A preparation may be installing a set: give it a moment, then drop it (its sandbox
+            // is removed when dropped, and the shutdown's sweep removes whatever is left).
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+
+    /// Starts preparing sandboxes per set in the background, unless every pool is disabled.
+    pub(super) fn start_prepared(self: &Arc<Self>) {
+        if !self.prepares() {
+            return;
+        }
+        let task = spawn_preparation(self);
+        *self.prepared_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+}
+
+/// Prepares sandboxes one at a time (each is a start, maybe an install, and imports under the
+/// sandbox's CPU quota) until the pool is closed or the engine is gone.
+fn spawn_preparation(engine: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    let weak: Weak<Engine> = Arc::downgrade(engine);
+    tokio::spawn(async move {
+        let mut configured = false;
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let Some(engine) = weak.upgrade() else { return };
+            if engine.prepared.is_closed() {
+                return;
+            }
+            if !configured {
+                match engine.configure_preload().await {
+                    Ok(()) => configured = true,
+                    Err(e) => tracing::warn!("cannot prepare the SANDBOX_PRELOAD sets yet: {e}"),
+                }
+            }
+            for prepared in engine.prepared.retire_idle(Instant::now()) {
+                engine.retire(prepared.sandbox);
+            }
+            let wanted = engine.prepared.next_wanted();
+            let wake = engine.prepared_wake.clone();
+            let Some(wanted) = wanted else {
+                drop(engine);
+                // Wake on a take or a learned set, or look again now and then (idle sets retire).
+                let _ = tokio::time::timeout(Duration::from_secs(30), wake.notified()).await;
+                continue;
+            };
+            match engine.prepare_one(&wanted).await {
+                Ok((prepared, bytes)) => {
+                    backoff = Duration::from_secs(1);
+                    if let Some(refused) = engine.prepared.arrived(&wanted, prepared, bytes) {
+                        engine.retire(refused.sandbox);
+                    }
+                }
+                Err(e) => {
+                    engine.prepared.failed(&wanted);
+                    tracing::warn!(
+                        key = wanted.key,
+                        "could not prepare a sandbox for a dependency set: {e}"
+                    );
+                    // A learned set that fails is forgotten; a configured one is tried again later.
+                    engine.discard_prepared(std::slice::from_ref(&wanted.key));
+                    drop(engine);
+                    let _ = tokio::time::timeout(backoff, wake.notified()).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(60));
+                }
+            }
+        }
+    })
+}
