@@ -9,7 +9,8 @@ log() { echo "runsc: $*" >&2; }
 
 registered() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
 
-if registered; then
+# Registered is not enough: the binary it names may have been removed since (a purged package).
+if registered && command -v runsc >/dev/null 2>&1; then
   log "already registered"
   exit 0
 fi
