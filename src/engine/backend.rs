@@ -227,6 +227,12 @@ pub trait Backend: Send + Sync + 'static {
         )))
     }
 
+    /// Lets a frozen sandbox's processes run again: some runtimes (gVisor) cannot kill, and so
+    /// cannot remove, a frozen sandbox. Thawing one that is not frozen succeeds.
+    async fn thaw(&self, _id: &SandboxId) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Removes the sandbox and its storage. Removing one that is already gone succeeds.
     async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError>;
 

@@ -977,6 +977,11 @@ impl Sandbox {
         self.backend.freeze(&self.id).await
     }
 
+    /// Thaws a frozen sandbox before its removal (see [`Backend::thaw`]).
+    pub(crate) async fn thaw(&mut self) -> Result<(), BackendError> {
+        self.backend.thaw(&self.id).await
+    }
+
     pub async fn destroy(mut self) {
         self.destroy_in_place().await;
     }

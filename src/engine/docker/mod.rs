@@ -391,6 +391,16 @@ impl Backend for DockerBackend {
             .map_err(|e| not_found_or(e, id))
     }
 
+    async fn thaw(&self, id: &SandboxId) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        match docker.unpause_container(&id.0).await {
+            Ok(()) => Ok(()),
+            // 409: not paused (or not running): nothing to thaw.
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => Err(not_found_or(e, id)),
+        }
+    }
+
     async fn memory_usage(&self, id: &SandboxId) -> Result<Option<u64>, BackendError> {
         let docker = self.client().await?;
         let options = bollard::query_parameters::StatsOptionsBuilder::default()

@@ -255,7 +255,8 @@ impl Engine {
         let removals = self.deferred_removals.clone();
         self.background.spawn(async move {
             let started = Instant::now();
-            if sandbox.freeze().await.is_ok() {
+            let frozen = sandbox.freeze().await.is_ok();
+            if frozen {
                 while !pool.is_closed()
                     && !pool.quiet(Instant::now())
                     && started.elapsed() < REMOVAL_DEFERRED_AT_MOST
@@ -267,6 +268,10 @@ impl Engine {
             // Two at a time: the waiting ones all become due at the same pause, often the cold
             // start of a call that found the pool empty, which they would otherwise starve.
             let _permit = removals.acquire().await;
+            if frozen {
+                // gVisor cannot kill a frozen sandbox: thaw it right before the removal kills it.
+                let _ = sandbox.thaw().await;
+            }
             let id = sandbox.id().clone();
             sandbox.destroy().await;
             tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "used sandbox removed");
