@@ -90,7 +90,7 @@ pub struct Engine {
     /// Used sandboxes frozen and waiting for a pause in the calls to be removed.
     removals_deferred: Arc<AtomicUsize>,
     /// Removals of such sandboxes running at once.
-    deferred_removals: Arc<Semaphore>,
+    removal_slots: Arc<Semaphore>,
     /// Sandbox removals running after their result was returned.
     background: tokio_util::task::TaskTracker,
     /// Set once the server has looked for its own container (see `identified`).
@@ -103,6 +103,13 @@ pub struct Engine {
     prepared_wake: Arc<tokio::sync::Notify>,
     /// The retention of saved files (`None` when nothing is saved).
     retention: Option<Arc<Retention>>,
+}
+
+/// Removes a sandbox and logs how long it took since `started` (`destroy_ms`).
+async fn remove(sandbox: Sandbox, started: Instant) {
+    let id = sandbox.id().clone();
+    sandbox.destroy().await;
+    tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "sandbox removed");
 }
 
 /// How many used sandboxes may wait, frozen, for a pause in the calls to be removed, and for how
@@ -120,7 +127,7 @@ impl Engine {
             deps,
             pool: Arc::new(Pool::new(config.pool_size, plain_cap)),
             removals_deferred: Arc::new(AtomicUsize::new(0)),
-            deferred_removals: Arc::new(Semaphore::new(2)),
+            removal_slots: Arc::new(Semaphore::new(2)),
             background: tokio_util::task::TaskTracker::new(),
             identified: tokio::sync::OnceCell::new(),
             pool_task: std::sync::Mutex::new(None),
@@ -252,7 +259,7 @@ impl Engine {
             return self.retire(sandbox);
         }
         let pool = self.pool.clone();
-        let removals = self.deferred_removals.clone();
+        let removals = self.removal_slots.clone();
         self.background.spawn(async move {
             let started = Instant::now();
             let frozen = sandbox.freeze().await.is_ok();
@@ -272,20 +279,13 @@ impl Engine {
                 // gVisor cannot kill a frozen sandbox: thaw it right before the removal kills it.
                 let _ = sandbox.thaw().await;
             }
-            let id = sandbox.id().clone();
-            sandbox.destroy().await;
-            tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "used sandbox removed");
+            remove(sandbox, started).await;
         });
     }
 
     /// Removes a sandbox in the background; `shutdown` waits for these removals.
     pub(crate) fn retire(&self, sandbox: Sandbox) {
-        self.background.spawn(async move {
-            let started = Instant::now();
-            let id = sandbox.id().clone();
-            sandbox.destroy().await;
-            tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "sandbox removed");
-        });
+        self.background.spawn(remove(sandbox, Instant::now()));
     }
 
     /// Validates a request's dependencies (before anything starts).
