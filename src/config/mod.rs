@@ -148,6 +148,23 @@ pub struct SessionPolicy {
     pub max_lifetime: Duration,
 }
 
+/// Where snapshots of sessions are kept, and for how long (`engine::snapshots`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotPolicy {
+    /// Host directory of the snapshots (`<dir>/<owner>/<id>.snap` and `.json`); `None`: no
+    /// snapshots. Checked at start-up like the files directory: private to the server's user.
+    pub dir: Option<PathBuf>,
+    /// The largest snapshot, checked while it is written.
+    pub max_size: u64,
+    /// A snapshot older than this is removed.
+    pub ttl: Duration,
+    /// Per owner: at most this many snapshots and this many bytes; the oldest go first.
+    pub max_count: usize,
+    pub max_total: u64,
+    /// Snapshot a session before it is stopped for being idle or at its maximum lifetime.
+    pub on_expiry: bool,
+}
+
 /// A secret value: never shown by `Debug`, in logs or in error messages.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -258,6 +275,7 @@ pub struct Config {
     /// Images an agent may ask for besides `image` (glob patterns: `*` and `?`).
     pub allowed_images: Vec<String>,
     pub sessions: SessionPolicy,
+    pub snapshots: SnapshotPolicy,
     /// Executions (and sandbox start-ups) running at once; further calls wait.
     pub max_concurrent: usize,
     /// Sandboxes of the default configuration kept started ahead of time (the server only).
@@ -327,6 +345,14 @@ impl Default for Config {
                 max_sessions: 10,
                 idle_timeout: Duration::from_secs(30 * 60),
                 max_lifetime: Duration::from_secs(8 * 60 * 60),
+            },
+            snapshots: SnapshotPolicy {
+                dir: Some(paths::default_state_dir("snapshots")),
+                max_size: 1 << 30,
+                ttl: Duration::from_secs(7 * 24 * 60 * 60),
+                max_count: 50,
+                max_total: 5 << 30,
+                on_expiry: true,
             },
             max_concurrent: 8,
             pool_size: 2,

@@ -1,7 +1,7 @@
 //! Where the server keeps its state when no setting says: per-user directories under the XDG
 //! base directories (`XDG_CACHE_HOME`, `XDG_STATE_HOME`, else `HOME`). These variables are the
 //! user's environment, not settings of this program: they only place the defaults of
-//! `SANDBOX_CACHE_DIR` and `SANDBOX_FILES_DIR`, whose documented defaults name them.
+//! `SANDBOX_CACHE_DIR`, `SANDBOX_FILES_DIR` and `SANDBOX_SNAPSHOT_DIR`, whose documented defaults name them.
 
 use std::path::PathBuf;
 
@@ -20,6 +20,11 @@ pub(super) fn default_cache_dir() -> PathBuf {
 /// `~/.local/state/python-code-sandbox/files`, else (no home) a temp-dir directory named with the
 /// uid, which start-up refuses if someone else made it.
 pub(super) fn default_files_dir() -> PathBuf {
+    default_state_dir("files")
+}
+
+/// A private state directory named `name`, placed as [`default_files_dir`] describes.
+pub(super) fn default_state_dir(name: &str) -> PathBuf {
     let state = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -30,13 +35,13 @@ pub(super) fn default_files_dir() -> PathBuf {
                 .map(|h| h.join(".local").join("state"))
         });
     match state {
-        Some(state) => state.join("python-code-sandbox").join("files"),
+        Some(state) => state.join("python-code-sandbox").join(name),
         None => {
             // SAFETY: geteuid has no preconditions and cannot fail.
             let uid = unsafe { libc::geteuid() };
             std::env::temp_dir()
                 .join(format!("python-code-sandbox-{uid}"))
-                .join("files")
+                .join(name)
         }
     }
 }

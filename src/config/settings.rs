@@ -515,6 +515,79 @@ pub const SANDBOX_FILES_MAX_COUNT: Setting = Setting {
     }),
 };
 
+// Snapshots of sessions.
+
+pub const SANDBOX_SNAPSHOT_DIR: Setting = Setting {
+    name: "SANDBOX_SNAPSHOT_DIR",
+    default: Shown::Prose("`$XDG_STATE_HOME/python-code-sandbox/snapshots`, else `~/.local/state/python-code-sandbox/snapshots`, else (no `HOME`) `$TMPDIR/python-code-sandbox-<uid>/snapshots`"),
+    doc: "where session snapshots are kept (`<dir>/<owner>/<snapshot_id>.snap` and `.json`); checked at start-up like `SANDBOX_FILES_DIR`; set to an empty string to turn snapshots off",
+    read: Read::EvenEmpty(|config, var, v| {
+        config.snapshots.dir = if v.is_empty() {
+            None
+        } else if PathBuf::from(v).is_absolute() {
+            Some(PathBuf::from(v))
+        } else {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "an absolute directory path, or empty to turn snapshots off",
+            ));
+        };
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SNAPSHOT_MAX_SIZE: Setting = Setting {
+    name: "SANDBOX_SNAPSHOT_MAX_SIZE",
+    default: Shown::Value("1g"),
+    doc: "largest snapshot (workspace and variables), checked while it is written",
+    read: Read::Value(|config, var, v| {
+        config.snapshots.max_size = parse_bytes(var, v, 1 << 20)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SNAPSHOT_TTL: Setting = Setting {
+    name: "SANDBOX_SNAPSHOT_TTL",
+    default: Shown::Value("7d"),
+    doc:
+        "a snapshot older than this is removed (checked by the running server, at least every 30 s)",
+    read: Read::Value(|config, var, v| {
+        config.snapshots.ttl = parse_duration(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SNAPSHOT_MAX_COUNT: Setting = Setting {
+    name: "SANDBOX_SNAPSHOT_MAX_COUNT",
+    default: Shown::Value("50"),
+    doc: "snapshots kept per owner; beyond it the oldest is removed first",
+    read: Read::Value(|config, var, v| {
+        config.snapshots.max_count = parse_count(var, v, 1, 10_000)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SNAPSHOT_MAX_TOTAL: Setting = Setting {
+    name: "SANDBOX_SNAPSHOT_MAX_TOTAL",
+    default: Shown::Value("5g"),
+    doc: "bytes of snapshots kept per owner; beyond it the oldest are removed first; at least `SANDBOX_SNAPSHOT_MAX_SIZE`",
+    read: Read::Value(|config, var, v| {
+        config.snapshots.max_total = parse_bytes(var, v, 1 << 20)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_SNAPSHOT_ON_EXPIRY: Setting = Setting {
+    name: "SANDBOX_SNAPSHOT_ON_EXPIRY",
+    default: Shown::Value("true"),
+    doc: "snapshot a session before it is stopped for being idle or at its maximum lifetime; the \"expired\" error names the snapshot",
+    read: Read::Value(|config, var, v| {
+        config.snapshots.on_expiry = parse_bool(var, v)?;
+        Ok(())
+    }),
+};
+
 pub const SANDBOX_RETURN_MAX_FILE: Setting = Setting {
     name: "SANDBOX_RETURN_MAX_FILE",
     default: Shown::Value("5m"),
@@ -932,6 +1005,12 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_FILES_MAX_FILE,
     SANDBOX_FILES_MAX_TOTAL,
     SANDBOX_FILES_MAX_COUNT,
+    SANDBOX_SNAPSHOT_DIR,
+    SANDBOX_SNAPSHOT_MAX_SIZE,
+    SANDBOX_SNAPSHOT_TTL,
+    SANDBOX_SNAPSHOT_MAX_COUNT,
+    SANDBOX_SNAPSHOT_MAX_TOTAL,
+    SANDBOX_SNAPSHOT_ON_EXPIRY,
     SANDBOX_RETURN_MAX_FILE,
     SANDBOX_RETURN_MAX_TOTAL,
     SANDBOX_RETURN_MAX_COUNT,

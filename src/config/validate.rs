@@ -6,7 +6,8 @@ use super::address::{redact_url, url_has_credentials};
 use super::error::ConfigError;
 use super::settings::{
     Env, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN,
-    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_WORKSPACE_SIZE,
+    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY,
+    SANDBOX_SNAPSHOT_MAX_TOTAL, SANDBOX_WORKSPACE_SIZE,
 };
 use super::{Config, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
 
@@ -63,6 +64,16 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
                 .unwrap_or_else(|| files.max_saved_bytes.to_string()),
             "a total at least SANDBOX_FILES_MAX_TOTAL (the files one execution \
              saves must fit), such as 1g",
+        ));
+    }
+
+    let snapshots = &config.snapshots;
+    if snapshots.max_total < snapshots.max_size {
+        return Err(ConfigError::new(
+            SANDBOX_SNAPSHOT_MAX_TOTAL.name,
+            env.raw(&SANDBOX_SNAPSHOT_MAX_TOTAL)
+                .unwrap_or_else(|| snapshots.max_total.to_string()),
+            "a total at least SANDBOX_SNAPSHOT_MAX_SIZE (one snapshot must fit), such as 5g",
         ));
     }
 

@@ -21,6 +21,8 @@ pub enum EngineError {
     UnknownSession(String),
     #[error("session {id} has ended: {reason}; start a new one with sandbox_initialize")]
     SessionEnded { id: String, reason: String },
+    #[error("no session {id} on this server (it ended, or the server restarted); its latest snapshot {snapshot} keeps its state: resume it with sandbox_initialize {{\"snapshot_id\": \"{snapshot}\"}}")]
+    UnknownSessionWithSnapshot { id: String, snapshot: String },
     #[error("{0:?} is not a valid container_id: use the id sandbox_initialize returned")]
     MalformedSessionId(String),
     #[error("image {image} is not allowed; allowed: {allowed}")]
@@ -31,6 +33,16 @@ pub enum EngineError {
     CodeTooLarge { size: usize, limit: usize },
     #[error("{0:?} is not a path inside /workspace: give a relative path without `..`")]
     InvalidPath(String),
+    #[error("Unknown snapshot {0}: it was deleted, expired, or was never made by you; sandbox_snapshots lists yours")]
+    UnknownSnapshot(String),
+    #[error("{0:?} is not a valid snapshot_id: use the id sandbox_snapshot returned (snap-…)")]
+    MalformedSnapshotId(String),
+    #[error("snapshot {id} is corrupted: {reason}; it cannot be restored (delete it with sandbox_snapshot_delete)")]
+    SnapshotCorrupted { id: String, reason: String },
+    #[error("the snapshot failed: {0}")]
+    Snapshot(String),
+    #[error("snapshots are turned off on this server (SANDBOX_SNAPSHOT_DIR is empty)")]
+    SnapshotsOff,
     #[error("{path}: {reason}")]
     File { path: String, reason: String },
     #[error(transparent)]
@@ -54,6 +66,12 @@ impl EngineError {
             self,
             EngineError::UnknownSession(_)
                 | EngineError::SessionEnded { .. }
+                | EngineError::UnknownSessionWithSnapshot { .. }
+                | EngineError::UnknownSnapshot(_)
+                | EngineError::MalformedSnapshotId(_)
+                | EngineError::SnapshotCorrupted { .. }
+                | EngineError::Snapshot(_)
+                | EngineError::SnapshotsOff
                 | EngineError::MalformedSessionId(_)
                 | EngineError::ImageNotAllowed { .. }
                 | EngineError::TooManySessions(_)

@@ -36,8 +36,12 @@ const PERIODIC: Duration = Duration::from_secs(60 * 60);
 
 /// Why the files directory cannot be used, and what to do about it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("SANDBOX_FILES_DIR={dir:?} cannot be used: {reason}. Fix: {fix}; or set SANDBOX_FILES_DIR= (empty) to save no files")]
+#[error("{setting}={dir:?} cannot be used: {reason}. Fix: {fix}; or set {setting}= (empty) to {turn_off}")]
 pub struct FilesDirError {
+    /// The setting that names the directory.
+    pub setting: &'static str,
+    /// What an empty setting does instead.
+    pub turn_off: &'static str,
     pub dir: PathBuf,
     pub reason: String,
     pub fix: String,
@@ -53,7 +57,7 @@ fn euid() -> u32 {
 pub fn prepare_configured(policy: &FilePolicy) -> Result<(), FilesDirError> {
     match &policy.persist_dir {
         Some(dir) => {
-            prepare(dir)?;
+            prepare(dir, "SANDBOX_FILES_DIR", "save no files")?;
             tracing::info!(
                 "saving files under {} (private to uid {}); run and session directories older than {} are removed, and the oldest first beyond {} bytes in total",
                 dir.display(),
@@ -67,9 +71,17 @@ pub fn prepare_configured(policy: &FilePolicy) -> Result<(), FilesDirError> {
     Ok(())
 }
 
-/// Creates the files directory if missing and checks it can be trusted (see the module docs).
-pub fn prepare(dir: &Path) -> Result<(), FilesDirError> {
+/// Creates a private state directory (the files directory, the snapshots directory) if missing
+/// and checks it can be trusted (see the module docs). `setting` names it in errors, and
+/// `turn_off` says what setting it empty does.
+pub fn prepare(
+    dir: &Path,
+    setting: &'static str,
+    turn_off: &'static str,
+) -> Result<(), FilesDirError> {
     let refuse = |reason: String, fix: String| FilesDirError {
+        setting,
+        turn_off,
         dir: dir.to_path_buf(),
         reason,
         fix,
@@ -490,7 +502,7 @@ mod tests {
     fn a_missing_directory_is_created_private_with_its_parents() {
         let base = scratch();
         let dir = base.join("state/python-code-sandbox/files");
-        prepare(&dir).unwrap();
+        prepare(&dir, "SANDBOX_FILES_DIR", "save no files").unwrap();
         for path in [
             base.join("state"),
             base.join("state/python-code-sandbox"),
@@ -500,7 +512,7 @@ mod tests {
             assert_eq!(mode, 0o700, "{}", path.display());
         }
         // An existing good directory is accepted as it is.
-        prepare(&dir).unwrap();
+        prepare(&dir, "SANDBOX_FILES_DIR", "save no files").unwrap();
         fs::remove_dir_all(base).unwrap();
     }
 
@@ -512,13 +524,13 @@ mod tests {
         fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
         let link = base.join("link");
         symlink(&real, &link).unwrap();
-        let e = prepare(&link).unwrap_err();
+        let e = prepare(&link, "SANDBOX_FILES_DIR", "save no files").unwrap_err();
         assert!(e.reason.contains("symbolic link"), "{e}");
         assert!(e.to_string().contains("SANDBOX_FILES_DIR="), "{e}");
 
         let file = base.join("file");
         fs::write(&file, "x").unwrap();
-        assert!(prepare(&file)
+        assert!(prepare(&file, "SANDBOX_FILES_DIR", "save no files")
             .unwrap_err()
             .reason
             .contains("not a directory"));
@@ -526,12 +538,17 @@ mod tests {
         let shared = base.join("shared");
         fs::create_dir(&shared).unwrap();
         fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
-        let e = prepare(&shared).unwrap_err();
+        let e = prepare(&shared, "SANDBOX_FILES_DIR", "save no files").unwrap_err();
         assert!(e.reason.contains("writable by group or others"), "{e}");
         assert!(e.fix.contains("chmod 700"), "{e}");
 
         // Below an everyone-writable directory without the sticky bit: refused, nothing created.
-        let e = prepare(&shared.join("files/deeper")).unwrap_err();
+        let e = prepare(
+            &shared.join("files/deeper"),
+            "SANDBOX_FILES_DIR",
+            "save no files",
+        )
+        .unwrap_err();
         assert!(e.reason.contains("without the sticky bit"), "{e}");
         assert!(!shared.join("files").exists());
         fs::remove_dir_all(base).unwrap();
@@ -549,10 +566,10 @@ mod tests {
             fs::remove_dir_all(base).unwrap();
             return;
         }
-        let e = prepare(&planted).unwrap_err();
+        let e = prepare(&planted, "SANDBOX_FILES_DIR", "save no files").unwrap_err();
         assert!(e.reason.contains("belongs to uid 4242"), "{e}");
         // And a directory below it: the other user could rename it away.
-        let e = prepare(&planted.join("files")).unwrap_err();
+        let e = prepare(&planted.join("files"), "SANDBOX_FILES_DIR", "save no files").unwrap_err();
         assert!(e.reason.contains("belongs to uid 4242"), "{e}");
         assert!(
             !planted.join("files").exists(),

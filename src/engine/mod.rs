@@ -36,6 +36,7 @@ pub mod protocol;
 pub mod sandbox;
 pub mod service;
 pub mod sessions;
+pub mod snapshots;
 #[cfg(test)]
 mod testing;
 pub mod whole_output;

@@ -43,6 +43,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("protocol"),
     runner_module!("runner"),
     runner_module!("seccomp"),
+    runner_module!("snapshot"),
     runner_module!("streams"),
     runner_module!("supervisor"),
     runner_module!("workspace"),
@@ -139,6 +140,22 @@ pub enum Request<'a> {
         data: String,
         offset: u64,
     },
+    /// Save the workspace and the namespace's variables into the runner's private snapshot
+    /// file, stopping beyond `max_bytes` (`runner/snapshot.py`).
+    Snapshot { id: u64, max_bytes: u64 },
+    /// A piece of that snapshot file.
+    #[serde(rename = "snapshot_read")]
+    SnapshotRead { id: u64, offset: u64, length: u64 },
+    /// A piece of a snapshot to restore, written into the runner's private upload file (offset 0
+    /// starts it anew).
+    #[serde(rename = "restore_write")]
+    RestoreWrite { id: u64, data: String, offset: u64 },
+    /// Unpack the uploaded snapshot: its files into the workspace, its variables into the
+    /// namespace.
+    Restore { id: u64 },
+    /// Remove the runner's private snapshot and upload files.
+    #[serde(rename = "snapshot_discard")]
+    SnapshotDiscard { id: u64 },
 }
 
 impl Request<'_> {
@@ -150,7 +167,12 @@ impl Request<'_> {
             | Request::Paths { id, .. }
             | Request::Preload { id, .. }
             | Request::Read { id, .. }
-            | Request::Write { id, .. } => *id,
+            | Request::Write { id, .. }
+            | Request::Snapshot { id, .. }
+            | Request::SnapshotRead { id, .. }
+            | Request::RestoreWrite { id, .. }
+            | Request::Restore { id }
+            | Request::SnapshotDiscard { id } => *id,
         }
     }
 
@@ -188,6 +210,64 @@ pub enum Reply {
         size: u64,
         error: Option<String>,
     },
+    /// What a snapshot saved, or why it failed.
+    Snapshot(RawSnapshotReport),
+    /// What a restore brought back, or why it failed.
+    Restored(RawRestoreReport),
+    Discarded {
+        id: u64,
+    },
+}
+
+/// A name the snapshot could not save (or the restore could not bring back), and why.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct NotSaved {
+    pub name: String,
+    pub reason: String,
+}
+
+/// The runner's account of a snapshot: untrusted, bounded by the parser (names and reasons are
+/// cut to size by the engine).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawSnapshotReport {
+    pub id: u64,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default)]
+    pub files: u64,
+    #[serde(default)]
+    pub file_bytes: u64,
+    #[serde(default, deserialize_with = "at_most::<_, _, 10000>")]
+    pub saved: Vec<String>,
+    #[serde(default, deserialize_with = "at_most::<_, _, 10000>")]
+    pub unsaved: Vec<NotSaved>,
+    #[serde(default, deserialize_with = "at_most::<_, _, 10000>")]
+    pub modules: Vec<String>,
+}
+
+/// The runner's account of a restore: untrusted, bounded like [`RawSnapshotReport`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawRestoreReport {
+    pub id: u64,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub files: u64,
+    #[serde(default)]
+    pub file_bytes: u64,
+    #[serde(default, deserialize_with = "at_most::<_, _, 10000>")]
+    pub variables: Vec<String>,
+    #[serde(default, deserialize_with = "at_most::<_, _, 10000>")]
+    pub failed: Vec<NotSaved>,
+    #[serde(default, deserialize_with = "at_most::<_, _, 10000>")]
+    pub modules: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct DiscardedBody {
+    id: u64,
 }
 
 /// The `type` of a reply, read first on its own: the body is then parsed straight into the one
@@ -300,6 +380,11 @@ impl Reply {
                     error: written.error,
                 }
             }
+            "snapshot" => Reply::Snapshot(body_as(body)?),
+            "restored" => Reply::Restored(body_as(body)?),
+            "discarded" => Reply::Discarded {
+                id: body_as::<DiscardedBody>(body)?.id,
+            },
             other => {
                 return Err(ProtocolError::Malformed(format!(
                     "unknown message type {:?}",
@@ -365,10 +450,13 @@ impl Reply {
             Reply::Result(r) => Some(r.id),
             Reply::Output(o) => Some(o.id),
             Reply::Listing(l) => Some(l.id),
-            Reply::Paths { id, .. } | Reply::Written { id, .. } | Reply::Preloaded { id, .. } => {
-                Some(*id)
-            }
+            Reply::Paths { id, .. }
+            | Reply::Written { id, .. }
+            | Reply::Preloaded { id, .. }
+            | Reply::Discarded { id } => Some(*id),
             Reply::File(f) => Some(f.id),
+            Reply::Snapshot(s) => Some(s.id),
+            Reply::Restored(r) => Some(r.id),
         }
     }
 }

@@ -28,7 +28,7 @@ use super::backend::{
 use super::outcome::Execution;
 use super::protocol::{
     runner_start_frames, ChangedEntry, DirEntry, FrameDecoder, LiveOutput, ProtocolError,
-    RaisedException, Reply, Request, RunnerExit,
+    RaisedException, RawRestoreReport, RawSnapshotReport, Reply, Request, RunnerExit,
 };
 use super::EngineError;
 use crate::text::{self, truncate_chars};
@@ -801,6 +801,109 @@ impl Sandbox {
             _ => Err(self
                 .broken(ProtocolError::Malformed(
                     "an unexpected answer to a preload".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Saves the workspace and the namespace's variables into the runner's private snapshot
+    /// file (`runner/snapshot.py`), stopping beyond `max_bytes`, within `limit`. The report is
+    /// the sandbox's word: the caller bounds what it keeps of it.
+    pub async fn snapshot(
+        &mut self,
+        max_bytes: u64,
+        limit: Duration,
+    ) -> Result<RawSnapshotReport, EngineError> {
+        match self
+            .control_within(limit, |id| Request::Snapshot { id, max_bytes })
+            .await?
+        {
+            Reply::Snapshot(report) => Ok(report),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a snapshot".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// At most `length` bytes of the runner's snapshot file from `offset`. `Ok(Err(reason))`:
+    /// the runner could not read it.
+    pub async fn snapshot_chunk(
+        &mut self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Result<Vec<u8>, String>, EngineError> {
+        let chunk = match self
+            .control(|id| Request::SnapshotRead { id, offset, length })
+            .await?
+        {
+            Reply::File(chunk) => chunk,
+            _ => {
+                return Err(self
+                    .broken(ProtocolError::Malformed(
+                        "an unexpected answer to a snapshot read".into(),
+                    ))
+                    .await)
+            }
+        };
+        if let Some(error) = chunk.error {
+            return Ok(Err(truncate_chars(&error, 300)));
+        }
+        match base64::engine::general_purpose::STANDARD.decode(&chunk.data) {
+            Ok(data) if data.len() as u64 <= length => Ok(Ok(data)),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "a snapshot piece that is not what was asked for".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Writes a piece of a snapshot to restore into the runner's private upload file (offset 0
+    /// starts it anew); returns the file's size.
+    pub async fn restore_chunk(
+        &mut self,
+        data: &[u8],
+        offset: u64,
+    ) -> Result<Result<u64, String>, EngineError> {
+        let data = base64::engine::general_purpose::STANDARD.encode(data);
+        match self
+            .control(|id| Request::RestoreWrite { id, data, offset })
+            .await?
+        {
+            Reply::Written { error: Some(e), .. } => Ok(Err(truncate_chars(&e, 300))),
+            Reply::Written { size, .. } => Ok(Ok(size)),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a snapshot upload".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Unpacks the uploaded snapshot into the workspace and the namespace, within `limit`.
+    pub async fn restore(&mut self, limit: Duration) -> Result<RawRestoreReport, EngineError> {
+        match self
+            .control_within(limit, |id| Request::Restore { id })
+            .await?
+        {
+            Reply::Restored(report) => Ok(report),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a restore".into(),
+                ))
+                .await),
+        }
+    }
+
+    /// Removes the runner's private snapshot and upload files.
+    pub async fn discard_snapshot(&mut self) -> Result<(), EngineError> {
+        match self.control(|id| Request::SnapshotDiscard { id }).await? {
+            Reply::Discarded { .. } => Ok(()),
+            _ => Err(self
+                .broken(ProtocolError::Malformed(
+                    "an unexpected answer to a snapshot discard".into(),
                 ))
                 .await),
         }

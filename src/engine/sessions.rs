@@ -26,6 +26,11 @@ impl ClientId {
     pub fn new() -> ClientId {
         ClientId(uuid::Uuid::new_v4().simple().to_string().into())
     }
+
+    /// The id as text (32 hex digits): names the client's snapshot directory.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 impl Default for ClientId {

@@ -75,7 +75,24 @@ fn fragments(config: &Config) -> Vec<(&'static str, String)> {
             "its variables and /workspace files are gone (nothing is saved on the host).".to_string(),
         ),
     };
+    let snapshots = &config.snapshots;
+    let snapshot_policy = match &snapshots.dir {
+        Some(_) => format!(
+            "Snapshots are kept {} (at most {} per user, {} in all, each at most {}; the oldest go first){}.",
+            duration(snapshots.ttl),
+            snapshots.max_count,
+            bytes(snapshots.max_total),
+            bytes(snapshots.max_size),
+            if snapshots.on_expiry {
+                "; a session that expires is saved as a snapshot first, and the error on its id names it"
+            } else {
+                ""
+            }
+        ),
+        None => "Snapshots are turned off on this server.".to_string(),
+    };
     vec![
+        ("snapshot_policy", snapshot_policy),
         ("limits", limits_line(config)),
         ("session_policy", session_policy),
         ("images", images),

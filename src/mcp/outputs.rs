@@ -27,6 +27,114 @@ pub struct SessionOutput {
     /// The session's id: pass it to run_python, sandbox_exec and sandbox_stop.
     pub container_id: String,
     pub image: String,
+    /// What came back from the snapshot, when the session started from one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restored: Option<RestoredOutput>,
+}
+
+/// A name that could not be saved or brought back, and why.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct NotSavedOutput {
+    pub name: String,
+    pub reason: String,
+}
+
+impl From<crate::engine::protocol::NotSaved> for NotSavedOutput {
+    fn from(n: crate::engine::protocol::NotSaved) -> Self {
+        NotSavedOutput {
+            name: n.name,
+            reason: n.reason,
+        }
+    }
+}
+
+/// What a session started from a snapshot (or forked) got back.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RestoredOutput {
+    pub snapshot_id: String,
+    /// Regular files put back into /workspace, and their bytes.
+    pub files: u64,
+    pub file_bytes: u64,
+    /// Variables restored under their names.
+    pub variables: Vec<String>,
+    /// Variables saved but not brought back, and why.
+    pub failed: Vec<NotSavedOutput>,
+    /// Names bound to modules, imported again.
+    pub modules: Vec<String>,
+    /// The dependency set on sys.path.
+    pub dependencies: Vec<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotOutput {
+    /// Pass it to sandbox_initialize {snapshot_id} to start a session from it.
+    pub snapshot_id: String,
+    pub name: Option<String>,
+    /// The session it was made from.
+    pub container_id: String,
+    pub image: String,
+    pub size_bytes: u64,
+    /// Regular files of /workspace saved, and their bytes.
+    pub files: u64,
+    pub file_bytes: u64,
+    /// Variables saved.
+    pub saved: Vec<String>,
+    /// Variables that could not be saved (open files, sockets, generators, threads...), and why.
+    pub unsaved: Vec<NotSavedOutput>,
+    /// Names bound to modules: imported again at restore.
+    pub modules: Vec<String>,
+    /// The dependency set, installed again (or found in the cache) at restore.
+    pub dependencies: Vec<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ForkOutput {
+    /// The new session's id.
+    pub container_id: String,
+    pub forked_from: String,
+    pub image: String,
+    pub files: u64,
+    pub file_bytes: u64,
+    /// Variables copied under their names.
+    pub variables: Vec<String>,
+    /// Variables the original holds that could not be copied, and why.
+    pub unsaved: Vec<NotSavedOutput>,
+    /// Variables saved but not brought back, and why.
+    pub failed: Vec<NotSavedOutput>,
+    pub modules: Vec<String>,
+    pub dependencies: Vec<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotEntry {
+    pub snapshot_id: String,
+    pub name: Option<String>,
+    /// The session it was made from.
+    pub container_id: String,
+    pub image: String,
+    /// When it was made (RFC 3339, UTC).
+    pub created: String,
+    pub age_seconds: u64,
+    pub size_bytes: u64,
+    pub dependencies: Vec<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotListOutput {
+    /// Newest first.
+    pub snapshots: Vec<SnapshotEntry>,
+    pub max_size_bytes: u64,
+    /// Per owner: the oldest are removed beyond these.
+    pub max_count: usize,
+    pub max_total_bytes: u64,
+    /// Snapshots older than this are removed.
+    pub ttl_seconds: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotDeleteOutput {
+    pub snapshot_id: String,
+    pub deleted: bool,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]

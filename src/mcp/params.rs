@@ -26,6 +26,25 @@ pub struct InitializeParams {
     /// dependencies): importable from its first call; run_python can add more later.
     #[serde(default)]
     pub dependencies: Option<Vec<String>>,
+    /// Start from this snapshot (as sandbox_snapshot or sandbox_snapshots gave it): its files,
+    /// its saved variables under their names, its modules imported again, its dependency set.
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SnapshotParams {
+    /// The session to save, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// A name to recognise the snapshot by in sandbox_snapshots.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SnapshotIdParams {
+    /// The snapshot's id, as sandbox_snapshot or sandbox_snapshots gave it (`snap-…`).
+    pub snapshot_id: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -20,10 +20,13 @@ pub(crate) struct Running {
 impl Running {
     /// Starts the engine: the session reaper, the warm pool, and (in the background) the removal
     /// of what dead servers left and the retention of saved files. Nothing here waits for Docker.
-    /// A files directory that cannot be trusted, an unusable package index, or an invalid
+    /// A files or snapshots directory that cannot be trusted, an unusable package index, or an invalid
     /// `SANDBOX_PRELOAD` set stops start-up.
     pub(crate) fn start(config: Config) -> Result<Running, ServeError> {
         crate::engine::files_dir::prepare_configured(&config.files)?;
+        if let Some(dir) = &config.snapshots.dir {
+            crate::engine::files_dir::prepare(dir, "SANDBOX_SNAPSHOT_DIR", "turn snapshots off")?;
+        }
         let pypi = Arc::new(PypiSearch::new(
             &config.pypi_url,
             config.cache_dir.join("pypi"),

@@ -82,7 +82,11 @@ impl SandboxServer {
 
     /// Every tool, as its group declares it (descriptions not yet filled in).
     pub(super) fn tools() -> ToolRouter<Self> {
-        Self::run_tools() + Self::session_tools() + Self::file_tools() + Self::search_tools()
+        Self::run_tools()
+            + Self::session_tools()
+            + Self::snapshot_tools()
+            + Self::file_tools()
+            + Self::search_tools()
     }
 
     /// The sessions this server's tools reach.

@@ -29,6 +29,10 @@ TOOLS = {
     "sandbox_write_file": {"container_id", "path"},
     "sandbox_read_file": {"container_id", "path"},
     "sandbox_list_files": {"container_id"},
+    "sandbox_snapshot": {"container_id"},
+    "sandbox_fork": {"container_id"},
+    "sandbox_snapshots": set(),
+    "sandbox_snapshot_delete": {"snapshot_id"},
 }
 
 

@@ -7,6 +7,7 @@
 //! - `run`: code in a disposable sandbox;
 //! - `sessions`: stateful sandboxes: start, execute, stop, list, expire, a client's end;
 //! - `files`: the workspace file tools of a session;
+//! - `snapshots`: saving a session, starting one from a snapshot, forking one;
 //! - `dependencies`: installing and finding dependency sets, and the cache's maintenance;
 //! - `pool`: keeping the warm pool full and drawing from it;
 //! - `prepared`: sandboxes prepared per dependency set, in the background, and handed out;
@@ -20,6 +21,9 @@ mod pool;
 mod prepared;
 mod run;
 mod sessions;
+mod snapshots;
+
+pub use snapshots::{Forked, Restored};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -103,6 +107,8 @@ pub struct Engine {
     prepared_wake: Arc<tokio::sync::Notify>,
     /// The retention of saved files (`None` when nothing is saved).
     retention: Option<Arc<Retention>>,
+    /// Where session snapshots are kept (`None` when they are off).
+    snapshots: Option<super::snapshots::SnapshotStore>,
 }
 
 /// Removes a sandbox and logs how long it took since `started` (`destroy_ms`).
@@ -141,6 +147,7 @@ impl Engine {
             prepared_task: std::sync::Mutex::new(None),
             prepared_wake: Arc::new(tokio::sync::Notify::new()),
             retention: files_dir::Retention::new(&config.files),
+            snapshots: super::snapshots::SnapshotStore::new(&config.snapshots),
             backend,
             config,
             owner: Owner::current(),

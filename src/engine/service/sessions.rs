@@ -130,6 +130,13 @@ impl Engine {
                 reason: ended.reason.clone(),
             });
         }
+        drop(sessions);
+        if let Some(snapshot) = self.snapshot_of_unknown_session(scope, id) {
+            return Err(EngineError::UnknownSessionWithSnapshot {
+                id: id.to_string(),
+                snapshot,
+            });
+        }
         Err(EngineError::UnknownSession(id.to_string()))
     }
 
@@ -274,42 +281,45 @@ impl Engine {
         ended.len()
     }
 
-    /// Stops sessions idle or alive for longer than the policy allows; returns how many.
+    /// Stops sessions idle or alive for longer than the policy allows, each saved as a snapshot
+    /// first when the configuration asks for it; returns how many.
     pub async fn reap_expired_sessions(&self) -> usize {
         let policy = &self.config.sessions;
-        let expired: Vec<(String, String)> = self
+        let expired: Vec<(String, String, Arc<Session>)> = self
             .lock_sessions()
             .live
             .iter()
             .filter_map(|(id, s)| {
-                if s.created.elapsed() >= policy.max_lifetime {
-                    Some((
-                        id.clone(),
-                        format!(
-                            "it expired at the maximum lifetime of {}",
-                            crate::text::duration(policy.max_lifetime)
-                        ),
-                    ))
+                let reason = if s.created.elapsed() >= policy.max_lifetime {
+                    format!(
+                        "it expired at the maximum lifetime of {}",
+                        crate::text::duration(policy.max_lifetime)
+                    )
                 } else if s.idle() >= policy.idle_timeout && s.sandbox.try_lock().is_ok() {
-                    Some((
-                        id.clone(),
-                        format!(
-                            "it expired after being idle for more than {}",
-                            crate::text::duration(policy.idle_timeout)
-                        ),
-                    ))
+                    format!(
+                        "it expired after being idle for more than {}",
+                        crate::text::duration(policy.idle_timeout)
+                    )
                 } else {
-                    None
-                }
+                    return None;
+                };
+                Some((id.clone(), reason, s.clone()))
             })
             .collect();
-        for (id, reason) in &expired {
+        for (id, reason, session) in &expired {
             tracing::info!(session = %id, "stopping: {reason}");
-            self.end_session(id, reason);
+            // A session busy with an execution (at its lifetime) cannot be saved: its state is
+            // changing.
+            let saved = match session.sandbox.try_lock() {
+                Ok(mut sandbox) => self.snapshot_before_expiry(session, &mut sandbox, id).await,
+                Err(_) => String::new(),
+            };
+            self.end_session(id, &format!("{reason}{saved}"));
             if let Err(e) = self.backend.destroy(&SandboxId(id.clone())).await {
                 tracing::warn!(session = %id, "could not remove an expired session: {e}");
             }
         }
+        self.expire_snapshots();
         expired.len()
     }
 
@@ -335,10 +345,11 @@ impl Engine {
             }
             _ => return,
         };
-        if !self.lock_sessions().live.contains_key(id) {
+        let Some(session) = self.lock_sessions().live.get(id).cloned() else {
             return; // stopped meanwhile
-        }
+        };
         tracing::warn!(session = %id, "session lost: {reason}");
+        let reason = format!("{reason}{}", self.snapshot_hint(&session, id));
         self.end_session(id, &reason);
         let backend = self.backend.clone();
         let sandbox = SandboxId(id.to_string());

@@ -7,6 +7,7 @@ mod files;
 mod run;
 mod search;
 mod session;
+mod snapshot;
 
 #[cfg(test)]
 mod tests;

@@ -19,7 +19,9 @@ impl SandboxServer {
         description = "Start a persistent sandbox session and return its container_id. Use it for \
                        multi-step work: run_python keeps variables, imports and files between calls, \
                        like a notebook. `dependencies` (as run_python's) are importable from the \
-                       first call. Call sandbox_stop when done. {session_policy} {images}",
+                       first call. `snapshot_id` (from sandbox_snapshot) starts it from a snapshot: \
+                       its files, saved variables and dependencies come back. Call sandbox_stop when \
+                       done. {session_policy} {images}",
         output_schema = schema_for_output::<SessionOutput>()
     )]
     async fn sandbox_initialize(
@@ -28,11 +30,23 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let requested = params.dependencies.clone().unwrap_or_default();
+        let snapshot_id = params.snapshot_id.filter(|s| !s.trim().is_empty());
         let (options, notices) =
             self.options_for(&context, params.image, params.dependencies, false);
-        let id = self.engine.create_session(self.scope(), &options).await;
+        let started = match &snapshot_id {
+            Some(snapshot_id) => self
+                .engine
+                .restore_session(self.scope(), snapshot_id, &options)
+                .await
+                .map(|(id, restored)| (id, Some(restored))),
+            None => self
+                .engine
+                .create_session(self.scope(), &options)
+                .await
+                .map(|id| (id, None)),
+        };
         super::run::finish(notices).await;
-        let id = id?;
+        let (id, restored) = started?;
         let image = self
             .engine
             .sessions(self.scope())
@@ -40,18 +54,30 @@ impl SandboxServer {
             .find(|s| s.id == id)
             .map(|s| s.image)
             .unwrap_or_default();
-        let mut text = format!(
-            "Sandbox session started.\ncontainer_id: {id}\nimage: {image}\nPass this container_id to run_python \
-             (variables persist between calls), sandbox_exec and sandbox_stop."
+        let mut text = match &restored {
+            Some(restored) => format!(
+                "Sandbox session started from snapshot {}.\ncontainer_id: {id}\nimage: {image}",
+                restored.snapshot_id
+            ),
+            None => format!("Sandbox session started.\ncontainer_id: {id}\nimage: {image}"),
+        };
+        text.push_str(
+            "\nPass this container_id to run_python (variables persist between calls), sandbox_exec \
+             and sandbox_stop.",
         );
-        if !requested.is_empty() {
-            text.push_str(&format!("\ndependencies: {}", requested.join(" ")));
+        match &restored {
+            Some(restored) => text.push_str(&super::snapshot::restored_text(restored)),
+            None if !requested.is_empty() => {
+                text.push_str(&format!("\ndependencies: {}", requested.join(" ")))
+            }
+            None => {}
         }
         Ok(structured(
             text,
             &SessionOutput {
                 container_id: id,
                 image,
+                restored: restored.map(super::snapshot::restored_output),
             },
         ))
     }

@@ -28,6 +28,7 @@
 #   changes.py     the workspace's entries before and after an execution: what changed
 #   figures.py     matplotlib figures an execution showed or left open, as PNG
 #   prepared.py    a dependency set's prepared caches put to use; a prepared sandbox's imports
+#   snapshot.py    a session's workspace and variables saved as one blob, and restored from one
 #   host_test.py   tests only: the workspace and restraint of a runner the fake backend runs on a host
 #
 # Each module only defines things; what a process does happens in `run` and in the functions it

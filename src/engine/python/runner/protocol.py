@@ -6,12 +6,25 @@
 #            {"op": "paths", "id": N, "add": [dir], "remove": [dir]}   (installed dependencies)
 #            {"op": "read", "id": N, "path": str, "path_bytes"?: b64, "offset": n, "length": n}
 #            {"op": "write", "id": N, "path": str, "data": b64, "offset": n}  (offset 0 creates)
+#            {"op": "snapshot", "id": N, "max_bytes": n}    (workspace and variables into the
+#                runner's private snapshot file; snapshot.py)
+#            {"op": "snapshot_read", "id": N, "offset": n, "length": n}   (a piece of that file)
+#            {"op": "restore_write", "id": N, "offset": n, "data": b64}   (a piece of a snapshot to
+#                restore, into the runner's private upload file; offset 0 starts it anew)
+#            {"op": "restore", "id": N}                     (unpacks the upload, then removes it)
+#            {"op": "snapshot_discard", "id": N}            (removes both private files)
 #            exec and shell may carry "live": true: the host wants the code's output as it comes.
 # Replies:   {"type": "ready", ...} once per runner, then per request one {"type": "result", "id":
 #            N, ...} (exec, shell), {"type": "listing", "id": N, ...} (list) or {"type": "paths",
 #            "id": N, "missing": [dir]} (paths: directories that do not exist are not added),
 #            {"type": "file", "id": N, "data": b64, "size": n, "inode": "dev:ino"} or with "error"
 #            (read), {"type": "written", "id": N, "size": n} or with "error" (write).
+#            snapshot: {"type": "snapshot", "id": N, "size": n, "files": n, "file_bytes": n, "saved":
+#            [name], "unsaved": [{"name", "reason"}], "modules": [name]} or with "error";
+#            snapshot_read: a "file" reply ("inode" empty); restore_write: a "written" reply;
+#            restore: {"type": "restored", "id": N, "files": n, "file_bytes": n, "variables": [name],
+#            "failed": [{"name", "reason"}], "modules": [name]} or with "error"; snapshot_discard:
+#            {"type": "discarded", "id": N}. "modules" are the names bound to modules.
 #            Before the result of a live exec or shell, any number of {"type": "output", "id": N,
 #            "stdout": b64, "stderr": b64, "stdout_skipped": n, "stderr_skipped": n}: what the code
 #            wrote since the last one (the latest bytes of it; the skipped ones counted).

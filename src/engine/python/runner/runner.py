@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import display, figures, prepared, protocol
+from . import display, figures, prepared, protocol, snapshot
 from .execute import Executor
 from .seccomp import forbid_targeting_init
 from .workspace import list_directory, read_file, write_file
@@ -65,5 +65,15 @@ def main():
             protocol.send_frame(read_file(request))
         elif request.get("op") == "write":
             protocol.send_frame(write_file(request))
+        elif request.get("op") == "snapshot":
+            protocol.send_frame(snapshot.snapshot(request, executor.namespace))
+        elif request.get("op") == "snapshot_read":
+            protocol.send_frame(snapshot.snapshot_read(request))
+        elif request.get("op") == "restore_write":
+            protocol.send_frame(snapshot.restore_write(request))
+        elif request.get("op") == "restore":
+            protocol.send_frame(snapshot.restore(request, executor.namespace))
+        elif request.get("op") == "snapshot_discard":
+            protocol.send_frame(snapshot.discard(request))
         else:
             protocol.send_frame(executor.execute(request))
