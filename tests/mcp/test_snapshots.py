@@ -112,6 +112,7 @@ import os
 import numpy as np
 d = {"a": 1, "nested": [1, 2, {"b": "c"}], "t": (1, 2), "s": {3}}
 arr = np.arange(12, dtype=np.int64).reshape(3, 4)
+big = np.full(300_000, 2.5)  # 2.4 MB: pickled out of band (a PickleBuffer), not inline
 def f(n=3):
     return n * 2 + len(d)
 class C:
@@ -138,6 +139,7 @@ import numpy
 print(repr(d))
 print(f(), isinstance(c, C), c.double(), lam(1))
 print(int(arr.sum()), arr.shape, str(arr.dtype), type(arr) is numpy.ndarray)
+print(float(big.sum()), big.shape)
 print(np.__name__)
 print(open("deep/er/dir/note.txt").read(), end="")
 print(hashlib.sha256(open("blob.bin", "rb").read()).hexdigest())
@@ -157,7 +159,8 @@ async def test_round_trip_of_variables_files_and_dependencies(snapshot_dir):
         assert snap["name"] == "round-trip"
         assert snap["size_bytes"] > 0
         assert snap["files"] >= 3 and snap["file_bytes"] >= len(BLOB) + len("nested file\n") + len("pending")
-        assert {"d", "arr", "f", "C", "c", "lam"} <= set(snap["saved"]), snap["saved"]
+        assert {"d", "arr", "big", "f", "C", "c", "lam"} <= set(snap["saved"]), snap["saved"]
+        assert snap["size_bytes"] > 2_400_000, snap
         # The open file is not saved, and says why (never silently dropped).
         reasons = {u["name"]: u["reason"] for u in snap["unsaved"]}
         assert "fh" in reasons and reasons["fh"].strip(), snap["unsaved"]
@@ -189,6 +192,7 @@ async def test_round_trip_of_variables_files_and_dependencies(snapshot_dir):
             repr(expected_d),
             f"{3 * 2 + len(expected_d)} True 42 2",
             "66 (3, 4) int64 True",
+            "750000.0 (300000,)",
             "numpy",
             "nested file",
             hashlib.sha256(BLOB).hexdigest(),
@@ -257,6 +261,9 @@ async def test_a_new_server_lists_and_restores_a_snapshot_of_an_exited_one(snaps
         [entry] = [s for s in listed["snapshots"] if s["snapshot_id"] == sid]
         assert entry["name"] == "before-exit" and entry["container_id"] == cid, entry
         assert entry["size_bytes"] > 0 and entry["age_seconds"] >= 0 and entry["created"], entry
+        # The old session's id is unknown to this server, which says which snapshot resumes it.
+        gone = await client.call_tool("run_python", {"container_id": cid, "code": "print(x)"})
+        assert gone.is_error is True and sid in text_of(gone), text_of(gone)
         new = (await call_ok(client, "sandbox_initialize", {"snapshot_id": sid})).structured_content["container_id"]
         assert await run(client, new, "print(x, open('kept.txt').read())") == "survives on disk\n"
 
@@ -522,3 +529,83 @@ async def test_unknown_and_malformed_ids_are_clear_errors(snapshot_dir, tmp_path
             assert missing.is_error is True and "missing field `container_id`" in text_of(missing), text_of(missing)
         assert await listed_ids(client) == []
         assert await live_sessions(client) == []
+
+
+# --- 9. Limits, a full disk, an image no longer allowed, a lost session -------------------------
+
+
+async def test_a_snapshot_over_the_size_limit_is_refused_and_the_session_goes_on(snapshot_dir):
+    async with connect(SANDBOX_SNAPSHOT_DIR=snapshot_dir, SANDBOX_SNAPSHOT_MAX_SIZE="1m", SANDBOX_POOL_SIZE="0") as client:
+        cid = await start(client)
+        await run(client, cid, "x = 1\nopen('big.bin', 'wb').write(bytes(3 << 20))")
+        refused = await client.call_tool("sandbox_snapshot", {"container_id": cid})
+        assert refused.is_error is True, text_of(refused)
+        assert "SANDBOX_SNAPSHOT_MAX_SIZE" in text_of(refused) or "limit" in text_of(refused), text_of(refused)
+        assert await listed_ids(client) == []
+        assert not list(pathlib.Path(snapshot_dir).glob("**/*.snap"))
+        assert await run(client, cid, "print(x)") == "1\n"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a host whose disk is full once a snapshot is written to it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_a_full_disk_is_a_clear_error_that_leaves_nothing_half_written(small_disk):
+    snapshot_dir = small_disk / "snapshots"
+    async with connect(SANDBOX_SNAPSHOT_DIR=snapshot_dir, SANDBOX_POOL_SIZE="0") as client:
+        cid = await start(client)
+        await run(client, cid, "x = 2\nimport os\nopen('noise.bin', 'wb').write(os.urandom(4 << 20))")
+        refused = await client.call_tool("sandbox_snapshot", {"container_id": cid})
+        assert refused.is_error is True, text_of(refused)
+        assert "No space left on device" in text_of(refused), text_of(refused)
+        # Nothing half-written stays on the disk, and the session is unharmed.
+        assert [p for p in snapshot_dir.rglob("*") if p.is_file()] == []
+        assert await listed_ids(client) == []
+        assert await run(client, cid, "print(x)") == "2\n"
+        # Once there is room again (a smaller workspace), snapshots work.
+        await run(client, cid, "os.remove('noise.bin')")
+        sid = (await snapshot(client, cid)).structured_content["snapshot_id"]
+        assert await listed_ids(client) == [sid]
+
+
+async def test_a_snapshot_whose_image_is_no_longer_allowed_is_refused(snapshot_dir):
+    async with connect(SANDBOX_SNAPSHOT_DIR=snapshot_dir, SANDBOX_POOL_SIZE="0") as client:
+        cid = await start(client)
+        sid = (await snapshot(client, cid)).structured_content["snapshot_id"]
+        image = (await call_ok(client, "sandbox_snapshots", {})).structured_content["snapshots"][0]["image"]
+    # The operator moved to another image (never started here: the refusal comes first).
+    async with connect(SANDBOX_SNAPSHOT_DIR=snapshot_dir, SANDBOX_POOL_SIZE="0",
+                       SANDBOX_IMAGE="pcs-test-another-image:1") as client:
+        refused = await client.call_tool("sandbox_initialize", {"snapshot_id": sid})
+        assert refused.is_error is True, text_of(refused)
+        assert "no longer allowed" in text_of(refused) and image in text_of(refused), text_of(refused)
+        assert await live_sessions(client) == []
+        assert sid in await listed_ids(client)
+
+
+async def test_a_session_lost_from_outside_says_whether_a_snapshot_can_resume_it(snapshot_dir):
+    async with connect(SANDBOX_SNAPSHOT_DIR=snapshot_dir, SANDBOX_POOL_SIZE="0") as client:
+        saved, unsaved = await start(client), await start(client)
+        await run(client, saved, "x = 'kept'")
+        sid = (await snapshot(client, saved)).structured_content["snapshot_id"]
+        for cid in (saved, unsaved):
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=True)
+        lost = await client.call_tool("run_python", {"container_id": saved, "code": "print(x)"})
+        assert lost.is_error is True and sid in text_of(lost), text_of(lost)
+        lost = await client.call_tool("run_python", {"container_id": unsaved, "code": "print(1)"})
+        assert lost.is_error is True and "no snapshot" in text_of(lost), text_of(lost)
+        # Later calls on the ended session still name it.
+        again = await client.call_tool("run_python", {"container_id": saved, "code": "print(x)"})
+        assert again.is_error is True and sid in text_of(again), text_of(again)
+        new = await start(client, snapshot_id=sid)
+        assert await run(client, new, "print(x)") == "kept\n"

@@ -32,8 +32,8 @@ impl Engine {
         }
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
-        let written = artifacts::write_whole(&mut sandbox, &path, content).await;
-        self.end_if_lost(&full_id, &written);
+        let mut written = artifacts::write_whole(&mut sandbox, &path, content).await;
+        self.end_if_lost(&full_id, &mut written);
         match written? {
             Ok(_) => Ok(format!("{}/{path}", backend::paths::WORKSPACE)),
             Err(reason) => Err(EngineError::File { path, reason }),
@@ -52,8 +52,8 @@ impl Engine {
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let limit = self.config.files.return_max_file_bytes;
-        let read = artifacts::read_whole(&mut sandbox, &path, limit).await;
-        self.end_if_lost(&full_id, &read);
+        let mut read = artifacts::read_whole(&mut sandbox, &path, limit).await;
+        self.end_if_lost(&full_id, &mut read);
         let content = read?.map_err(|reason| EngineError::File {
             path: path.clone(),
             reason,
@@ -85,8 +85,8 @@ impl Engine {
         };
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
-        let result = sandbox.list(&path).await;
-        self.end_if_lost(&full_id, &result);
+        let mut result = sandbox.list(&path).await;
+        self.end_if_lost(&full_id, &mut result);
         result
     }
 }

@@ -164,7 +164,7 @@ impl Engine {
             )
         };
         let mut result = self.execute_in(&mut sandbox, task, options).await;
-        self.end_if_lost(&full_id, &result);
+        self.end_if_lost(&full_id, &mut result);
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
             let run_dir = session_run_dir(sandbox.id());
@@ -333,7 +333,9 @@ impl Engine {
     /// Ends a session whose sandbox is lost (stopped or removed from outside, or the engine went
     /// away mid-call): it cannot be resumed, and restarting it silently would hide that its
     /// variables and files are gone. Its container is removed, once the engine answers again.
-    pub(super) fn end_if_lost<T>(&self, id: &str, result: &Result<T, EngineError>) {
+    /// The error this call returns says whether a snapshot can resume the session, as later
+    /// calls on it will.
+    pub(super) fn end_if_lost<T>(&self, id: &str, result: &mut Result<T, EngineError>) {
         let reason = match result {
             Err(EngineError::SandboxLost(reason)) => reason.clone(),
             Err(EngineError::Backend(BackendError::NotFound(_)))
@@ -349,7 +351,11 @@ impl Engine {
             return; // stopped meanwhile
         };
         tracing::warn!(session = %id, "session lost: {reason}");
-        let reason = format!("{reason}{}", self.snapshot_hint(&session, id));
+        let hint = self.snapshot_hint(&session, id);
+        if let Err(EngineError::SandboxLost(lost)) = result {
+            lost.push_str(&hint);
+        }
+        let reason = format!("{reason}{hint}");
         self.end_session(id, &reason);
         let backend = self.backend.clone();
         let sandbox = SandboxId(id.to_string());

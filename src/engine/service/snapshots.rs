@@ -116,10 +116,10 @@ impl Engine {
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
-        let saved = self
+        let mut saved = self
             .save_session(store, &session, &mut sandbox, &full, clean_name(name))
             .await;
-        self.end_if_lost(&full, &saved);
+        self.end_if_lost(&full, &mut saved);
         session.touch();
         saved
     }
@@ -322,8 +322,8 @@ impl Engine {
             let mut sandbox = session.sandbox.lock().await;
             session.touch();
             let _permit = self.permit().await;
-            let copied = self.copy_out(&mut sandbox, store.held_writer()?).await;
-            self.end_if_lost(&full, &copied);
+            let mut copied = self.copy_out(&mut sandbox, store.held_writer()?).await;
+            self.end_if_lost(&full, &mut copied);
             let (written, report) = copied?;
             let dependencies: Vec<String> = session
                 .dependencies()

@@ -204,8 +204,11 @@ class _CountingSink:
         self.size = 0
 
     def write(self, data):
-        self.size += len(data)
-        return len(data)
+        # Protocol 5 hands large buffers (a numpy array's data) over as a PickleBuffer, which has
+        # no len(): its size is its memoryview's.
+        size = memoryview(data).nbytes
+        self.size += size
+        return size
 
 
 def probe(value):
@@ -281,7 +284,7 @@ class BoundedWriter:
         self.limit = limit
 
     def write(self, data):
-        if self.file.tell() + len(data) > self.limit:
+        if self.file.tell() + memoryview(data).nbytes > self.limit:
             raise TooLarge()
         return self.file.write(data)
 
