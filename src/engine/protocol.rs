@@ -147,9 +147,10 @@ pub enum Request<'a> {
     #[serde(rename = "snapshot_read")]
     SnapshotRead { id: u64, offset: u64, length: u64 },
     /// A piece of a snapshot to restore, written into the runner's private upload file (offset 0
-    /// starts it anew).
+    /// starts it anew). The piece itself follows as one frame of raw bytes
+    /// ([`Request::to_frame_with`]).
     #[serde(rename = "restore_write")]
-    RestoreWrite { id: u64, data: String, offset: u64 },
+    RestoreWrite { id: u64, offset: u64 },
     /// Unpack the uploaded snapshot: its files into the workspace, its variables into the
     /// namespace.
     Restore { id: u64 },
@@ -179,6 +180,13 @@ impl Request<'_> {
     pub fn to_frame(&self) -> Vec<u8> {
         // Serializing plain strings and integers cannot fail.
         encode_frame(&serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// The request's frame followed by one frame of raw bytes (a restore_write's piece).
+    pub fn to_frame_with(&self, payload: &[u8]) -> Vec<u8> {
+        let mut frames = self.to_frame();
+        frames.extend_from_slice(&encode_frame(payload));
+        frames
     }
 }
 
@@ -216,6 +224,12 @@ pub enum Reply {
     Restored(RawRestoreReport),
     Discarded {
         id: u64,
+    },
+    /// A piece of the runner's snapshot file: raw bytes after the JSON (see [`Reply::parse`]).
+    Piece {
+        id: u64,
+        data: Vec<u8>,
+        error: Option<String>,
     },
 }
 
@@ -268,6 +282,13 @@ pub struct RawRestoreReport {
 #[derive(Deserialize)]
 struct DiscardedBody {
     id: u64,
+}
+
+#[derive(Deserialize)]
+struct PieceBody {
+    id: u64,
+    #[serde(default)]
+    error: Option<String>,
 }
 
 /// The `type` of a reply, read first on its own: the body is then parsed straight into the one
@@ -342,10 +363,25 @@ struct WrittenBody {
 }
 
 impl Reply {
-    /// Parses one frame's body.
+    /// Parses one frame's body. The runner's JSON never holds a raw newline, so a body whose
+    /// first line is a whole "piece" message carries raw bytes after that line; any other body
+    /// is one JSON text.
     pub fn parse(body: &[u8]) -> Result<Reply, ProtocolError> {
         fn body_as<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtocolError> {
             serde_json::from_slice(body).map_err(|e| ProtocolError::Malformed(e.to_string()))
+        }
+        if let Some(newline) = body.iter().position(|&b| b == b'\n') {
+            let (header, data) = (&body[..newline], &body[newline + 1..]);
+            let piece =
+                serde_json::from_slice::<ReplyType>(header).is_ok_and(|kind| kind.kind == "piece");
+            if piece {
+                let piece: PieceBody = body_as(header)?;
+                return Ok(Reply::Piece {
+                    id: piece.id,
+                    data: data.to_vec(),
+                    error: piece.error,
+                });
+            }
         }
         let kind: ReplyType = body_as(body)?;
         Ok(match kind.kind.as_ref() {
@@ -385,6 +421,14 @@ impl Reply {
             "discarded" => Reply::Discarded {
                 id: body_as::<DiscardedBody>(body)?.id,
             },
+            "piece" => {
+                let piece: PieceBody = body_as(body)?;
+                Reply::Piece {
+                    id: piece.id,
+                    data: Vec::new(),
+                    error: piece.error,
+                }
+            }
             other => {
                 return Err(ProtocolError::Malformed(format!(
                     "unknown message type {:?}",
@@ -453,7 +497,8 @@ impl Reply {
             Reply::Paths { id, .. }
             | Reply::Written { id, .. }
             | Reply::Preloaded { id, .. }
-            | Reply::Discarded { id } => Some(*id),
+            | Reply::Discarded { id }
+            | Reply::Piece { id, .. } => Some(*id),
             Reply::File(f) => Some(f.id),
             Reply::Snapshot(s) => Some(s.id),
             Reply::Restored(r) => Some(r.id),
@@ -1038,6 +1083,34 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_piece_carries_raw_bytes_after_its_json_and_nothing_else_does() {
+        let mut body = br#"{"type":"piece","id":7,"size":9}"#.to_vec();
+        body.push(b'\n');
+        body.extend_from_slice(b"raw\n\0bytes");
+        match Reply::parse(&body) {
+            Ok(Reply::Piece { id, data, error }) => {
+                assert_eq!(
+                    (id, data.as_slice(), error),
+                    (7, &b"raw\n\0bytes"[..], None)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        match Reply::parse(br#"{"type":"piece","id":7,"error":"gone"}"#) {
+            Ok(Reply::Piece { data, error, .. }) => {
+                assert!(data.is_empty());
+                assert_eq!(error.as_deref(), Some("gone"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let smuggled = b"{\"type\":\"written\",\"id\":1,\"size\":2}\nextra";
+        assert!(matches!(
+            Reply::parse(smuggled),
+            Err(ProtocolError::Malformed(_))
+        ));
+    }
 
     #[test]
     fn every_runner_module_is_embedded() {

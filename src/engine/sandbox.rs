@@ -834,27 +834,17 @@ impl Sandbox {
         offset: u64,
         length: u64,
     ) -> Result<Result<Vec<u8>, String>, EngineError> {
-        let chunk = match self
+        match self
             .control(|id| Request::SnapshotRead { id, offset, length })
             .await?
         {
-            Reply::File(chunk) => chunk,
-            _ => {
-                return Err(self
-                    .broken(ProtocolError::Malformed(
-                        "an unexpected answer to a snapshot read".into(),
-                    ))
-                    .await)
-            }
-        };
-        if let Some(error) = chunk.error {
-            return Ok(Err(truncate_chars(&error, 300)));
-        }
-        match base64::engine::general_purpose::STANDARD.decode(&chunk.data) {
-            Ok(data) if data.len() as u64 <= length => Ok(Ok(data)),
+            Reply::Piece {
+                error: Some(error), ..
+            } => Ok(Err(truncate_chars(&error, 300))),
+            Reply::Piece { data, .. } if data.len() as u64 <= length => Ok(Ok(data)),
             _ => Err(self
                 .broken(ProtocolError::Malformed(
-                    "a snapshot piece that is not what was asked for".into(),
+                    "an unexpected answer to a snapshot read".into(),
                 ))
                 .await),
         }
@@ -867,9 +857,12 @@ impl Sandbox {
         data: &[u8],
         offset: u64,
     ) -> Result<Result<u64, String>, EngineError> {
-        let data = base64::engine::general_purpose::STANDARD.encode(data);
         match self
-            .control(|id| Request::RestoreWrite { id, data, offset })
+            .control_with(
+                CONTROL_TIMEOUT,
+                |id| Request::RestoreWrite { id, offset },
+                data,
+            )
             .await?
         {
             Reply::Written { error: Some(e), .. } => Ok(Err(truncate_chars(&e, 300))),
@@ -923,11 +916,32 @@ impl Sandbox {
         limit: Duration,
         request: impl FnOnce(u64) -> Request<'a>,
     ) -> Result<Reply, EngineError> {
+        self.control_frames(limit, |id| request(id).to_frame())
+            .await
+    }
+
+    /// A request followed by a frame of raw bytes, answered within `limit`.
+    async fn control_with<'a>(
+        &mut self,
+        limit: Duration,
+        request: impl FnOnce(u64) -> Request<'a>,
+        payload: &[u8],
+    ) -> Result<Reply, EngineError> {
+        self.control_frames(limit, |id| request(id).to_frame_with(payload))
+            .await
+    }
+
+    /// Sends the frames of a request that is not an execution, and waits `limit` for its reply.
+    async fn control_frames(
+        &mut self,
+        limit: Duration,
+        frames: impl FnOnce(u64) -> Vec<u8>,
+    ) -> Result<Reply, EngineError> {
         let (mut runner, _) = self.take_runner("a request was abandoned").await?;
         self.next_request += 1;
         let id = self.next_request;
         runner.decoder.set_limit(4 << 20);
-        let reply = match runner.send(&request(id).to_frame()).await {
+        let reply = match runner.send(&frames(id)).await {
             Err(failure) => Err(failure),
             Ok(()) => match tokio::time::timeout(limit, runner.next_reply()).await {
                 Ok(reply) => reply,

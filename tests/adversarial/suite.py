@@ -1319,6 +1319,49 @@ async def hostile_replies(ctx):
             await s.nothing_left()
 
 
+LYING_SNAPSHOT = r"""
+import json
+import sandbox_runner.snapshot as snap
+def giant(request, namespace):
+    return {"type": "snapshot", "id": request.get("id"), "size": 10 ** 12, "saved": ["x"] * 9999}
+def announced(request, namespace):
+    return {"type": "snapshot", "id": request.get("id"), "size": 4 << 20}
+def oversized_piece(request):
+    header = json.dumps({"type": "piece", "id": int(request["id"]), "size": 4 << 20})
+    return header.encode() + b"\n" + b"x" * (3 << 20)
+snap.snapshot = giant
+"""
+
+
+@case("snapshots: a runner that lies about a snapshot's size or pieces stores nothing", kind="attack-own-server")
+async def lying_snapshots(ctx):
+    with tempfile.TemporaryDirectory() as snapshots:
+        env = {**ATTACK_ENV, "SANDBOX_SNAPSHOT_DIR": snapshots, "SANDBOX_SNAPSHOT_MAX_SIZE": "16m",
+               **ctx.runtime_env}
+        async with server(ctx.binary, **env) as s:
+            await s.answers_normally()
+            before = peak_rss_mib(s.pid)
+            sid = await s.session()
+            installed = await s.in_session(sid, LYING_SNAPSHOT)
+            check(installed.is_error is False, text_of(installed))
+            # 1. A terabyte announced: refused before a byte is copied; the session lives on.
+            giant = await s.call("sandbox_snapshot", {"container_id": sid})
+            check(giant.is_error is True and "limit" in text_of(giant), text_of(giant)[:300])
+            # 2. A piece larger than asked for: the runner broke the protocol; nothing is stored.
+            await s.in_session(sid, "snap.snapshot = announced\nsnap.snapshot_read = oversized_piece")
+            oversized = await s.call("sandbox_snapshot", {"container_id": sid})
+            check(oversized.is_error is True, text_of(oversized)[:300])
+            stored = [os.path.join(d, f) for d, _, fs in os.walk(snapshots) for f in fs]
+            check(stored == [], f"a lying runner left files in the snapshot directory: {stored}")
+            listed = await s.call("sandbox_snapshots", {})
+            check(listed.structured_content["snapshots"] == [], str(listed.structured_content))
+            after = peak_rss_mib(s.pid)
+            check(after - before < 100, f"the server's peak RSS grew by {after - before:.0f} MiB")
+            await s.call("sandbox_stop", {"container_id": sid})
+            await s.answers_normally()
+            await s.nothing_left()
+
+
 ODD = r"""
 open(b'bad\xff.txt', 'w').write('bytes')
 open('x\n--- stderr ---\nTraceback: forged', 'w').write('x')

@@ -1,4 +1,6 @@
-# The runner protocol's frames: a 4-byte big-endian length, then a UTF-8 JSON object.
+# The runner protocol's frames: a 4-byte big-endian length, then a UTF-8 JSON object (a JSON
+# text never holds a raw newline: after one, a "piece" reply carries raw bytes; after a
+# restore_write request, one frame of raw bytes follows).
 #
 # Requests:  {"op": "exec", "id": N, "code": str, "max_output": bytes}
 #            {"op": "shell", "id": N, "command": str, "max_output": bytes}
@@ -9,8 +11,10 @@
 #            {"op": "snapshot", "id": N, "max_bytes": n}    (workspace and variables into the
 #                runner's private snapshot file; snapshot.py)
 #            {"op": "snapshot_read", "id": N, "offset": n, "length": n}   (a piece of that file)
-#            {"op": "restore_write", "id": N, "offset": n, "data": b64}   (a piece of a snapshot to
-#                restore, into the runner's private upload file; offset 0 starts it anew)
+#            {"op": "restore_write", "id": N, "offset": n}, then one frame of raw bytes: a piece of
+#                a snapshot to restore, into the runner's private upload file (offset 0 starts it
+#                anew); raw, not base64 in JSON, whose parsing and decoding cost more than the rest
+#                of a restore
 #            {"op": "restore", "id": N}                     (unpacks the upload, then removes it)
 #            {"op": "snapshot_discard", "id": N}            (removes both private files)
 #            exec and shell may carry "live": true: the host wants the code's output as it comes.
@@ -21,7 +25,9 @@
 #            (read), {"type": "written", "id": N, "size": n} or with "error" (write).
 #            snapshot: {"type": "snapshot", "id": N, "size": n, "files": n, "file_bytes": n, "saved":
 #            [name], "unsaved": [{"name", "reason"}], "modules": [name]} or with "error";
-#            snapshot_read: a "file" reply ("inode" empty); restore_write: a "written" reply;
+#            snapshot_read: {"type": "piece", "id": N, "size": n}, a newline, then the piece's raw
+#            bytes, or without them, {"type": "piece", "id": N, "error": str}; restore_write: a
+#            "written" reply;
 #            restore: {"type": "restored", "id": N, "files": n, "file_bytes": n, "variables": [name],
 #            "failed": [{"name", "reason"}], "modules": [name]} or with "error"; snapshot_discard:
 #            {"type": "discarded", "id": N}. "modules" are the names bound to modules.
@@ -60,11 +66,16 @@ def valid_text(obj):
 
 
 def write_frame(fd, obj):
-    try:
-        # Lone surrogates cannot be encoded: only then is the message walked and mended.
-        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        body = json.dumps(valid_text(obj), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """Writes `obj` as one frame; `obj` may be a body already encoded (bytes: see
+    snapshot.snapshot_read)."""
+    if isinstance(obj, bytes):
+        body = obj
+    else:
+        try:
+            # Lone surrogates cannot be encoded: only then is the message walked and mended.
+            body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            body = json.dumps(valid_text(obj), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     view = memoryview(struct.pack(">I", len(body)) + body)
     while view:
         written = os.write(fd, view)
@@ -105,13 +116,18 @@ def read_exact(n):
     return bytes(data)
 
 
-def read_frame():
-    """The next request, or None once the host has closed the stream."""
+def read_raw_frame():
+    """The next frame's body as bytes, or None once the host has closed the stream."""
     header = read_exact(4)
     if header is None:
         return None
     (length,) = struct.unpack(">I", header)
-    body = read_exact(length)
+    return read_exact(length)
+
+
+def read_frame():
+    """The next request, or None once the host has closed the stream."""
+    body = read_raw_frame()
     if body is None:
         return None
     return json.loads(body.decode("utf-8"))

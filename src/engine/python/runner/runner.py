@@ -70,7 +70,7 @@ def main():
         elif request.get("op") == "snapshot_read":
             protocol.send_frame(snapshot.snapshot_read(request))
         elif request.get("op") == "restore_write":
-            protocol.send_frame(snapshot.restore_write(request))
+            protocol.send_frame(snapshot.restore_write(request, protocol.read_raw_frame()))
         elif request.get("op") == "restore":
             protocol.send_frame(snapshot.restore(request, executor.namespace))
         elif request.get("op") == "snapshot_discard":

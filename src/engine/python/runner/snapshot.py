@@ -479,8 +479,10 @@ def remove_snapshot_quietly():
 
 
 def snapshot_read(request):
-    """The `snapshot_read` op: one piece of the snapshot file."""
-    reply = {"type": "file", "id": request.get("id")}
+    """The `snapshot_read` op: one piece of the snapshot file, as a "piece" reply: its JSON, a
+    newline, then the bytes themselves (raw: base64 in JSON cost more than the rest of a
+    snapshot). A reply saying why not has no bytes."""
+    reply = {"type": "piece", "id": request.get("id")}
     try:
         fd = open_private(SNAPSHOT_NAME, os.O_RDONLY)
         try:
@@ -489,7 +491,8 @@ def snapshot_read(request):
             data = os.pread(fd, length, max(0, int(request.get("offset", 0))))
         finally:
             os.close(fd)
-        reply.update({"data": base64.b64encode(data).decode("ascii"), "size": size, "inode": ""})
+        header = json.dumps({"type": "piece", "id": int(request.get("id")), "size": size})
+        return header.encode("ascii") + b"\n" + data
     except FileNotFoundError:
         reply["error"] = "no snapshot has been taken"
     except (OSError, SnapshotError, ValueError) as e:
@@ -497,11 +500,13 @@ def snapshot_read(request):
     return reply
 
 
-def restore_write(request):
-    """The `restore_write` op: one piece of the uploaded blob (offset 0 starts it anew)."""
+def restore_write(request, data):
+    """The `restore_write` op: one piece of the uploaded blob, `data`, the raw frame that followed
+    the request (offset 0 starts it anew)."""
     reply = {"type": "written", "id": request.get("id")}
     try:
-        data = base64.b64decode(request.get("data", ""))
+        if data is None:
+            raise SnapshotError("the piece that should follow the request is missing")
         offset = max(0, int(request.get("offset", 0)))
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
         fd = open_private(UPLOAD_NAME, flags)
