@@ -16,6 +16,7 @@ scripts/dev-env.sh), so run the suite alone.
 
 import argparse
 import asyncio
+import atexit
 import base64
 import contextlib
 import json
@@ -23,6 +24,7 @@ import os
 import signal
 import socket
 import subprocess
+import shutil
 import sys
 import tempfile
 import threading
@@ -48,6 +50,11 @@ ATTACK_ENV = {
     "SANDBOX_PIDS_LIMIT": "64",
     "SANDBOX_FILES_DIR": "",
 }
+
+
+# Snapshots of expiring sessions go here, not into the user's state directory.
+SNAPSHOT_DIR = tempfile.mkdtemp(prefix="pcs-suite-snapshots-")
+atexit.register(shutil.rmtree, SNAPSHOT_DIR, True)
 
 
 class CaseFailed(Exception):
@@ -151,6 +158,7 @@ async def server(binary, **env):
     tag = uuid.uuid4().hex
     merged = dict(os.environ)
     merged.setdefault("LOG_LEVEL", "warn")
+    merged.setdefault("SANDBOX_SNAPSHOT_DIR", SNAPSHOT_DIR)
     merged.update({k: str(v) for k, v in env.items()})
     merged["PCS_SUITE_TAG"] = tag
     merged[CANARY] = "the host's secret"

@@ -31,8 +31,9 @@ pub fn test_config() -> Config {
         ..from_env
     };
     config.limits.timeout = Duration::from_secs(30);
-    // Tests that look at saved files set their own directory.
+    // Tests that look at saved files or snapshots set their own directory.
     config.files.persist_dir = None;
+    config.snapshots.dir = None;
     config
 }
 

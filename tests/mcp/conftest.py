@@ -1,9 +1,12 @@
 """Fixtures: the real server binary, driven over stdio by the official MCP Python SDK."""
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -11,6 +14,10 @@ from mcp import Client, StdioServerParameters
 
 BIN = os.environ.get("PCS_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "target", "debug", "python-code-sandbox"))
 LABEL = "io.python-code-sandbox.managed=true"
+# Snapshots the servers make (sessions that expire are saved first) go here, not into the user's
+# state directory; a test that looks at snapshots sets its own.
+SNAPSHOT_DIR = tempfile.mkdtemp(prefix="pcs-mcp-snapshots-")
+atexit.register(shutil.rmtree, SNAPSHOT_DIR, True)
 
 
 @pytest.fixture
@@ -21,6 +28,7 @@ def anyio_backend():
 def server_params(**env):
     merged = dict(os.environ)
     merged.setdefault("LOG_LEVEL", os.environ.get("PCS_TEST_LOG", "warn"))
+    merged.setdefault("SANDBOX_SNAPSHOT_DIR", SNAPSHOT_DIR)
     merged.update({k: str(v) for k, v in env.items()})
     return StdioServerParameters(command=os.path.abspath(BIN), args=[], env=merged)
 

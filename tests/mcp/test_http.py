@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from conftest import BIN, sandboxes, text_of
+from conftest import BIN, SNAPSHOT_DIR, sandboxes, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -40,6 +40,7 @@ class Server:
     def __init__(self, addr="127.0.0.1:0", **env):
         merged = dict(os.environ)
         merged.update({"LOG_LEVEL": "info", "SANDBOX_POOL_SIZE": "0"})
+        merged.setdefault("SANDBOX_SNAPSHOT_DIR", SNAPSHOT_DIR)
         merged.update({k: str(v) for k, v in env.items()})
         self.proc = subprocess.Popen(
             [os.path.abspath(BIN), "serve", "--http", addr],

@@ -220,3 +220,21 @@ def test_killing_the_docker_client_still_removes_the_servers_sandboxes():
         if proc.poll() is None:
             proc.kill()
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+async def test_snapshots_work_in_the_server_image():
+    """The image's snapshot directory is the server's own (uid 10001): a session saved and
+    started again from its snapshot, through the containerized server."""
+    async with containerized() as client:
+        started = await client.call_tool("sandbox_initialize", {})
+        assert started.is_error is False, text_of(started)
+        cid = started.structured_content["container_id"]
+        ran = await client.call_tool("run_python", {"container_id": cid, "code": "x = 'saved'"})
+        assert ran.is_error is False, text_of(ran)
+        saved = await client.call_tool("sandbox_snapshot", {"container_id": cid})
+        assert saved.is_error is False, text_of(saved)
+        restored = await client.call_tool("sandbox_initialize", {"snapshot_id": saved.structured_content["snapshot_id"]})
+        assert restored.is_error is False, text_of(restored)
+        again = await client.call_tool(
+            "run_python", {"container_id": restored.structured_content["container_id"], "code": "print(x)"})
+        assert again.is_error is False and again.structured_content["stdout"] == "saved\n", text_of(again)

@@ -19,10 +19,11 @@ use crate::engine::backend::SandboxSpec;
 use crate::engine::Engine;
 use fake_backend::FakeBackend;
 
-/// The defaults, with nothing saved to disk, no pool unless a test asks, and a short timeout.
+/// The defaults, with nothing saved to disk (files, snapshots), no pool unless a test asks, and a short timeout.
 pub fn test_config() -> Config {
     let mut config = Config::default();
     config.files.persist_dir = None;
+    config.snapshots.dir = None;
     config.pool_size = 0;
     config.limits.timeout = Duration::from_secs(20);
     config
