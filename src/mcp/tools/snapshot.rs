@@ -228,7 +228,8 @@ impl SandboxServer {
 
     #[tool(
         name = "sandbox_snapshot_delete",
-        description = "Delete one of your snapshots.",
+        description = "Delete one of your snapshots (as sandbox_snapshots lists them) from the server's host; \
+                       it cannot be undone.",
         output_schema = schema_for_output::<SnapshotDeleteOutput>(),
         annotations(destructive_hint = true)
     )]
