@@ -92,6 +92,15 @@ impl Session {
             .unwrap_or_default()
     }
 
+    /// The session's dependency set as canonical requirement strings.
+    pub(super) fn requirement_strings(&self) -> Vec<String> {
+        self.dependencies()
+            .requirements
+            .iter()
+            .map(deps::Requirement::canonical)
+            .collect()
+    }
+
     pub(super) fn idle(&self) -> Duration {
         self.last_used
             .lock()

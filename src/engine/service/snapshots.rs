@@ -142,12 +142,7 @@ impl Engine {
             owner,
             session: full_id.to_string(),
             image: session.image.clone(),
-            dependencies: session
-                .dependencies()
-                .requirements
-                .iter()
-                .map(|r| r.canonical())
-                .collect(),
+            dependencies: session.requirement_strings(),
             created_ms: 0,
             size: 0,
             sha256: String::new(),
@@ -303,12 +298,7 @@ impl Engine {
             variables: bounded_names(report.variables),
             failed: bounded_reasons(report.failed),
             modules: bounded_names(report.modules),
-            dependencies: session
-                .dependencies()
-                .requirements
-                .iter()
-                .map(|r| r.canonical())
-                .collect(),
+            dependencies: session.requirement_strings(),
         })
     }
 
@@ -325,12 +315,7 @@ impl Engine {
             let mut copied = self.copy_out(&mut sandbox, store.held_writer()?).await;
             self.end_if_lost(&full, &mut copied);
             let (written, report) = copied?;
-            let dependencies: Vec<String> = session
-                .dependencies()
-                .requirements
-                .iter()
-                .map(|r| r.canonical())
-                .collect();
+            let dependencies = session.requirement_strings();
             (written, report, dependencies)
         };
         let options = RunOptions {

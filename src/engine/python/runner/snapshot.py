@@ -32,7 +32,14 @@ import sys
 import tarfile
 import types
 
-from .workspace import CHUNK_LIMIT, WORKSPACE, describe_error, open_beneath, open_in_workspace
+from .workspace import (
+    CHUNK_LIMIT,
+    WORKSPACE,
+    describe_error,
+    open_beneath,
+    open_in_workspace,
+    write_all_at,
+)
 
 MAGIC = b"PCS-SNAPSHOT 1\n"
 LENGTH = struct.Struct(">Q")
@@ -511,9 +518,7 @@ def restore_write(request, data):
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
         fd = open_private(UPLOAD_NAME, flags)
         try:
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], offset + written)
+            written = write_all_at(fd, data, offset)
         finally:
             os.close(fd)
         reply["size"] = offset + written

@@ -48,6 +48,14 @@ def requested_path(request):
     return parts
 
 
+def write_all_at(fd, data, offset):
+    """Writes all of `data` at `offset` (pwrite may write less); returns how many bytes."""
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], offset + written)
+    return written
+
+
 def open_beneath(directory, name, flags, mode=0o644):
     """Opens `name` in the directory open as `directory`, refusing a link: O_NOFOLLOW, and the
     opened file must be the one lstat saw just before (some runtimes follow a link to a directory
@@ -152,9 +160,7 @@ def write_file(request):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError("a special file, not a regular file")
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], offset + written)
+            written = write_all_at(fd, data, offset)
         finally:
             os.close(fd)
         reply["size"] = offset + written
