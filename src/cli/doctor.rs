@@ -188,7 +188,7 @@ fn check_probe(report: &mut Report, config: &Config, seen: &serde_json::Value) {
         .unwrap_or_default();
     let network_ok = match config.network {
         NetworkPolicy::None => interfaces == ["lo"],
-        NetworkPolicy::Bridge => interfaces.len() > 1,
+        NetworkPolicy::Bridge | NetworkPolicy::Allowlist => interfaces.len() > 1,
     };
     report.line(
         network_ok,

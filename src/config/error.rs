@@ -11,17 +11,21 @@
 pub struct ConfigError {
     pub var: &'static str,
     pub value: String,
-    pub expected: &'static str,
+    pub expected: std::borrow::Cow<'static, str>,
     #[source]
     pub source: Option<ValueError>,
 }
 
 impl ConfigError {
-    pub fn new(var: &'static str, value: impl Into<String>, expected: &'static str) -> ConfigError {
+    pub fn new(
+        var: &'static str,
+        value: impl Into<String>,
+        expected: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> ConfigError {
         ConfigError {
             var,
             value: value.into(),
-            expected,
+            expected: expected.into(),
             source: None,
         }
     }

@@ -14,6 +14,8 @@
 //!   it row by row (a test fails on a missing, extra or different row);
 //! - `parse`: the value forms settings share (sizes, durations, counts, lists, mounts, globs);
 //! - `address`: hosts, origins and URLs, shared with the HTTP transport and the egress proxy;
+//! - [`egress`]: the grammar of `SANDBOX_EGRESS_ALLOW`/`SANDBOX_EGRESS_ASK` and the decisions
+//!   the code's egress proxy takes (`SANDBOX_NETWORK=allowlist`);
 //! - `validate`: the rules between settings (a workspace that fits in memory, ...);
 //! - `paths`: the per-user default directories;
 //! - `error`: [`ConfigError`], which keeps the parser's own error as its source.
@@ -22,6 +24,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod address;
+pub mod egress;
 mod error;
 mod parse;
 mod paths;
@@ -29,6 +32,7 @@ pub mod settings;
 mod validate;
 
 pub use address::{normalize_origin, parse_host, parse_host_port, redact_url, url_has_credentials};
+pub use egress::{EgressPolicy, EgressRules};
 pub use error::{ConfigError, ValueError};
 pub use parse::{glob_matches, parse_bytes, parse_duration};
 pub use settings::{Setting, SETTINGS};
@@ -46,6 +50,9 @@ pub enum NetworkPolicy {
     None,
     /// Docker's default bridge: outbound access as the host has it.
     Bridge,
+    /// The server's internal egress network: the only way out is the egress proxy, which lets
+    /// through the hosts `SANDBOX_EGRESS_ALLOW` names and those the user approves.
+    Allowlist,
 }
 
 impl NetworkPolicy {
@@ -53,6 +60,7 @@ impl NetworkPolicy {
         match self {
             NetworkPolicy::None => "none",
             NetworkPolicy::Bridge => "bridge",
+            NetworkPolicy::Allowlist => "allowlist",
         }
     }
 }
@@ -263,6 +271,8 @@ pub struct Config {
     pub image: String,
     pub limits: Limits,
     pub network: NetworkPolicy,
+    /// Who the code may reach with `SANDBOX_NETWORK=allowlist` (`SANDBOX_EGRESS_*`).
+    pub egress: EgressPolicy,
     /// Host CA bundle made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
     /// The OCI runtime of sandboxes that run the agent's code (e.g. `runsc` for gVisor); the
@@ -313,6 +323,7 @@ impl Default for Config {
                 model_output_chars: DEFAULT_MODEL_OUTPUT_CHARS,
             },
             network: NetworkPolicy::None,
+            egress: EgressPolicy::default(),
             ca_bundle: None,
             runtime: None,
             files: FilePolicy {

@@ -230,7 +230,10 @@ pub(super) fn parse_duration_within(
     match parse_duration(var, value) {
         Ok(d) if range.contains(&d) => Ok(d),
         Ok(_) => Err(ConfigError::new(var, value, expected)),
-        Err(e) => Err(ConfigError { expected, ..e }),
+        Err(e) => Err(ConfigError {
+            expected: expected.into(),
+            ..e
+        }),
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::address::normalize_origin;
 use super::address::parse_host;
+use super::egress::{target_of, EgressRules, EntryTarget, Target};
 use super::error::ConfigError;
 use super::parse::{
     is_image_reference, is_volume_name, parse_bool, parse_bytes, parse_count, parse_duration,
@@ -253,16 +254,140 @@ pub const SANDBOX_MODEL_OUTPUT: Setting = Setting {
 pub const SANDBOX_NETWORK: Setting = Setting {
     name: "SANDBOX_NETWORK",
     default: Shown::Value("none"),
-    doc: "`none`: loopback only; `bridge`: Docker's default bridge",
+    doc: "`none`: loopback only; `bridge`: Docker's default bridge; `allowlist`: only through the server's egress proxy, to the hosts `SANDBOX_EGRESS_ALLOW` names and those the user approves (`SANDBOX_EGRESS_ASK`)",
     read: Read::Value(|config, var, v| {
         config.network = match v.to_ascii_lowercase().as_str() {
             "none" => NetworkPolicy::None,
             "bridge" => NetworkPolicy::Bridge,
-            _ => return Err(ConfigError::new(var, v, "none or bridge")),
+            "allowlist" => NetworkPolicy::Allowlist,
+            _ => return Err(ConfigError::new(var, v, "none, bridge or allowlist")),
         };
         Ok(())
     }),
 };
+
+// The allowlist network's egress proxy (`SANDBOX_NETWORK=allowlist`); set with another network,
+// each is refused in `validate`.
+
+/// `*` in it needs `SANDBOX_EGRESS_ALLOW_ALL`, checked in `validate`.
+pub const SANDBOX_EGRESS_ALLOW: Setting = Setting {
+    name: "SANDBOX_EGRESS_ALLOW",
+    default: Shown::Prose("none"),
+    doc: "`allowlist`: comma-separated hosts the code may reach: `host`, `*.suffix` (any name below it, not the suffix itself), `*` (any name, with `SANDBOX_EGRESS_ALLOW_ALL`), an IPv4 address or range `10.0.0.0/8`, an IPv6 one in brackets `[fd00::/8]`; each with `:port`, else ports 80 and 443. Addresses are reached only through address entries, and a name must resolve to public addresses only, or to addresses inside an address entry",
+    read: Read::Value(|config, var, v| {
+        config.egress.allow = parse_egress_rules(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_EGRESS_ASK: Setting = Setting {
+    name: "SANDBOX_EGRESS_ASK",
+    default: Shown::Prose("none"),
+    doc: "`allowlist`: host names (same form, no addresses; `*` allowed) the code may reach once the user agrees: in a session the client is asked (MCP elicitation) at the first attempt, which is refused meanwhile, and the answer holds for the session; outside a session they are refused",
+    read: Read::Value(|config, var, v| {
+        let rules = parse_egress_rules(var, v)?;
+        if rules
+            .entries
+            .iter()
+            .any(|e| matches!(e.target, EntryTarget::Range(_)))
+        {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "host names only: addresses and ranges are reached only when SANDBOX_EGRESS_ALLOW names them",
+            ));
+        }
+        config.egress.ask = rules;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_EGRESS_ALLOW_ALL: Setting = Setting {
+    name: "SANDBOX_EGRESS_ALLOW_ALL",
+    default: Shown::Prose("`false`"),
+    doc: "`true`: accept `*` in `SANDBOX_EGRESS_ALLOW` (any host name, still only to public addresses)",
+    read: Read::Value(|config, var, v| {
+        config.egress.allow_all = parse_bool(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_EGRESS_RESOLVE: Setting = Setting {
+    name: "SANDBOX_EGRESS_RESOLVE",
+    default: Shown::Prose("none"),
+    doc: "test only: comma-separated `name=address` the egress proxy uses instead of resolving the name; names must be `test` or end in `.test` (reserved, RFC 6761)",
+    read: Read::Value(|config, var, v| {
+        config.egress.resolve = v
+            .split(',')
+            .map(str::trim)
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| parse_resolve_pair(var, v, pair))
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_EGRESS_UPLINK: Setting = Setting {
+    name: "SANDBOX_EGRESS_UPLINK",
+    default: Shown::Prose("`bridge`"),
+    doc: "the Docker network the egress proxy reaches outside hosts through",
+    read: Read::Value(|config, var, v| {
+        if !is_volume_name(v) {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "a Docker network name: letters, digits, '_', '.', '-'",
+            ));
+        }
+        config.egress.uplink = v.to_string();
+        Ok(())
+    }),
+};
+
+/// `SANDBOX_EGRESS_ALLOW` or `SANDBOX_EGRESS_ASK`; the error names the entry and why.
+fn parse_egress_rules(var: &'static str, v: &str) -> Result<EgressRules, ConfigError> {
+    EgressRules::parse(v).map_err(|why| {
+        ConfigError::new(
+            var,
+            v,
+            format!(
+                "comma-separated host[:port], *.suffix[:port], *, a.b.c.d[/n][:port] or [v6[/n]][:port] ({why})"
+            ),
+        )
+    })
+}
+
+/// One `name=address` of `SANDBOX_EGRESS_RESOLVE`.
+fn parse_resolve_pair(
+    var: &'static str,
+    v: &str,
+    pair: &str,
+) -> Result<(String, std::net::IpAddr), ConfigError> {
+    let form = "comma-separated name=address pairs such as data.test=172.18.0.5";
+    let (name, address) = pair
+        .split_once('=')
+        .ok_or_else(|| ConfigError::new(var, v, form))?;
+    let name = match target_of(name.trim()) {
+        Some(Target::Name(name)) => name,
+        _ => return Err(ConfigError::new(var, v, form)),
+    };
+    if name != "test" && !name.ends_with(".test") {
+        return Err(ConfigError::new(
+            var,
+            v,
+            "names under .test only: this is a test-only override of the egress proxy's resolver and cannot map public names",
+        ));
+    }
+    let address = address.trim();
+    let bare = address
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .unwrap_or(address);
+    let address = bare
+        .parse::<std::net::IpAddr>()
+        .map_err(|_| ConfigError::new(var, v, form))?;
+    Ok((name, address))
+}
 
 pub const SANDBOX_RUNTIME: Setting = Setting {
     name: "SANDBOX_RUNTIME",
@@ -986,6 +1111,11 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_MAX_OUTPUT,
     SANDBOX_MODEL_OUTPUT,
     SANDBOX_NETWORK,
+    SANDBOX_EGRESS_ALLOW,
+    SANDBOX_EGRESS_ASK,
+    SANDBOX_EGRESS_ALLOW_ALL,
+    SANDBOX_EGRESS_RESOLVE,
+    SANDBOX_EGRESS_UPLINK,
     SANDBOX_RUNTIME,
     SANDBOX_CA_BUNDLE,
     SANDBOX_ALLOWED_IMAGES,

@@ -447,3 +447,192 @@ fn hosts_and_origins_normalize() {
     assert_eq!(normalize_origin("null").as_deref(), Some("null"));
     assert_eq!(normalize_origin("https://u@example.com"), None);
 }
+
+#[test]
+fn network_allowlist_reads_the_egress_settings() {
+    let c = config(&[
+        ("SANDBOX_NETWORK", "AllowList"),
+        (
+            "SANDBOX_EGRESS_ALLOW",
+            "pypi.org, *.data.test:8443, 10.0.0.0/8:5432",
+        ),
+        ("SANDBOX_EGRESS_ASK", "*"),
+        (
+            "SANDBOX_EGRESS_RESOLVE",
+            "data.test=172.18.0.5, api.data.test=[fd00::5], test=::1",
+        ),
+        ("SANDBOX_EGRESS_UPLINK", "my-uplink"),
+    ])
+    .unwrap();
+    assert_eq!(c.network, NetworkPolicy::Allowlist);
+    assert_eq!(c.network.as_str(), "allowlist");
+    assert_eq!(c.egress.allow.entries.len(), 3);
+    assert!(c.egress.allow.permits_name("a.data.test", 8443));
+    assert!(c.egress.ask.has_any());
+    assert!(!c.egress.allow_all);
+    assert_eq!(
+        c.egress.resolve,
+        vec![
+            ("data.test".to_string(), "172.18.0.5".parse().unwrap()),
+            ("api.data.test".to_string(), "fd00::5".parse().unwrap()),
+            ("test".to_string(), "::1".parse().unwrap()),
+        ]
+    );
+    assert_eq!(
+        c.egress.resolve_override("api.data.test"),
+        Some("fd00::5".parse().unwrap())
+    );
+    assert_eq!(c.egress.uplink, "my-uplink");
+
+    let defaults = config(&[]).unwrap().egress;
+    assert_eq!(defaults, EgressPolicy::default());
+    assert_eq!(defaults.uplink, "bridge");
+    assert!(defaults.allow.is_empty() && defaults.ask.is_empty() && !defaults.allow_all);
+
+    let everything = config(&[
+        ("SANDBOX_NETWORK", "allowlist"),
+        ("SANDBOX_EGRESS_ALLOW", "*"),
+        ("SANDBOX_EGRESS_ALLOW_ALL", "true"),
+    ])
+    .unwrap();
+    assert!(everything.egress.allow.has_any() && everything.egress.allow_all);
+    let ask_only = config(&[
+        ("SANDBOX_NETWORK", "allowlist"),
+        ("SANDBOX_EGRESS_ASK", "*.example.com"),
+    ]);
+    assert!(ask_only.is_ok());
+}
+
+fn allowlist_with(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let mut all = vec![("SANDBOX_NETWORK", "allowlist")];
+    all.extend_from_slice(pairs);
+    config(&all)
+}
+
+#[test]
+fn malformed_egress_entries_name_the_setting_and_the_entry() {
+    for (var, value, why) in [
+        ("SANDBOX_EGRESS_ALLOW", "pypi.org,a..b", "entry 2 `a..b`"),
+        ("SANDBOX_EGRESS_ALLOW", "x:65536", "port `65536`"),
+        ("SANDBOX_EGRESS_ALLOW", "1.2.3.4/33", "not an address range"),
+        ("SANDBOX_EGRESS_ASK", "*.*.x", "'*' only"),
+        ("SANDBOX_EGRESS_ASK", "[::1", "no closing ']'"),
+        ("SANDBOX_EGRESS_ASK", "10.0.0.0/8", "names only"),
+        ("SANDBOX_EGRESS_ALLOW_ALL", "perhaps", "true or false"),
+        ("SANDBOX_EGRESS_UPLINK", "two words", "Docker network name"),
+        ("SANDBOX_EGRESS_RESOLVE", "data.test", "name=address"),
+        (
+            "SANDBOX_EGRESS_RESOLVE",
+            "data.test=nowhere",
+            "name=address",
+        ),
+        ("SANDBOX_EGRESS_RESOLVE", "1.2.3.4=1.2.3.4", "name=address"),
+    ] {
+        let other = if var == "SANDBOX_EGRESS_ALLOW" {
+            ("SANDBOX_EGRESS_ASK", "*")
+        } else {
+            ("SANDBOX_EGRESS_ALLOW", "x.org")
+        };
+        let e = allowlist_with(&[(var, value), other])
+            .err()
+            .unwrap_or_else(|| panic!("{var}={value} accepted"));
+        assert_eq!(e.var, var, "{value}");
+        assert_eq!(e.value, value);
+        let text = e.to_string();
+        assert!(text.contains(var) && text.contains(why), "{text}");
+    }
+}
+
+#[test]
+fn the_resolver_override_cannot_map_public_names() {
+    for public in [
+        "pypi.org=127.0.0.1",
+        "data.test=10.0.0.1,example.com=10.0.0.2",
+        "testing=::1",
+        "a.test.org=::1",
+    ] {
+        let e = allowlist_with(&[
+            ("SANDBOX_EGRESS_ALLOW", "x.test"),
+            ("SANDBOX_EGRESS_RESOLVE", public),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "SANDBOX_EGRESS_RESOLVE");
+        let text = e.to_string();
+        assert!(
+            text.contains("test-only") && text.contains("cannot map public names"),
+            "{text}"
+        );
+    }
+    let c = allowlist_with(&[
+        ("SANDBOX_EGRESS_ALLOW", "x.test"),
+        ("SANDBOX_EGRESS_RESOLVE", "Data.Test.=127.0.0.1"),
+    ])
+    .unwrap();
+    assert_eq!(
+        c.egress.resolve_override("data.test"),
+        Some("127.0.0.1".parse().unwrap())
+    );
+}
+
+#[test]
+fn any_host_needs_allow_all() {
+    for allow in ["*", "pypi.org, *:8080"] {
+        let e = allowlist_with(&[("SANDBOX_EGRESS_ALLOW", allow)]).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_EGRESS_ALLOW");
+        assert_eq!(e.value, allow);
+        assert!(
+            e.to_string().contains("SANDBOX_EGRESS_ALLOW_ALL=true"),
+            "{e}"
+        );
+        let e = allowlist_with(&[
+            ("SANDBOX_EGRESS_ALLOW", allow),
+            ("SANDBOX_EGRESS_ALLOW_ALL", "false"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "SANDBOX_EGRESS_ALLOW");
+    }
+    // `*` among the names to ask about is the user's to answer, not a blanket allow.
+    assert!(allowlist_with(&[("SANDBOX_EGRESS_ASK", "*")]).is_ok());
+    // `*.suffix` is not `*`.
+    assert!(allowlist_with(&[("SANDBOX_EGRESS_ALLOW", "*.example.com")]).is_ok());
+}
+
+#[test]
+fn the_allowlist_needs_something_to_reach() {
+    for extra in [
+        &[][..],
+        &[("SANDBOX_EGRESS_ALLOW", " , ")][..],
+        &[("SANDBOX_EGRESS_ALLOW_ALL", "true")][..],
+    ] {
+        let e = allowlist_with(extra).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_NETWORK");
+        assert_eq!(e.value, "allowlist");
+        let text = e.to_string();
+        assert!(
+            text.contains("SANDBOX_EGRESS_ALLOW") && text.contains("SANDBOX_EGRESS_ASK"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn egress_settings_need_the_allowlist_network() {
+    for network in [None, Some("none"), Some("bridge")] {
+        for (var, value) in [
+            ("SANDBOX_EGRESS_ALLOW", "pypi.org"),
+            ("SANDBOX_EGRESS_ASK", "*"),
+            ("SANDBOX_EGRESS_ALLOW_ALL", "false"),
+            ("SANDBOX_EGRESS_RESOLVE", "data.test=127.0.0.1"),
+            ("SANDBOX_EGRESS_UPLINK", "bridge"),
+        ] {
+            let mut pairs = vec![(var, value)];
+            pairs.extend(network.map(|n| ("SANDBOX_NETWORK", n)));
+            let e = config(&pairs).unwrap_err();
+            assert_eq!(e.var, var, "{network:?}");
+            let text = e.to_string();
+            assert!(text.contains("SANDBOX_NETWORK=allowlist"), "{text}");
+        }
+    }
+    // Blank counts as unset.
+    assert!(config(&[("SANDBOX_EGRESS_ALLOW", " ")]).is_ok());
+}

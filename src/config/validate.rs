@@ -5,11 +5,12 @@
 use super::address::{redact_url, url_has_credentials};
 use super::error::ConfigError;
 use super::settings::{
-    Env, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN,
-    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY,
-    SANDBOX_SNAPSHOT_MAX_TOTAL, SANDBOX_WORKSPACE_SIZE,
+    Env, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_EGRESS_ALLOW, SANDBOX_EGRESS_ALLOW_ALL,
+    SANDBOX_EGRESS_ASK, SANDBOX_EGRESS_RESOLVE, SANDBOX_EGRESS_UPLINK, SANDBOX_FILES_MAX_BYTES,
+    SANDBOX_HTTP_TOKEN, SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK, SANDBOX_PIDS_LIMIT,
+    SANDBOX_POOL_MAX_MEMORY, SANDBOX_SNAPSHOT_MAX_TOTAL, SANDBOX_WORKSPACE_SIZE,
 };
-use super::{Config, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
+use super::{Config, NetworkPolicy, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
 
 /// Settings that may not be given together, checked before any value is read (so the token file
 /// is not read when it would be refused anyway).
@@ -87,6 +88,8 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
         }
     }
 
+    egress(config, env)?;
+
     let deps = &config.deps;
     if deps.allow_source_builds {
         // A package's build code runs in the installer, which is given the index URLs.
@@ -103,6 +106,52 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
                  could read them; use wheels only, or an index without credentials",
             ));
         }
+    }
+    Ok(())
+}
+
+/// The egress settings: only with the allowlist network, `*` only when confirmed, and something
+/// to reach.
+fn egress(config: &Config, env: &Env) -> Result<(), ConfigError> {
+    if config.network != NetworkPolicy::Allowlist {
+        let egress_settings = [
+            &SANDBOX_EGRESS_ALLOW,
+            &SANDBOX_EGRESS_ASK,
+            &SANDBOX_EGRESS_ALLOW_ALL,
+            &SANDBOX_EGRESS_RESOLVE,
+            &SANDBOX_EGRESS_UPLINK,
+        ];
+        for setting in egress_settings {
+            if let Some(v) = env.get(setting) {
+                return Err(ConfigError::new(
+                    setting.name,
+                    v,
+                    "unset unless SANDBOX_NETWORK=allowlist: the SANDBOX_EGRESS_* settings \
+                     apply only to the allowlist network; set SANDBOX_NETWORK=allowlist, or \
+                     remove this setting",
+                ));
+            }
+        }
+        return Ok(());
+    }
+    let egress = &config.egress;
+    if egress.allow.has_any() && !egress.allow_all {
+        return Err(ConfigError::new(
+            SANDBOX_EGRESS_ALLOW.name,
+            env.get(&SANDBOX_EGRESS_ALLOW).unwrap_or_default(),
+            "no `*` entry unless SANDBOX_EGRESS_ALLOW_ALL=true: `*` lets the code reach \
+             any host name without asking; set SANDBOX_EGRESS_ALLOW_ALL=true if that is \
+             meant, or name the hosts (or put `*` in SANDBOX_EGRESS_ASK to ask the user)",
+        ));
+    }
+    if egress.allow.is_empty() && egress.ask.is_empty() {
+        return Err(ConfigError::new(
+            SANDBOX_NETWORK.name,
+            env.get(&SANDBOX_NETWORK).unwrap_or_default(),
+            "with SANDBOX_NETWORK=allowlist, at least one host in SANDBOX_EGRESS_ALLOW or \
+             SANDBOX_EGRESS_ASK (with both empty nothing could be reached: use \
+             SANDBOX_NETWORK=none for no network)",
+        ));
     }
     Ok(())
 }

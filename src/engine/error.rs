@@ -47,6 +47,9 @@ pub enum EngineError {
     File { path: String, reason: String },
     #[error(transparent)]
     InvalidDependency(#[from] deps::DependencyError),
+    /// The egress proxy (`SANDBOX_NETWORK=allowlist`, and the installers' way out) failed.
+    #[error("the egress proxy failed: {0}")]
+    Egress(String),
     #[error("installing the dependencies failed:\n{0}")]
     Dependencies(String),
     /// The installer or the cache's maintenance answered something that is not the JSON the

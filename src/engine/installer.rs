@@ -288,7 +288,11 @@ pub(super) fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str)
         }
     }
     let mut spec = base.clone();
+    // Its network is the egress network, as an installer (set by the engine, which starts it).
     spec.network = NetworkPolicy::Bridge;
+    spec.network_name = None;
+    spec.egress = None;
+    spec.env = Vec::new();
     spec.volumes = volumes;
     spec.mounts = mounts;
     spec.maintenance = false;
@@ -303,6 +307,8 @@ pub(super) fn preparer_spec(base: &SandboxSpec, staging: &str) -> SandboxSpec {
     let mut spec = base.clone();
     spec.network = NetworkPolicy::None;
     spec.network_name = None;
+    spec.egress = None;
+    spec.env = Vec::new();
     spec.volumes = vec![VolumeMount {
         name: staging.to_string(),
         target: STAGE.to_string(),
@@ -337,6 +343,9 @@ pub(super) fn maintenance_spec(
     }
     let mut spec = base.clone();
     spec.network = NetworkPolicy::None;
+    spec.network_name = None;
+    spec.egress = None;
+    spec.env = Vec::new();
     spec.volumes = volumes;
     spec.mounts = Vec::new();
     spec.maintenance = true;
@@ -384,13 +393,6 @@ pub(super) fn installer_arguments(
 /// The maintenance operation `op`, as the environment entry its script reads.
 pub(super) fn maintenance_operation(op: &serde_json::Value) -> String {
     format!("{MAINTENANCE_OPERATION_VAR}={op}")
-}
-
-/// One install's way out: its internal network and the proxy on it.
-pub(super) struct Egress {
-    pub(super) network: String,
-    pub(super) proxy: Option<super::backend::SandboxId>,
-    pub(super) address: String,
 }
 
 /// What verifying a set found.

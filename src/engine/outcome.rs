@@ -47,6 +47,9 @@ pub struct Execution {
     pub outputs: Vec<Output>,
     /// Outputs the runner dropped over their bounds.
     pub outputs_dropped: u64,
+    /// The connections the code tried through the egress proxy during this execution
+    /// (`SANDBOX_NETWORK=allowlist`; `None` in the other modes).
+    pub network: Option<Vec<NetworkEntry>>,
 }
 
 impl Execution {
@@ -132,4 +135,43 @@ pub struct DependencyReport {
     pub path: String,
     /// An installer ran for this request (false: the cache had it).
     pub installed: bool,
+}
+
+/// What came of the code's attempts to reach one host and port, in one execution.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NetworkEntry {
+    pub host: String,
+    pub port: u16,
+    pub outcome: NetworkOutcome,
+    /// Attempts counted here.
+    pub connections: u32,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Why it was refused, is pending, or failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkOutcome {
+    /// Connected (bytes may have flowed both ways).
+    Reached,
+    /// The policy refused it.
+    Refused,
+    /// Refused for now: the user is being asked.
+    Pending,
+    /// Allowed, but the connection could not be made.
+    Failed,
+}
+
+impl NetworkOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkOutcome::Reached => "reached",
+            NetworkOutcome::Refused => "refused",
+            NetworkOutcome::Pending => "pending",
+            NetworkOutcome::Failed => "failed",
+        }
+    }
 }

@@ -255,6 +255,10 @@ pub struct Sandbox {
     state: State,
     next_request: u64,
     python_version: String,
+    /// Its place on the egress network, when it is on it, and its adoption there (renewed when a
+    /// restart gives it another address).
+    attachment: Option<super::egress::Attachment>,
+    egress: Option<super::egress::Lease>,
 }
 
 /// Why an execution was interrupted, if it was.
@@ -331,6 +335,8 @@ impl Sandbox {
             state: State::Down("not started".into()),
             next_request: 0,
             python_version: String::new(),
+            attachment: spec.egress.clone(),
+            egress: None,
         };
         match sandbox.start_runner().await {
             Ok(()) => Ok(sandbox),
@@ -339,6 +345,11 @@ impl Sandbox {
                 Err(e)
             }
         }
+    }
+
+    /// Its adoption on the egress network (`SANDBOX_NETWORK=allowlist`, installers).
+    pub fn egress(&self) -> Option<&super::egress::Lease> {
+        self.egress.as_ref()
     }
 
     pub fn id(&self) -> &SandboxId {
@@ -351,6 +362,8 @@ impl Sandbox {
 
     async fn start_runner(&mut self) -> Result<(), EngineError> {
         let streams = self.backend.start(&self.id).await?;
+        // Adopted on the egress network under its (possibly new) address before any code runs.
+        self.adopt_on_egress().await?;
         match Runner::connect(streams).await {
             Ok((runner, python)) => self.adopt(runner, python).await,
             Err((failure, diagnostics)) => {
@@ -360,6 +373,26 @@ impl Sandbox {
                 Err(EngineError::SandboxStart(reason))
             }
         }
+    }
+
+    async fn adopt_on_egress(&mut self) -> Result<(), EngineError> {
+        let Some(attachment) = &self.attachment else {
+            return Ok(());
+        };
+        let address = self
+            .backend
+            .address_on(&self.id, &attachment.gateway.network)
+            .await?;
+        if self.egress.as_ref().is_some_and(|l| l.address() == address) {
+            return Ok(());
+        }
+        let role = self
+            .egress
+            .as_ref()
+            .and_then(|l| l.role())
+            .unwrap_or_else(|| attachment.role.clone());
+        self.egress = Some(attachment.gateway.lease(address, role));
+        Ok(())
     }
 
     /// Makes a runner that just said it is ready the sandbox's runner, giving a restarted one its

@@ -73,6 +73,8 @@ pub(crate) struct Session {
     pub(super) created: Instant,
     pub(super) last_used: std::sync::Mutex<Instant>,
     pub(super) dependencies: std::sync::Mutex<SessionDependencies>,
+    /// The hosts its user approved or declined (`SANDBOX_NETWORK=allowlist`).
+    pub(super) network: Arc<super::egress::SessionNetwork>,
 }
 
 /// The dependency set a session has on its `sys.path`.

@@ -16,6 +16,9 @@ pub fn limits_line(config: &Config) -> String {
     let network = match config.network {
         NetworkPolicy::None => "no network access".to_string(),
         NetworkPolicy::Bridge => "network access".to_string(),
+        NetworkPolicy::Allowlist => {
+            "network access only to allowed hosts, through a proxy".to_string()
+        }
     };
     format!(
         "Limits per execution: {} wall clock, {} memory, {} CPU(s), {} processes, output cut at {} \

@@ -27,6 +27,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// `SANDBOX_NETWORK=allowlist`, and the egress proxy cannot start.
+    #[error("SANDBOX_NETWORK=allowlist: {0} (check SANDBOX_EGRESS_UPLINK names a network of the engine, and that the engine runs)")]
+    Egress(#[source] crate::engine::EngineError),
     /// The stdio client's `initialize` failed.
     #[error("MCP session failed to start: {0}")]
     Handshake(#[source] Box<rmcp::service::ServerInitializeError>),
@@ -42,6 +45,7 @@ impl ServeError {
                 | ServeError::PackageIndex(_)
                 | ServeError::Address(_)
                 | ServeError::Preload(_)
+                | ServeError::Egress(_)
         )
     }
 }

@@ -592,7 +592,7 @@ pub async fn serve_http(
     let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
     let limits = ConnectionLimits::from_config(&config.http);
     let (max_sessions, unowned_idle) = (config.http.max_mcp_sessions, config.http.mcp_idle_timeout);
-    let running = Running::start(config)?;
+    let running = Running::start(config)?.ready().await?;
 
     let stop = CancellationToken::new();
     let mut sessions = LocalSessionManager::default();

@@ -21,6 +21,7 @@
 //! - [`stdio`], [`http`]: the transports; [`ServeError`]: why serving stopped or never started.
 
 mod connections;
+mod consent;
 mod descriptions;
 mod error;
 pub mod http;

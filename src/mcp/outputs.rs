@@ -30,6 +30,21 @@ pub struct SessionOutput {
     /// What came back from the snapshot, when the session started from one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restored: Option<RestoredOutput>,
+    /// What became of the hosts asked for in `network`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<Vec<HostOutput>>,
+}
+
+/// A host a session asked for, and what became of it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct HostOutput {
+    pub host: String,
+    pub port: u16,
+    /// `allowed`, `declined` (by the user, for this session), `pending` (not answered yet: asked
+    /// again on the code's next attempt) or `refused` (by the policy).
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A name that could not be saved or brought back, and why.

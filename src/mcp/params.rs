@@ -30,6 +30,11 @@ pub struct InitializeParams {
     /// its saved variables under their names, its modules imported again, its dependency set.
     #[serde(default)]
     pub snapshot_id: Option<String>,
+    /// Hosts (`host` or `host:port`, port 443 by default) the session's code will reach, with
+    /// `SANDBOX_NETWORK=allowlist`: allowed at once when the allowlist names them, else the user
+    /// is asked now (the call waits for the answers).
+    #[serde(default)]
+    pub network: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

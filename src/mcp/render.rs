@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::notebook::{self, OutputJson};
 use crate::config::Limits;
 use crate::engine::artifacts::{display_path, is_displayable_image};
-use crate::engine::outcome::{Output, StreamName};
+use crate::engine::outcome::{NetworkEntry, Output, StreamName};
 use crate::engine::{Artifact, Execution, KeptStream};
 use crate::text::{self, bytes, duration, Excerpt};
 
@@ -57,6 +57,64 @@ pub struct ExecutionOutput {
     pub outputs: Vec<OutputJson>,
     /// Displays left out of `outputs` over their count or size limits.
     pub outputs_dropped: u64,
+    /// With `SANDBOX_NETWORK=allowlist`: what the code tried to reach through the egress proxy
+    /// during this execution, one entry per host, port and outcome (absent in the other modes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<Vec<NetworkOutput>>,
+}
+
+/// Connections to one host and port that came to one outcome.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct NetworkOutput {
+    pub host: String,
+    pub port: u16,
+    /// `reached`, `refused` (by the policy), `pending` (refused until the user answers: retry
+    /// after they do), or `failed` (allowed, but the connection could not be made).
+    pub outcome: String,
+    pub connections: u32,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Why it was refused, is pending, or failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl NetworkOutput {
+    fn of(entry: &NetworkEntry) -> NetworkOutput {
+        NetworkOutput {
+            host: entry.host.clone(),
+            port: entry.port,
+            outcome: entry.outcome.as_str().to_string(),
+            connections: entry.connections,
+            bytes_sent: entry.bytes_sent,
+            bytes_received: entry.bytes_received,
+            reason: entry.reason.clone(),
+        }
+    }
+}
+
+/// The text line of an execution's network record (`None` when it tried nothing).
+fn network_line(entries: &[NetworkEntry]) -> Option<String> {
+    if entries.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = entries
+        .iter()
+        .map(|e| {
+            let what = format!("{} {}:{}", e.outcome.as_str(), e.host, e.port);
+            match (&e.reason, e.outcome) {
+                (Some(reason), _) => format!("{what} ({reason})"),
+                (None, _) => format!(
+                    "{what} ({} connection{}, {} sent, {} received)",
+                    e.connections,
+                    if e.connections == 1 { "" } else { "s" },
+                    bytes(e.bytes_sent),
+                    bytes(e.bytes_received)
+                ),
+            }
+        })
+        .collect();
+    Some(format!("network: {}\n", parts.join("; ")))
 }
 
 /// A stream of output cut to its head and tail for the model, and where its whole is.
@@ -391,6 +449,10 @@ pub fn execution(
         }),
         outputs: outputs.iter().map(OutputJson::of).collect(),
         outputs_dropped: execution.outputs_dropped,
+        network: execution
+            .network
+            .as_ref()
+            .map(|entries| entries.iter().map(NetworkOutput::of).collect()),
     };
     let mut content = vec![ContentBlock::text(text)];
     // Figures shown among the outputs are not attached a second time.
@@ -495,6 +557,9 @@ fn summary(
     }
     if stdout.is_empty() && stderr.is_empty() && !rich {
         text.push_str("(no output)\n");
+    }
+    if let Some(line) = execution.network.as_deref().and_then(network_line) {
+        text.push_str(&line);
     }
     if execution.outputs_dropped > 0 {
         text.push_str(&format!(

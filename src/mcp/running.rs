@@ -59,6 +59,19 @@ impl Running {
         })
     }
 
+    /// Starts what must run before the first call: the egress proxy with
+    /// `SANDBOX_NETWORK=allowlist` (the only start-up step that waits for the engine). On failure
+    /// everything started is stopped.
+    pub(crate) async fn ready(self) -> Result<Running, ServeError> {
+        match self.engine.start_egress().await {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.stop().await;
+                Err(ServeError::Egress(e))
+            }
+        }
+    }
+
     /// Stops the background tasks and removes every sandbox this server made.
     pub(crate) async fn stop(self) {
         self.reaper.abort();

@@ -16,7 +16,7 @@ pub async fn serve_stdio(
     config: Config,
     shutdown: impl Future<Output = &'static str>,
 ) -> Result<(), ServeError> {
-    let running = Running::start(config)?;
+    let running = Running::start(config)?.ready().await?;
     // `initialize` is answered at once: nothing above waited for Docker.
     let server = SandboxServer::new(running.engine.clone(), running.pypi.clone());
     tokio::pin!(shutdown);

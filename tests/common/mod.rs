@@ -103,6 +103,9 @@ pub async fn labelled(label: &str, value: &str) -> (Vec<String>, Vec<String>) {
 pub async fn assert_nothing_left(engine: &Engine) {
     // Sandboxes are removed in the background after their result: wait for that first.
     engine.settle().await;
+    // The egress proxy serves the server's whole life (installs start it): stop it first (the
+    // next install starts it again).
+    engine.stop_egress().await;
     let (containers, volumes) = labelled(LABEL_INSTANCE, &engine.owner().instance).await;
     assert!(
         containers.is_empty(),

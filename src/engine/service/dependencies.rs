@@ -7,14 +7,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Deserialize;
 
-use crate::config::NetworkPolicy;
-
 use super::Engine;
 use crate::engine::backend::{paths, SandboxSpec};
 use crate::engine::deps::{self, IndexConfig, Requirement};
 use crate::engine::installer::{
     index_config, installer_arguments, installer_spec, maintenance_operation, maintenance_spec,
-    preparer_spec, uses_download_cache, CachedSet, Egress, Measured, Verified, INSTALL_SCRIPT,
+    preparer_spec, uses_download_cache, CachedSet, Measured, Verified, INSTALL_SCRIPT,
     MAINTENANCE_SCRIPT, PREPARE_SCRIPT, SET_LAYOUT,
 };
 use crate::engine::outcome::{DependencyReport, Execution};
@@ -168,9 +166,7 @@ impl Engine {
         spec.labels = self.owner.labels("installer");
         let arguments = installer_arguments(requirements, index, uses_download_cache(&self.config));
         let outcome = async {
-            let egress = self.start_egress(base).await?;
-            spec.network_name = Some(egress.network.clone());
-            spec.env = crate::engine::egress::proxy_env(&egress.address);
+            self.put_on_egress(&mut spec).await?;
             spec.env.push(arguments);
             let outcome = async {
                 let mut installer =
@@ -206,7 +202,6 @@ impl Engine {
                 published
             }
             .await;
-            self.stop_egress(egress).await;
             outcome
         }
         .await;
@@ -297,104 +292,41 @@ impl Engine {
         }
     }
 
-    /// Runs `code` in a sandbox with an installer's network (its egress network and proxy, no
-    /// cache, no staging): what package code in an install could reach. For tests and `doctor`.
+    /// Runs `code` in a sandbox with an installer's network (the egress network, as an
+    /// installer; no cache, no staging): what package code in an install could reach. For tests
+    /// and `doctor`.
     #[doc(hidden)]
     pub async fn probe_installer_network(&self, code: &str) -> Result<Execution, EngineError> {
-        let base = self.base_spec(self.config.image.clone(), "installer").await;
-        self.backend.ensure_image(&base.image).await?;
-        let egress = self.start_egress(&base).await?;
-        let mut spec = base.clone();
-        spec.network = NetworkPolicy::Bridge;
-        spec.network_name = Some(egress.network.clone());
-        spec.env = crate::engine::egress::proxy_env(&egress.address);
+        let mut spec = installer_spec(
+            &self
+                .base_spec(self.config.image.clone(), "installer")
+                .await?,
+            &self.config,
+            "unused",
+        );
+        self.backend.ensure_image(&spec.image).await?;
+        self.put_on_egress(&mut spec).await?;
         spec.volumes = Vec::new();
         spec.mounts = Vec::new();
-        let outcome = async {
-            let mut sandbox =
-                crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
-            let outcome = sandbox
-                .execute(Task::Python(code), Duration::from_secs(60), 1 << 20, None)
-                .await;
-            sandbox.destroy().await;
-            outcome
-        }
-        .await;
-        self.stop_egress(egress).await;
+        let mut sandbox =
+            crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
+        let outcome = sandbox
+            .execute(Task::Python(code), Duration::from_secs(60), 1 << 20, None)
+            .await;
+        sandbox.destroy().await;
         outcome
     }
 
-    /// Starts the install's egress: an internal network and the proxy on it (see `egress`).
-    async fn start_egress(&self, base: &SandboxSpec) -> Result<Egress, EngineError> {
-        let network = format!("pcs-egress-{}", uuid::Uuid::new_v4().simple());
-        let labels = self.owner.labels("egress");
-        self.backend.create_network(&network, true, &labels).await?;
-        let mut spec = base.clone();
-        spec.network = NetworkPolicy::Bridge;
-        spec.network_name = None;
-        spec.volumes = Vec::new();
-        spec.mounts = Vec::new();
-        spec.maintenance = false;
-        spec.labels = labels;
-        spec.command =
-            crate::engine::egress::proxy_command(&crate::engine::egress::policy(&self.config));
-        let mut egress = Egress {
-            network,
-            proxy: None,
-            address: String::new(),
-        };
-        let started = async {
-            let id = self.backend.create(&spec).await?;
-            egress.proxy = Some(id.clone());
-            self.backend.connect_network(&id, &egress.network).await?;
-            let mut streams = self.backend.start(&id).await?;
-            // Ready once it says so (a dead proxy ends the stream).
-            let ready = tokio::time::timeout(Duration::from_secs(30), async {
-                use futures_util::StreamExt;
-                let mut seen = Vec::new();
-                while let Some(Ok(chunk)) = streams.output.next().await {
-                    if let crate::engine::backend::OutputChunk::Stdout(bytes) = chunk {
-                        seen.extend_from_slice(&bytes);
-                        if seen.windows(9).any(|w| w == b"listening") {
-                            return true;
-                        }
-                    }
-                }
-                false
-            })
-            .await;
-            if ready != Ok(true) {
-                return Err(EngineError::Dependencies(
-                    "the installer's egress proxy did not start".into(),
-                ));
-            }
-            self.backend
-                .address_on(&id, &egress.network)
-                .await
-                .map_err(EngineError::from)
-        }
-        .await;
-        match started {
-            Ok(address) => {
-                egress.address = address;
-                Ok(egress)
-            }
-            Err(e) => {
-                self.stop_egress(egress).await;
-                Err(e)
-            }
-        }
-    }
-
-    async fn stop_egress(&self, egress: Egress) {
-        if let Some(proxy) = &egress.proxy {
-            if let Err(e) = self.backend.destroy(proxy).await {
-                tracing::warn!("could not remove the installer's egress proxy: {e}");
-            }
-        }
-        if let Err(e) = self.backend.remove_network(&egress.network).await {
-            tracing::warn!("could not remove the network {}: {e}", egress.network);
-        }
+    /// Puts an installer on the egress network, where the proxy lets it reach the index hosts.
+    async fn put_on_egress(&self, spec: &mut SandboxSpec) -> Result<(), EngineError> {
+        let gateway = self.gateway().await?;
+        spec.network_name = Some(gateway.network.clone());
+        spec.env = gateway.proxy_env();
+        spec.egress = Some(crate::engine::egress::Attachment {
+            gateway,
+            role: crate::engine::egress::Role::Installer,
+        });
+        Ok(())
     }
 
     /// Runs the maintenance script with `op` (see [`MAINTENANCE_SCRIPT`]); returns its answer.
@@ -518,7 +450,7 @@ impl Engine {
     pub async fn cached_dependency_sets(&self) -> Result<Vec<CachedSet>, EngineError> {
         let base = self
             .base_spec(self.config.image.clone(), "maintenance")
-            .await;
+            .await?;
         self.backend.ensure_image(&base.image).await?;
         self.maintain(&base, &[]).await
     }
@@ -548,7 +480,7 @@ impl Engine {
         if !remove.is_empty() {
             let base = self
                 .base_spec(self.config.image.clone(), "maintenance")
-                .await;
+                .await?;
             self.maintain(&base, &remove).await?;
         }
         Ok(sets

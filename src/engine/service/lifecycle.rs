@@ -152,6 +152,7 @@ impl Engine {
         self.settle().await;
         let sessions = self.take_all_sessions();
         self.sweep().await;
+        self.stop_egress().await;
         remove_unused_storage(self.backend.as_ref(), &self.owner.instance).await;
         sessions::forget(sessions);
     }

@@ -15,6 +15,7 @@
 //!   removing everything at shutdown.
 
 mod dependencies;
+mod egress;
 mod files;
 mod lifecycle;
 mod pool;
@@ -23,6 +24,7 @@ mod run;
 mod sessions;
 mod snapshots;
 
+pub use egress::{HostRequest, HostStatus};
 pub use snapshots::{Forked, Restored};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::artifacts;
 use super::backend::{Backend, SandboxSpec};
 use super::deps;
+use super::egress::{Attachment, Gateway, Role};
 use super::files_dir::{self, Retention};
 use super::installer::{self, Dependencies};
 use super::outcome::{DependencyReport, Execution};
@@ -46,7 +49,7 @@ use super::sandbox::{LiveOutputSink, Sandbox, Task};
 use super::sessions::Sessions;
 use super::whole_output;
 use super::EngineError;
-use crate::config::{glob_matches, Config};
+use crate::config::{glob_matches, Config, NetworkPolicy};
 
 /// The largest code (or shell command) accepted for one execution.
 pub const MAX_CODE_BYTES: usize = 8 << 20;
@@ -71,6 +74,9 @@ pub struct RunOptions {
     /// The result's reader (a model) sees only `SANDBOX_MODEL_OUTPUT` characters of output: when
     /// there is more, keep the whole where it can be read ([`whole_output`]).
     pub keep_whole_output: bool,
+    /// Asks the user about hosts that need consent (`SANDBOX_EGRESS_ASK`), for a session this call
+    /// creates: the MCP client's elicitation.
+    pub consent: Option<Arc<dyn super::egress::ConsentAsker>>,
 }
 
 impl RunOptions {
@@ -109,6 +115,8 @@ pub struct Engine {
     retention: Option<Arc<Retention>>,
     /// Where session snapshots are kept (`None` when they are off).
     snapshots: Option<super::snapshots::SnapshotStore>,
+    /// The egress proxy and its network, once started (see `egress`).
+    egress: tokio::sync::Mutex<Option<Arc<Gateway>>>,
 }
 
 /// Removes a sandbox and logs how long it took since `started` (`destroy_ms`).
@@ -148,6 +156,7 @@ impl Engine {
             prepared_wake: Arc::new(tokio::sync::Notify::new()),
             retention: files_dir::Retention::new(&config.files),
             snapshots: super::snapshots::SnapshotStore::new(&config.snapshots),
+            egress: tokio::sync::Mutex::new(None),
             backend,
             config,
             owner: Owner::current(),
@@ -191,10 +200,63 @@ impl Engine {
         })
     }
 
-    /// What every sandbox of this server is made from. Waits, once, for the server to find its
-    /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]).
-    pub(crate) async fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
+    /// The egress proxy, started on first use (at start-up with `SANDBOX_NETWORK=allowlist`, by
+    /// the first install otherwise); a failed start is tried again by the next caller.
+    pub(crate) async fn gateway(&self) -> Result<Arc<Gateway>, EngineError> {
+        let mut egress = self.egress.lock().await;
+        if let Some(gateway) = egress.as_ref() {
+            return Ok(gateway.clone());
+        }
         self.identified().await;
+        let mut base = self.plain_spec(self.config.image.clone(), "egress");
+        base.command = Vec::new();
+        self.backend.ensure_image(&base.image).await?;
+        let gateway = Gateway::start(self.backend.clone(), &base, &self.config).await?;
+        tracing::info!(network = %gateway.network, proxy = %gateway.address, "egress proxy started");
+        *egress = Some(gateway.clone());
+        Ok(gateway)
+    }
+
+    /// Starts the egress proxy now when the code's sandboxes need it (`SANDBOX_NETWORK=allowlist`),
+    /// so that a proxy that cannot start stops the server at start-up.
+    pub async fn start_egress(&self) -> Result<(), EngineError> {
+        if self.config.network == NetworkPolicy::Allowlist {
+            self.gateway().await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the egress proxy and its network (at shutdown, after the sandboxes on it; tests
+    /// too). A later sandbox that needs it starts it again.
+    pub async fn stop_egress(&self) {
+        if let Some(gateway) = self.egress.lock().await.take() {
+            gateway.stop().await;
+        }
+    }
+
+    /// What every sandbox of this server is made from. Waits, once, for the server to find its
+    /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]). With
+    /// `SANDBOX_NETWORK=allowlist` it is on the egress network, which starts if it is not running.
+    pub(crate) async fn base_spec(
+        &self,
+        image: String,
+        kind: &str,
+    ) -> Result<SandboxSpec, EngineError> {
+        self.identified().await;
+        let mut spec = self.plain_spec(image, kind);
+        if self.config.network == NetworkPolicy::Allowlist {
+            let gateway = self.gateway().await?;
+            spec.network_name = Some(gateway.network.clone());
+            spec.env = gateway.proxy_env();
+            spec.egress = Some(Attachment {
+                gateway,
+                role: Role::Code(None),
+            });
+        }
+        Ok(spec)
+    }
+
+    fn plain_spec(&self, image: String, kind: &str) -> SandboxSpec {
         SandboxSpec {
             image,
             limits: self.config.limits.clone(),
@@ -208,6 +270,7 @@ impl Engine {
             network_name: None,
             env: Vec::new(),
             maintenance: false,
+            egress: None,
         }
     }
 
@@ -220,7 +283,7 @@ impl Engine {
         requirements: &[deps::Requirement],
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
-        let spec = self.base_spec(image, kind).await;
+        let spec = self.base_spec(image, kind).await?;
         if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
             return Ok((sandbox, Some(report)));
         }
@@ -339,7 +402,7 @@ impl Engine {
         options: &RunOptions,
     ) -> Result<Execution, EngineError> {
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        sandbox
+        let mut result = sandbox
             .execute_live(
                 task,
                 timeout,
@@ -347,7 +410,11 @@ impl Engine {
                 options.cancel.as_ref(),
                 options.live_output.as_ref(),
             )
-            .await
+            .await;
+        if let (Ok(execution), Some(lease)) = (&mut result, sandbox.egress()) {
+            execution.network = Some(lease.record().await);
+        }
+        result
     }
 
     /// Copies out, saves and selects the files an execution made.
@@ -411,7 +478,9 @@ impl Engine {
     /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
     #[cfg(feature = "bench")]
     pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
-        let spec = self.base_spec(self.config.image.clone(), "ephemeral").await;
+        let spec = self
+            .base_spec(self.config.image.clone(), "ephemeral")
+            .await?;
         self.backend.ensure_image(&spec.image).await?;
         let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
         let mut samples = Vec::with_capacity(count);

@@ -8,6 +8,7 @@ use tokio::sync::Mutex;
 
 use super::{Engine, RunOptions};
 use crate::engine::backend::{BackendError, SandboxId};
+use crate::engine::egress::SessionNetwork;
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::{Sandbox, Task};
 use crate::engine::sessions::{
@@ -70,7 +71,12 @@ impl Engine {
         };
         let id = sandbox.id().0.clone();
         let now = Instant::now();
+        let network = Arc::new(SessionNetwork::new(options.consent.clone()));
+        if let Some(lease) = sandbox.egress() {
+            lease.bind(&network);
+        }
         let session = Session {
+            network,
             sandbox: Mutex::new(sandbox),
             image,
             client: scope.owner(),
@@ -163,6 +169,9 @@ impl Engine {
                     .await?,
             )
         };
+        if let Some(lease) = sandbox.egress() {
+            lease.bind(&session.network);
+        }
         let mut result = self.execute_in(&mut sandbox, task, options).await;
         self.end_if_lost(&full_id, &mut result);
         if let Ok(execution) = &mut result {
@@ -193,7 +202,7 @@ impl Engine {
             .collect();
         entries.extend(requested.iter().map(deps::Requirement::canonical));
         let union = self.requirements(&entries)?;
-        let base = self.base_spec(session.image.clone(), "session").await;
+        let base = self.base_spec(session.image.clone(), "session").await?;
         let previous = current.path.clone();
         let report = self
             .prepare_dependencies(sandbox, &base, &union, previous.as_deref(), options)

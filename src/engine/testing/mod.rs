@@ -53,6 +53,7 @@ pub fn spec() -> SandboxSpec {
         network_name: None,
         env: Vec::new(),
         maintenance: false,
+        egress: None,
     }
 }
 

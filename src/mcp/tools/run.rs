@@ -117,6 +117,7 @@ impl SandboxServer {
             dependencies: dependencies.unwrap_or_default(),
             // The result shows a model the head and tail of long output: keep the whole.
             keep_whole_output: true,
+            consent: None,
         };
         (options, notices)
     }

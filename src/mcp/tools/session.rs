@@ -6,9 +6,13 @@ use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, RoleServer};
 
+use crate::config::NetworkPolicy;
+use crate::engine::service::HostStatus;
 use crate::mcp::descriptions::limits_line;
 use crate::mcp::outcome::{structured, ToolError};
-use crate::mcp::outputs::{LimitsOutput, ListOutput, SessionEntry, SessionOutput, StopOutput};
+use crate::mcp::outputs::{
+    HostOutput, LimitsOutput, ListOutput, SessionEntry, SessionOutput, StopOutput,
+};
 use crate::mcp::params::{InitializeParams, StopParams};
 use crate::mcp::SandboxServer;
 
@@ -31,8 +35,18 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let requested = params.dependencies.clone().unwrap_or_default();
         let snapshot_id = params.snapshot_id.filter(|s| !s.trim().is_empty());
-        let (options, notices) =
+        let hosts = params.network.unwrap_or_default();
+        if !hosts.is_empty() && self.engine.config().network != NetworkPolicy::Allowlist {
+            return Err(ToolError::refused(format!(
+                "`network` asks for hosts, which needs SANDBOX_NETWORK=allowlist (this server's is {})",
+                self.engine.config().network.as_str()
+            )));
+        }
+        let (mut options, notices) =
             self.options_for(&context, params.image, params.dependencies, false);
+        options.consent = Some(crate::mcp::consent::ElicitingAsker::for_client(
+            context.peer.clone(),
+        ));
         let started = match &snapshot_id {
             Some(snapshot_id) => self
                 .engine
@@ -47,6 +61,11 @@ impl SandboxServer {
         };
         super::run::finish(notices).await;
         let (id, restored) = started?;
+        let network = if hosts.is_empty() {
+            None
+        } else {
+            Some(self.engine.request_hosts(self.scope(), &id, &hosts).await?)
+        };
         let image = self
             .engine
             .sessions(self.scope())
@@ -72,12 +91,34 @@ impl SandboxServer {
             }
             None => {}
         }
+        for host in network.iter().flatten() {
+            text.push_str(&format!(
+                "\nnetwork: {}:{} {}",
+                host.host,
+                host.port,
+                host_status(host.status)
+            ));
+            if let Some(reason) = &host.reason {
+                text.push_str(&format!(" ({reason})"));
+            }
+        }
         Ok(structured(
             text,
             &SessionOutput {
                 container_id: id,
                 image,
                 restored: restored.map(super::snapshot::restored_output),
+                network: network.map(|hosts| {
+                    hosts
+                        .into_iter()
+                        .map(|h| HostOutput {
+                            host: h.host,
+                            port: h.port,
+                            status: host_status(h.status).to_string(),
+                            reason: h.reason,
+                        })
+                        .collect()
+                }),
             },
         ))
     }
@@ -155,5 +196,14 @@ impl SandboxServer {
             session_max_lifetime_seconds: config.sessions.max_lifetime.as_secs(),
         };
         Ok(structured(text, &ListOutput { sessions, limits }))
+    }
+}
+
+fn host_status(status: HostStatus) -> &'static str {
+    match status {
+        HostStatus::Allowed => "allowed",
+        HostStatus::Declined => "declined",
+        HostStatus::Pending => "pending",
+        HostStatus::Refused => "refused",
     }
 }

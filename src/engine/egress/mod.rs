@@ -1,0 +1,214 @@
+//! The way out of the egress network: one proxy per server, for the agent's code
+//! (`SANDBOX_NETWORK=allowlist`) and for the dependency installers.
+//!
+//! The server keeps one `--internal` network (the host has no address on it: its bridge's IPv4 is
+//! inhibited) and one proxy container on it and on the uplink network (`SANDBOX_EGRESS_UPLINK`,
+//! Docker's default bridge unless the operator names another). The proxy is the sandbox image
+//! running [`PROXY_SCRIPT`] as uid 1000 without capabilities; it is labelled like the sandboxes,
+//! removed at shutdown and swept by a later server if this one dies. Sandboxes on the network
+//! reach it through `HTTP(S)_PROXY` (its address: they need no resolver, and have none).
+//!
+//! The proxy decides nothing: over its attached stdin and stdout ([`gateway`]) it asks the server
+//! about every connection, by the connection's source address ([`sources`]): an installer may
+//! reach the index hosts ([`IndexPolicy`]); the code may reach what `config::egress` allows, and,
+//! in a session, what its user approved when asked (MCP elicitation, through a
+//! [`ConsentAsker`]). A name is judged before it is resolved (an unknown name is never looked
+//! up), then its addresses after (a non-public one is refused unless an allow entry names it, so
+//! DNS cannot turn an allowed name into an internal address). The proxy connects only to what was
+//! accepted, and reports the bytes of each connection: each execution's result lists what its
+//! code reached and was refused.
+
+mod gateway;
+mod sources;
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+pub use crate::config::parse_host_port;
+use crate::config::Config;
+pub use gateway::{Attachment, Gateway, Lease};
+pub use sources::{ConsentAnswer, ConsentAsker, Role, SessionNetwork, Standing};
+
+/// The port the proxy listens on.
+pub const PROXY_PORT: u16 = 3128;
+
+/// Runs in the proxy container: `python3 -c PROXY_SCRIPT CONFIG_JSON`.
+pub const PROXY_SCRIPT: &str = include_str!("../python/egress_proxy.py");
+
+/// What the installers may reach: the index hosts (and the operator's extra hosts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IndexPolicy {
+    /// Lowercase host names (or addresses) and ports.
+    pub allow: Vec<(String, u16)>,
+    /// Allowed hosts that may resolve to non-public addresses.
+    pub private: Vec<String>,
+}
+
+impl IndexPolicy {
+    /// Whether an installer may reach `host:port`, judged before any resolution: an index host
+    /// given as an address must be public too, unless the operator said it may not be.
+    pub fn decide(&self, host: &str, port: u16) -> Result<(), String> {
+        if !self.allow.iter().any(|(h, p)| h == host && *p == port) {
+            return Err(format!("{host}:{port} is not an allowed index host"));
+        }
+        match host.trim_matches(['[', ']']).parse::<IpAddr>() {
+            Ok(address) => self.check_resolved(host, &[address]),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Every address of an index host must be public, unless the operator said it may not be.
+    pub fn check_resolved(&self, host: &str, addresses: &[IpAddr]) -> Result<(), String> {
+        if addresses.is_empty() {
+            return Err(format!("{host} does not resolve"));
+        }
+        if self.private.iter().any(|p| p == host) {
+            return Ok(());
+        }
+        match addresses
+            .iter()
+            .find(|a| !crate::config::egress::is_public(**a))
+        {
+            Some(a) => Err(format!("{host} resolves to the non-public address {a}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The host and port of an http(s) URL (`None` when it has no host).
+pub fn host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = if scheme.eq_ignore_ascii_case("http") {
+        80
+    } else {
+        443
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    parse_host_port(authority, default)
+}
+
+/// The installers' policy: the index hosts (PyPI's two without a custom index), plus the
+/// operator's extra hosts.
+pub fn index_policy(config: &Config) -> IndexPolicy {
+    let mut allow: Vec<(String, u16)> = Vec::new();
+    match &config.deps.index_url {
+        Some(url) => allow.extend(host_port(url)),
+        None => {
+            allow.push(("pypi.org".into(), 443));
+            allow.push(("files.pythonhosted.org".into(), 443));
+        }
+    }
+    allow.extend(
+        config
+            .deps
+            .extra_index_urls
+            .iter()
+            .filter_map(|u| host_port(u)),
+    );
+    allow.extend(config.deps.egress_allow.iter().cloned());
+    allow.sort();
+    allow.dedup();
+    IndexPolicy {
+        allow,
+        private: config.deps.egress_allow_private.clone(),
+    }
+}
+
+/// The proxy container's argv: its port and the test-only names it maps without a resolver.
+pub fn proxy_command(config: &Config) -> Vec<String> {
+    let resolve: serde_json::Map<String, serde_json::Value> = config
+        .egress
+        .resolve
+        .iter()
+        .map(|(name, address)| (name.clone(), address.to_string().into()))
+        .collect();
+    let conf = serde_json::json!({"port": PROXY_PORT, "resolve": resolve});
+    vec![
+        "python3".into(),
+        "-u".into(),
+        "-c".into(),
+        PROXY_SCRIPT.into(),
+        conf.to_string(),
+    ]
+}
+
+/// The proxy environment of a sandbox on the egress network.
+pub fn proxy_env(address: &str) -> Vec<String> {
+    let url = format!("http://{address}:{PROXY_PORT}");
+    [
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+        "https_proxy",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ]
+    .iter()
+    .map(|var| format!("{var}={url}"))
+    .chain([
+        "NO_PROXY=localhost,127.0.0.1,::1".to_string(),
+        "no_proxy=localhost,127.0.0.1,::1".to_string(),
+    ])
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_ports_of_urls() {
+        assert_eq!(
+            host_port("https://u:p@Mirror.Example:8443/simple"),
+            Some(("mirror.example".into(), 8443))
+        );
+        assert_eq!(
+            host_port("http://172.17.0.1:8000/simple/"),
+            Some(("172.17.0.1".into(), 8000))
+        );
+        assert_eq!(
+            host_port("https://pypi.org/simple"),
+            Some(("pypi.org".into(), 443))
+        );
+        assert_eq!(parse_host_port("[::1]:80", 443), Some(("::1".into(), 80)));
+        assert_eq!(parse_host_port("a b", 443), None);
+        assert_eq!(parse_host_port("h:0", 443), None);
+    }
+
+    #[test]
+    fn the_default_policy_is_pypi_only() {
+        let config = Config::default();
+        let policy = index_policy(&config);
+        assert_eq!(
+            policy.allow,
+            [
+                ("files.pythonhosted.org".to_string(), 443),
+                ("pypi.org".to_string(), 443)
+            ]
+        );
+        assert!(policy.private.is_empty());
+        assert!(policy.decide("pypi.org", 443).is_ok());
+        assert!(policy.decide("pypi.org", 80).is_err());
+        let local = IndexPolicy {
+            allow: vec![("172.17.0.1".into(), 8000)],
+            private: Vec::new(),
+        };
+        assert!(local.decide("172.17.0.1", 8000).is_err(), "not public");
+        let local = IndexPolicy {
+            private: vec!["172.17.0.1".into()],
+            ..local
+        };
+        assert!(
+            local.decide("172.17.0.1", 8000).is_ok(),
+            "allowed explicitly"
+        );
+        let argv = proxy_command(&config);
+        assert_eq!(argv[..3], ["python3", "-u", "-c"]);
+        assert!(argv[4].contains("3128"));
+        let private: IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(policy.check_resolved("pypi.org", &[private]).is_err());
+        assert!(policy.check_resolved("pypi.org", &[]).is_err());
+    }
+}

@@ -1,0 +1,689 @@
+//! Who is behind each connection the proxy reports, what they may reach, and what they tried.
+//!
+//! The proxy knows a connection only by its source address on the egress network. Each sandbox on
+//! that network is *adopted* under its address when it starts (a generation number tells a later
+//! sandbox that got the same address from the earlier one), as the code of a session or of a
+//! single run, or as an installer. An address nobody adopted is refused everything. A session's
+//! consents ([`SessionNetwork`]) are bound to its sandbox's address; they outlive the sandbox
+//! (a restored or restarted session keeps them) but never pass to another sandbox.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+
+use super::IndexPolicy;
+use crate::config::egress::{target_of, EgressPolicy, Static, Target};
+use crate::engine::outcome::{NetworkEntry, NetworkOutcome};
+
+/// What the user answered to "Allow this sandbox to reach host:port?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsentAnswer {
+    Accepted,
+    Declined,
+    /// Dismissed without an answer: asked again next time.
+    Cancelled,
+    /// The question could not be asked (the client went away, or cannot ask): why.
+    Unavailable(String),
+}
+
+/// Asks the user (through the MCP client that owns a session). Implemented by the MCP layer.
+pub trait ConsentAsker: Send + Sync {
+    /// `None` when this client cannot ask its user at all (no elicitation): the reason.
+    fn unable(&self) -> Option<String>;
+    fn ask(&self, host: &str, port: u16) -> BoxFuture<'static, ConsentAnswer>;
+}
+
+/// A session's consents: hosts its user approved or declined, and questions still open.
+#[derive(Default)]
+pub struct SessionNetwork {
+    consents: Mutex<Consents>,
+    asker: Mutex<Option<Arc<dyn ConsentAsker>>>,
+}
+
+#[derive(Default)]
+struct Consents {
+    approved: HashSet<(String, u16)>,
+    declined: HashSet<(String, u16)>,
+    pending: HashSet<(String, u16)>,
+}
+
+/// Where a session stands on one host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    Approved,
+    Declined,
+    Pending,
+    Unasked,
+}
+
+impl SessionNetwork {
+    pub fn new(asker: Option<Arc<dyn ConsentAsker>>) -> SessionNetwork {
+        SessionNetwork {
+            consents: Mutex::default(),
+            asker: Mutex::new(asker),
+        }
+    }
+
+    fn consents(&self) -> std::sync::MutexGuard<'_, Consents> {
+        self.consents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn asker(&self) -> Option<Arc<dyn ConsentAsker>> {
+        self.asker.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn standing(&self, host: &str, port: u16) -> Standing {
+        let key = (host.to_string(), port);
+        let consents = self.consents();
+        if consents.approved.contains(&key) {
+            Standing::Approved
+        } else if consents.declined.contains(&key) {
+            Standing::Declined
+        } else if consents.pending.contains(&key) {
+            Standing::Pending
+        } else {
+            Standing::Unasked
+        }
+    }
+
+    /// Marks a question open; false when it already was (it is asked once).
+    pub fn open_question(&self, host: &str, port: u16) -> bool {
+        self.consents().pending.insert((host.to_string(), port))
+    }
+
+    /// Records the user's answer (a cancelled or unavailable question is forgotten).
+    pub fn answer(&self, host: &str, port: u16, answer: &ConsentAnswer) {
+        let key = (host.to_string(), port);
+        let mut consents = self.consents();
+        consents.pending.remove(&key);
+        match answer {
+            ConsentAnswer::Accepted => {
+                consents.declined.remove(&key);
+                consents.approved.insert(key);
+            }
+            ConsentAnswer::Declined => {
+                consents.declined.insert(key);
+            }
+            ConsentAnswer::Cancelled | ConsentAnswer::Unavailable(_) => {}
+        }
+    }
+}
+
+/// What a sandbox on the egress network runs.
+#[derive(Clone)]
+pub enum Role {
+    /// An installer: the index hosts only.
+    Installer,
+    /// The agent's code; `Some` once a session's consents are bound to it.
+    Code(Option<Arc<SessionNetwork>>),
+}
+
+/// The proxy's question about a connection, answered.
+pub enum Decision {
+    Allow,
+    Refuse(String),
+    /// Refused for now; the user is to be asked (the caller asks, then records the answer).
+    RefuseAndAsk {
+        reason: String,
+        session: Arc<SessionNetwork>,
+        asker: Arc<dyn ConsentAsker>,
+        host: String,
+        port: u16,
+    },
+}
+
+struct Attempt {
+    conn: u64,
+    host: String,
+    port: u16,
+    outcome: NetworkOutcome,
+    reason: Option<String>,
+    sent: u64,
+    received: u64,
+    /// Bytes already reported by an earlier execution (a connection still open then).
+    reported: (u64, u64),
+    /// Counted in an earlier execution's record.
+    counted: bool,
+    open: bool,
+}
+
+struct Source {
+    generation: u64,
+    role: Role,
+    attempts: Vec<Attempt>,
+}
+
+/// Every sandbox on the egress network, by address.
+pub struct Sources {
+    code: EgressPolicy,
+    index: IndexPolicy,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    generation: u64,
+    by_address: HashMap<String, Source>,
+    /// The proxy's connection id -> its source address.
+    connections: HashMap<u64, String>,
+}
+
+/// At most this many attempts are kept per sandbox between two executions (a loop of refused
+/// connections must not grow the server's memory).
+const MAX_ATTEMPTS: usize = 1000;
+
+impl Sources {
+    pub fn new(code: EgressPolicy, index: IndexPolicy) -> Sources {
+        Sources {
+            code,
+            index,
+            inner: Mutex::default(),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A sandbox started at `address`: whatever an earlier one there had is gone.
+    pub fn adopt(&self, address: &str, role: Role) -> u64 {
+        let mut inner = self.inner();
+        inner.generation += 1;
+        let generation = inner.generation;
+        inner.connections.retain(|_, a| a != address);
+        inner.by_address.insert(
+            address.to_string(),
+            Source {
+                generation,
+                role,
+                attempts: Vec::new(),
+            },
+        );
+        generation
+    }
+
+    /// The sandbox adopted as `generation` is gone.
+    pub fn forget(&self, address: &str, generation: u64) {
+        let mut inner = self.inner();
+        if inner
+            .by_address
+            .get(address)
+            .is_some_and(|s| s.generation == generation)
+        {
+            inner.by_address.remove(address);
+            inner.connections.retain(|_, a| a != address);
+        }
+    }
+
+    pub fn role_of(&self, address: &str, generation: u64) -> Option<Role> {
+        self.inner()
+            .by_address
+            .get(address)
+            .filter(|s| s.generation == generation)
+            .map(|s| s.role.clone())
+    }
+
+    /// Binds a session's consents to its sandbox (adopted as `generation`).
+    pub fn bind_session(&self, address: &str, generation: u64, session: &Arc<SessionNetwork>) {
+        let mut inner = self.inner();
+        if let Some(source) = inner.by_address.get_mut(address) {
+            if source.generation == generation {
+                source.role = Role::Code(Some(session.clone()));
+            }
+        }
+    }
+
+    fn record(&self, inner: &mut Inner, source: &str, conn: u64, host: &str, port: u16) {
+        let Some(entry) = inner.by_address.get_mut(source) else {
+            return;
+        };
+        if entry.attempts.len() >= MAX_ATTEMPTS {
+            return;
+        }
+        entry.attempts.push(Attempt {
+            conn,
+            host: host.to_string(),
+            port,
+            outcome: NetworkOutcome::Reached,
+            reason: None,
+            sent: 0,
+            received: 0,
+            reported: (0, 0),
+            counted: false,
+            open: true,
+        });
+        inner.connections.insert(conn, source.to_string());
+    }
+
+    fn settle(&self, inner: &mut Inner, conn: u64, outcome: NetworkOutcome, reason: &str) {
+        let Some(source) = inner.connections.get(&conn).cloned() else {
+            return;
+        };
+        if let Some(attempt) = inner
+            .by_address
+            .get_mut(&source)
+            .and_then(|s| s.attempts.iter_mut().find(|a| a.conn == conn))
+        {
+            attempt.outcome = outcome;
+            attempt.reason = Some(reason.to_string());
+        }
+    }
+
+    /// The proxy asks whether `source` may reach `host:port` (before any name is resolved).
+    pub fn decide(&self, source: &str, conn: u64, host: &str, port: u16) -> Decision {
+        let mut inner = self.inner();
+        let role = inner.by_address.get(source).map(|s| s.role.clone());
+        let decision = match role {
+            None => Decision::Refuse(format!(
+                "{source} is not a sandbox of this server on the egress network"
+            )),
+            Some(Role::Installer) => match self.index.decide(host, port) {
+                Ok(()) => Decision::Allow,
+                Err(why) => Decision::Refuse(why),
+            },
+            Some(Role::Code(session)) => self.decide_code(host, port, session),
+        };
+        self.record(&mut inner, source, conn, host, port);
+        match &decision {
+            Decision::Allow => {}
+            Decision::Refuse(reason) => {
+                let outcome = if reason.starts_with(PENDING) {
+                    NetworkOutcome::Pending
+                } else {
+                    NetworkOutcome::Refused
+                };
+                self.settle(&mut inner, conn, outcome, reason);
+            }
+            Decision::RefuseAndAsk { reason, .. } => {
+                self.settle(&mut inner, conn, NetworkOutcome::Pending, reason)
+            }
+        }
+        decision
+    }
+
+    fn decide_code(&self, host: &str, port: u16, session: Option<Arc<SessionNetwork>>) -> Decision {
+        let Some(target) = target_of(host) else {
+            return Decision::Refuse(format!("{host:?} is not a host name or an IP address"));
+        };
+        match self.code.decide(&target, port) {
+            Static::Allowed => Decision::Allow,
+            Static::Refused(why) => Decision::Refuse(why),
+            Static::Ask => {
+                let Target::Name(name) = target else {
+                    return Decision::Refuse(format!("{host}:{port} needs the user's consent"));
+                };
+                let Some(session) = session else {
+                    return Decision::Refuse(format!(
+                        "{name}:{port} needs the user's consent (SANDBOX_EGRESS_ASK), which is \
+                         asked only in a session: start one with sandbox_initialize (it can ask \
+                         for hosts up front: network: [\"{name}:{port}\"])"
+                    ));
+                };
+                match session.standing(&name, port) {
+                    Standing::Approved => Decision::Allow,
+                    Standing::Declined => Decision::Refuse(format!(
+                        "the user declined {name}:{port} for this session"
+                    )),
+                    Standing::Pending => Decision::Refuse(pending(&name, port)),
+                    Standing::Unasked => {
+                        let asker = session.asker();
+                        match asker {
+                            None => Decision::Refuse(unable(&name, port, "it has no client")),
+                            Some(asker) => match asker.unable() {
+                                Some(why) => Decision::Refuse(unable(&name, port, &why)),
+                                None => {
+                                    if session.open_question(&name, port) {
+                                        Decision::RefuseAndAsk {
+                                            reason: pending(&name, port),
+                                            session,
+                                            asker,
+                                            host: name,
+                                            port,
+                                        }
+                                    } else {
+                                        Decision::Refuse(pending(&name, port))
+                                    }
+                                }
+                            },
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The source address of a connection the proxy asked about.
+    pub fn source_of(&self, conn: u64) -> Option<String> {
+        self.inner().connections.get(&conn).cloned()
+    }
+
+    /// The proxy resolved an allowed name: every address must be acceptable.
+    pub fn check_resolved(
+        &self,
+        source: &str,
+        conn: u64,
+        host: &str,
+        port: u16,
+        addresses: &[IpAddr],
+    ) -> Result<(), String> {
+        let mut inner = self.inner();
+        let role = inner.by_address.get(source).map(|s| s.role.clone());
+        let verdict = match role {
+            None => Err(format!("{source} is not a sandbox of this server")),
+            Some(Role::Installer) => self.index.check_resolved(host, addresses),
+            Some(Role::Code(_)) => self.code.check_resolved(host, port, addresses),
+        };
+        if let Err(why) = &verdict {
+            self.settle(&mut inner, conn, NetworkOutcome::Refused, why);
+        }
+        verdict
+    }
+
+    /// A connection ended; `error` when it could not be made (or was refused by the proxy itself).
+    pub fn closed(&self, conn: u64, sent: u64, received: u64, error: Option<&str>) {
+        let mut inner = self.inner();
+        let Some(source) = inner.connections.remove(&conn) else {
+            return;
+        };
+        if let Some(attempt) = inner
+            .by_address
+            .get_mut(&source)
+            .and_then(|s| s.attempts.iter_mut().find(|a| a.conn == conn))
+        {
+            attempt.open = false;
+            attempt.sent = sent;
+            attempt.received = received;
+            if let (Some(error), NetworkOutcome::Reached) = (error, attempt.outcome) {
+                attempt.outcome = NetworkOutcome::Failed;
+                attempt.reason = Some(error.to_string());
+            }
+        }
+    }
+
+    /// The bytes of connections still open, as the proxy counted them just now.
+    pub fn update_open(&self, source: &str, open: &[(u64, u64, u64)]) {
+        let mut inner = self.inner();
+        if let Some(entry) = inner.by_address.get_mut(source) {
+            for (conn, sent, received) in open {
+                if let Some(attempt) = entry.attempts.iter_mut().find(|a| a.conn == *conn) {
+                    attempt.sent = *sent;
+                    attempt.received = *received;
+                }
+            }
+        }
+    }
+
+    /// What `source` tried since the last call, one entry per host, port and outcome, in the
+    /// order of first attempt. Connections still open stay, and count later only what they add.
+    pub fn take_record(&self, source: &str) -> Vec<NetworkEntry> {
+        let mut inner = self.inner();
+        let Some(entry) = inner.by_address.get_mut(source) else {
+            return Vec::new();
+        };
+        let mut record: Vec<NetworkEntry> = Vec::new();
+        for attempt in &mut entry.attempts {
+            let sent = attempt.sent.saturating_sub(attempt.reported.0);
+            let received = attempt.received.saturating_sub(attempt.reported.1);
+            let fresh = !attempt.counted;
+            if !fresh && sent == 0 && received == 0 {
+                continue;
+            }
+            attempt.counted = true;
+            attempt.reported = (attempt.sent, attempt.received);
+            match record.iter_mut().find(|e| {
+                e.host == attempt.host && e.port == attempt.port && e.outcome == attempt.outcome
+            }) {
+                Some(e) => {
+                    e.connections += u32::from(fresh);
+                    e.bytes_sent += sent;
+                    e.bytes_received += received;
+                }
+                None => record.push(NetworkEntry {
+                    host: attempt.host.clone(),
+                    port: attempt.port,
+                    outcome: attempt.outcome,
+                    connections: u32::from(fresh),
+                    bytes_sent: sent,
+                    bytes_received: received,
+                    reason: attempt.reason.clone(),
+                }),
+            }
+        }
+        entry.attempts.retain(|a| a.open);
+        record
+    }
+}
+
+const PENDING: &str = "waiting for the user's approval";
+
+fn pending(host: &str, port: u16) -> String {
+    format!(
+        "{PENDING} of {host}:{port} (SANDBOX_EGRESS_ASK): the MCP client is asking them now; \
+         retry after they answer"
+    )
+}
+
+fn unable(host: &str, port: u16, why: &str) -> String {
+    format!(
+        "{host}:{port} needs the user's consent (SANDBOX_EGRESS_ASK), and this MCP client cannot \
+         ask its user ({why})"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::egress::EgressRules;
+
+    /// Answers every question the same way, and counts them.
+    struct FakeAsker {
+        able: bool,
+        asked: Mutex<Vec<(String, u16)>>,
+    }
+
+    impl ConsentAsker for FakeAsker {
+        fn unable(&self) -> Option<String> {
+            (!self.able).then(|| "no elicitation".to_string())
+        }
+        fn ask(&self, host: &str, port: u16) -> BoxFuture<'static, ConsentAnswer> {
+            self.asked.lock().unwrap().push((host.to_string(), port));
+            Box::pin(async { ConsentAnswer::Accepted })
+        }
+    }
+
+    fn sources() -> Sources {
+        let code = EgressPolicy {
+            allow: EgressRules::parse("data.test:8080,10.9.0.0/16:8080").unwrap(),
+            ask: EgressRules::parse("*").unwrap(),
+            ..EgressPolicy::default()
+        };
+        let index = IndexPolicy {
+            allow: vec![("pypi.org".into(), 443)],
+            private: Vec::new(),
+        };
+        Sources::new(code, index)
+    }
+
+    fn refused(decision: Decision) -> String {
+        match decision {
+            Decision::Refuse(why) => why,
+            Decision::Allow => panic!("allowed"),
+            Decision::RefuseAndAsk { reason, .. } => panic!("asks: {reason}"),
+        }
+    }
+
+    #[test]
+    fn an_address_nobody_adopted_reaches_nothing() {
+        let s = sources();
+        let why = refused(s.decide("10.0.0.9", 1, "data.test", 8080));
+        assert!(why.contains("not a sandbox of this server"), "{why}");
+    }
+
+    #[test]
+    fn installers_reach_the_index_and_code_its_allowlist() {
+        let s = sources();
+        s.adopt("10.0.0.2", Role::Installer);
+        s.adopt("10.0.0.3", Role::Code(None));
+        assert!(matches!(
+            s.decide("10.0.0.2", 1, "pypi.org", 443),
+            Decision::Allow
+        ));
+        assert!(refused(s.decide("10.0.0.2", 2, "data.test", 8080)).contains("index host"));
+        assert!(matches!(
+            s.decide("10.0.0.3", 3, "data.test", 8080),
+            Decision::Allow
+        ));
+        assert!(
+            refused(s.decide("10.0.0.3", 4, "pypi.org", 443)).contains("asked only in a session")
+        );
+        // An allowed name's addresses: public, or inside an allowed range.
+        let private: IpAddr = "10.8.0.1".parse().unwrap();
+        let ranged: IpAddr = "10.9.0.1".parse().unwrap();
+        assert!(s
+            .check_resolved("10.0.0.3", 3, "data.test", 8080, &[ranged])
+            .is_ok());
+        let why = s
+            .check_resolved("10.0.0.3", 3, "data.test", 8080, &[ranged, private])
+            .unwrap_err();
+        assert!(why.contains("10.8.0.1"), "{why}");
+    }
+
+    #[test]
+    fn consent_is_asked_once_and_holds_for_the_session() {
+        let s = sources();
+        s.adopt("10.0.0.3", Role::Code(None));
+        let asker = Arc::new(FakeAsker {
+            able: true,
+            asked: Mutex::default(),
+        });
+        let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
+        let generation = s.adopt("10.0.0.4", Role::Code(None));
+        s.bind_session("10.0.0.4", generation, &network);
+        let Decision::RefuseAndAsk {
+            reason, host, port, ..
+        } = s.decide("10.0.0.4", 1, "api.test", 443)
+        else {
+            panic!("asks")
+        };
+        assert!(
+            reason.contains("waiting for the user's approval"),
+            "{reason}"
+        );
+        assert_eq!((host.as_str(), port), ("api.test", 443));
+        // Asked once: a second attempt while the question is open is refused as pending.
+        assert!(refused(s.decide("10.0.0.4", 2, "api.test", 443)).contains("waiting"));
+        network.answer("api.test", 443, &ConsentAnswer::Accepted);
+        assert!(matches!(
+            s.decide("10.0.0.4", 3, "api.test", 443),
+            Decision::Allow
+        ));
+        // Another host, declined.
+        assert!(matches!(
+            s.decide("10.0.0.4", 4, "other.test", 443),
+            Decision::RefuseAndAsk { .. }
+        ));
+        network.answer("other.test", 443, &ConsentAnswer::Declined);
+        assert!(refused(s.decide("10.0.0.4", 5, "other.test", 443)).contains("declined"));
+        // The approval is this session's only: another sandbox (a new one at the same address
+        // included) is not approved.
+        assert!(refused(s.decide("10.0.0.3", 6, "api.test", 443)).contains("session"));
+        s.adopt("10.0.0.4", Role::Code(None));
+        assert!(refused(s.decide("10.0.0.4", 7, "api.test", 443)).contains("session"));
+        let record = s.take_record("10.0.0.4");
+        assert_eq!(
+            record.len(),
+            1,
+            "a new sandbox's record is its own: {record:?}"
+        );
+        assert_eq!(record[0].outcome, NetworkOutcome::Refused);
+    }
+
+    #[test]
+    fn a_client_that_cannot_ask_gets_a_refusal_naming_the_setting() {
+        let s = sources();
+        let asker = Arc::new(FakeAsker {
+            able: false,
+            asked: Mutex::default(),
+        });
+        let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
+        let generation = s.adopt("10.0.0.5", Role::Code(None));
+        s.bind_session("10.0.0.5", generation, &network);
+        let why = refused(s.decide("10.0.0.5", 1, "api.test", 443));
+        assert!(
+            why.contains("SANDBOX_EGRESS_ASK") && why.contains("cannot ask"),
+            "{why}"
+        );
+        assert!(asker.asked.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn forgetting_an_earlier_sandbox_spares_a_later_one_at_its_address() {
+        let s = sources();
+        let first = s.adopt("10.0.0.6", Role::Code(None));
+        let _second = s.adopt("10.0.0.6", Role::Code(None));
+        s.forget("10.0.0.6", first);
+        assert!(matches!(
+            s.decide("10.0.0.6", 1, "data.test", 8080),
+            Decision::Allow
+        ));
+    }
+
+    #[test]
+    fn records_count_each_connection_once_and_open_ones_by_what_they_add() {
+        let s = sources();
+        s.adopt("10.0.0.7", Role::Code(None));
+        assert!(matches!(
+            s.decide("10.0.0.7", 1, "data.test", 8080),
+            Decision::Allow
+        ));
+        assert!(matches!(
+            s.decide("10.0.0.7", 2, "data.test", 8080),
+            Decision::Allow
+        ));
+        refused(s.decide("10.0.0.7", 3, "1.2.3.4", 80));
+        assert!(matches!(
+            s.decide("10.0.0.7", 4, "data.test", 8080),
+            Decision::Allow
+        ));
+        s.closed(1, 100, 1000, None);
+        s.closed(3, 0, 0, None);
+        s.closed(4, 0, 0, Some("cannot connect"));
+        s.update_open("10.0.0.7", &[(2, 10, 20)]);
+        let record = s.take_record("10.0.0.7");
+        let summary: Vec<_> = record
+            .iter()
+            .map(|e| {
+                (
+                    e.host.as_str(),
+                    e.outcome,
+                    e.connections,
+                    e.bytes_sent,
+                    e.bytes_received,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("data.test", NetworkOutcome::Reached, 2, 110, 1020),
+                ("1.2.3.4", NetworkOutcome::Refused, 1, 0, 0),
+                ("data.test", NetworkOutcome::Failed, 1, 0, 0),
+            ]
+        );
+        // The open connection goes on: the next record has only what it added, not a new one.
+        s.closed(2, 15, 50, None);
+        let record = s.take_record("10.0.0.7");
+        assert_eq!(record.len(), 1);
+        assert_eq!(
+            (
+                record[0].connections,
+                record[0].bytes_sent,
+                record[0].bytes_received
+            ),
+            (0, 5, 30)
+        );
+        assert!(s.take_record("10.0.0.7").is_empty());
+    }
+}
