@@ -54,8 +54,6 @@ pub struct SandboxSpec {
     /// to own and change any file (CHOWN, FOWNER, DAC_OVERRIDE), and only ever the project's own
     /// scripts, never package or agent code.
     pub maintenance: bool,
-    /// On the server's egress network (`network_name` is its name): adopted there once started.
-    pub egress: Option<super::egress::Attachment>,
 }
 
 /// A named volume mounted into a sandbox.

@@ -291,7 +291,6 @@ pub(super) fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str)
     // Its network is the egress network, as an installer (set by the engine, which starts it).
     spec.network = NetworkPolicy::Bridge;
     spec.network_name = None;
-    spec.egress = None;
     spec.env = Vec::new();
     spec.volumes = volumes;
     spec.mounts = mounts;
@@ -307,7 +306,6 @@ pub(super) fn preparer_spec(base: &SandboxSpec, staging: &str) -> SandboxSpec {
     let mut spec = base.clone();
     spec.network = NetworkPolicy::None;
     spec.network_name = None;
-    spec.egress = None;
     spec.env = Vec::new();
     spec.volumes = vec![VolumeMount {
         name: staging.to_string(),
@@ -344,7 +342,6 @@ pub(super) fn maintenance_spec(
     let mut spec = base.clone();
     spec.network = NetworkPolicy::None;
     spec.network_name = None;
-    spec.egress = None;
     spec.env = Vec::new();
     spec.volumes = volumes;
     spec.mounts = Vec::new();

@@ -327,6 +327,16 @@ impl Sandbox {
         backend: Arc<dyn Backend>,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, EngineError> {
+        Self::launch_attached(backend, spec, None).await
+    }
+
+    /// [`Sandbox::launch`] on the egress network (`spec.network_name` is its name): adopted
+    /// there under its address before any code runs.
+    pub async fn launch_attached(
+        backend: Arc<dyn Backend>,
+        spec: &SandboxSpec,
+        attachment: Option<super::egress::Attachment>,
+    ) -> Result<Sandbox, EngineError> {
         let id = backend.create(spec).await?;
         let mut sandbox = Sandbox {
             id,
@@ -335,7 +345,7 @@ impl Sandbox {
             state: State::Down("not started".into()),
             next_request: 0,
             python_version: String::new(),
-            attachment: spec.egress.clone(),
+            attachment,
             egress: None,
         };
         match sandbox.start_runner().await {

@@ -157,7 +157,6 @@ impl Gateway {
         spec.volumes = Vec::new();
         spec.mounts = Vec::new();
         spec.maintenance = false;
-        spec.egress = None;
         spec.env = Vec::new();
         spec.ca_bundle = None;
         // gVisor may be registered without networking: the proxy needs it, and runs only our code.

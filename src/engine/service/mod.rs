@@ -248,12 +248,35 @@ impl Engine {
             let gateway = self.gateway().await?;
             spec.network_name = Some(gateway.network.clone());
             spec.env = gateway.proxy_env();
-            spec.egress = Some(Attachment {
-                gateway,
-                role: Role::Code(None),
-            });
         }
         Ok(spec)
+    }
+
+    /// Starts a sandbox for the agent's code from a [`Engine::base_spec`]: on the egress network
+    /// when the spec is, adopted there as code.
+    pub(crate) async fn launch_code_sandbox(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, EngineError> {
+        let attachment = match &spec.network_name {
+            Some(network) => self
+                .egress
+                .lock()
+                .await
+                .as_ref()
+                .filter(|g| &g.network == network)
+                .map(|gateway| Attachment {
+                    gateway: gateway.clone(),
+                    role: Role::Code(None),
+                }),
+            None => None,
+        };
+        if spec.network_name.is_some() && attachment.is_none() {
+            return Err(EngineError::Egress(
+                "the egress proxy is gone: the sandbox would have no way out".into(),
+            ));
+        }
+        Sandbox::launch_attached(self.backend.clone(), spec, attachment).await
     }
 
     fn plain_spec(&self, image: String, kind: &str) -> SandboxSpec {
@@ -270,7 +293,6 @@ impl Engine {
             network_name: None,
             env: Vec::new(),
             maintenance: false,
-            egress: None,
         }
     }
 
@@ -293,7 +315,7 @@ impl Engine {
                 options.report(&format!("preparing image {}", spec.image));
                 self.backend.ensure_image(&spec.image).await?;
                 options.report("starting the sandbox");
-                Sandbox::launch(self.backend.clone(), &spec).await?
+                self.launch_code_sandbox(&spec).await?
             }
         };
         if requirements.is_empty() {
@@ -482,7 +504,7 @@ impl Engine {
             .base_spec(self.config.image.clone(), "ephemeral")
             .await?;
         self.backend.ensure_image(&spec.image).await?;
-        let mut sandbox = Sandbox::launch(self.backend.clone(), &spec).await?;
+        let mut sandbox = self.launch_code_sandbox(&spec).await?;
         let mut samples = Vec::with_capacity(count);
         let mut outcome = Ok(());
         for _ in 0..count {

@@ -32,7 +32,7 @@ impl Engine {
     pub(crate) async fn launch_pooled(&self) -> Result<Sandbox, EngineError> {
         let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         self.backend.ensure_image(&spec.image).await?;
-        Sandbox::launch(self.backend.clone(), &spec).await
+        self.launch_code_sandbox(&spec).await
     }
 
     /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), and preparing sandboxes per

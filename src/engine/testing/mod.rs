@@ -53,7 +53,6 @@ pub fn spec() -> SandboxSpec {
         network_name: None,
         env: Vec::new(),
         maintenance: false,
-        egress: None,
     }
 }
 
