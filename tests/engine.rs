@@ -764,7 +764,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
         // And an installer's egress network it left.
         let network = format!("pcs-test-egress-{}", dead_owner.instance);
         backend
-            .create_network(&network, true, &spec.labels)
+            .create_network(&network, true, None, &spec.labels)
             .await
             .expect("network");
         // And one of a live server (this test process, another instance).

@@ -169,7 +169,16 @@ pub struct EgressPolicy {
     pub resolve: Vec<(String, IpAddr)>,
     /// `SANDBOX_EGRESS_UPLINK`: the Docker network the proxy reaches outside hosts through.
     pub uplink: String,
+    /// `SANDBOX_EGRESS_SUBNETS`: where each sandbox's own egress network gets its small subnet.
+    pub subnets: ipnet::Ipv4Net,
 }
+
+/// The default of `SANDBOX_EGRESS_SUBNETS`: outside Docker's default address pools.
+pub const DEFAULT_SUBNETS: &str = "10.213.0.0/16";
+
+/// The prefix of one sandbox's egress network: room for the proxy, the sandbox, and the
+/// addresses Docker reserves (network, gateway, broadcast).
+pub const SANDBOX_SUBNET_PREFIX: u8 = 29;
 
 impl Default for EgressPolicy {
     fn default() -> Self {
@@ -179,6 +188,9 @@ impl Default for EgressPolicy {
             allow_all: false,
             resolve: Vec::new(),
             uplink: "bridge".to_string(),
+            subnets: DEFAULT_SUBNETS
+                .parse()
+                .unwrap_or_else(|_| ipnet::Ipv4Net::default()),
         }
     }
 }

@@ -330,7 +330,7 @@ pub const SANDBOX_EGRESS_RESOLVE: Setting = Setting {
 pub const SANDBOX_EGRESS_UPLINK: Setting = Setting {
     name: "SANDBOX_EGRESS_UPLINK",
     default: Shown::Prose("`bridge`"),
-    doc: "the Docker network the egress proxy reaches outside hosts through",
+    doc: "the Docker network the egress proxy (the code's with `allowlist`, and the installers') reaches outside hosts through",
     read: Read::Value(|config, var, v| {
         if !is_volume_name(v) {
             return Err(ConfigError::new(
@@ -341,6 +341,22 @@ pub const SANDBOX_EGRESS_UPLINK: Setting = Setting {
         }
         config.egress.uplink = v.to_string();
         Ok(())
+    }),
+};
+
+pub const SANDBOX_EGRESS_SUBNETS: Setting = Setting {
+    name: "SANDBOX_EGRESS_SUBNETS",
+    default: Shown::Prose("`10.213.0.0/16`"),
+    doc: "an IPv4 range (at most /24) each sandbox on the egress network (the code's with `allowlist`, the installers') gets its own /29 network from; pick one the host does not use",
+    read: Read::Value(|config, var, v| {
+        let accepted = "an IPv4 range of at most /24, such as 10.213.0.0/16";
+        match v.trim().parse::<ipnet::Ipv4Net>() {
+            Ok(net) if net.prefix_len() <= 24 => {
+                config.egress.subnets = net.trunc();
+                Ok(())
+            }
+            _ => Err(ConfigError::new(var, v, accepted)),
+        }
     }),
 };
 
@@ -1116,6 +1132,7 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_EGRESS_ALLOW_ALL,
     SANDBOX_EGRESS_RESOLVE,
     SANDBOX_EGRESS_UPLINK,
+    SANDBOX_EGRESS_SUBNETS,
     SANDBOX_RUNTIME,
     SANDBOX_CA_BUNDLE,
     SANDBOX_ALLOWED_IMAGES,

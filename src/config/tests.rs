@@ -623,7 +623,6 @@ fn egress_settings_need_the_allowlist_network() {
             ("SANDBOX_EGRESS_ASK", "*"),
             ("SANDBOX_EGRESS_ALLOW_ALL", "false"),
             ("SANDBOX_EGRESS_RESOLVE", "data.test=127.0.0.1"),
-            ("SANDBOX_EGRESS_UPLINK", "bridge"),
         ] {
             let mut pairs = vec![(var, value)];
             pairs.extend(network.map(|n| ("SANDBOX_NETWORK", n)));
@@ -635,4 +634,16 @@ fn egress_settings_need_the_allowlist_network() {
     }
     // Blank counts as unset.
     assert!(config(&[("SANDBOX_EGRESS_ALLOW", " ")]).is_ok());
+    // The proxy serves the installers in every mode: its uplink and subnets apply there too.
+    let c = config(&[
+        ("SANDBOX_EGRESS_UPLINK", "my-uplink"),
+        ("SANDBOX_EGRESS_SUBNETS", "10.50.0.0/20"),
+    ])
+    .unwrap();
+    assert_eq!(c.egress.uplink, "my-uplink");
+    assert_eq!(c.egress.subnets.to_string(), "10.50.0.0/20");
+    for bad in ["10.50.0.0/25", "fd00::/8", "nonsense"] {
+        let e = config(&[("SANDBOX_EGRESS_SUBNETS", bad)]).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_EGRESS_SUBNETS", "{bad}");
+    }
 }

@@ -241,10 +241,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Creates a labelled network; `internal`: with no route out of it and no address of the
     /// host on it (containers on it reach only each other).
+    /// `subnet`: its IPv4 range (`None`: the engine picks one).
     async fn create_network(
         &self,
         name: &str,
         internal: bool,
+        subnet: Option<&str>,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), BackendError>;
 
@@ -254,6 +256,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Attaches a created sandbox to another network too; returns its IPv4 address there once
     /// it runs (see [`Backend::address_on`]).
     async fn connect_network(&self, id: &SandboxId, network: &str) -> Result<(), BackendError>;
+
+    /// Detaches a sandbox from a network (either gone already: success).
+    async fn disconnect_network(&self, id: &SandboxId, network: &str) -> Result<(), BackendError>;
 
     /// The running sandbox's IPv4 address on `network`.
     async fn address_on(&self, id: &SandboxId, network: &str) -> Result<String, BackendError>;

@@ -391,7 +391,7 @@ impl Sandbox {
         };
         let address = self
             .backend
-            .address_on(&self.id, &attachment.gateway.network)
+            .address_on(&self.id, &attachment.network.name)
             .await?;
         if self.egress.as_ref().is_some_and(|l| l.address() == address) {
             return Ok(());
@@ -401,7 +401,11 @@ impl Sandbox {
             .as_ref()
             .and_then(|l| l.role())
             .unwrap_or_else(|| attachment.role.clone());
-        self.egress = Some(attachment.gateway.lease(address, role));
+        self.egress = Some(
+            attachment
+                .gateway
+                .lease(attachment.network.clone(), address, role),
+        );
         Ok(())
     }
 
@@ -1154,6 +1158,10 @@ impl Sandbox {
         if let Err(e) = self.backend.destroy(&self.id).await {
             tracing::warn!(sandbox = %self.id, "could not remove the sandbox: {e}");
         }
+        // Its egress network goes once it is gone.
+        if let Some(lease) = self.egress.take() {
+            lease.release().await;
+        }
     }
 }
 
@@ -1165,10 +1173,14 @@ impl Drop for Sandbox {
         // Dropped mid-flight (a cancelled request): remove it in the background.
         let backend = self.backend.clone();
         let id = self.id.clone();
+        let lease = self.egress.take();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if let Err(e) = backend.destroy(&id).await {
                     tracing::warn!(sandbox = %id, "could not remove an abandoned sandbox: {e}");
+                }
+                if let Some(lease) = lease {
+                    lease.release().await;
                 }
             });
         }

@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
-    MountVolumeOptionsDriverConfig, NetworkConnectRequest, NetworkCreateRequest, ResourcesUlimits,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, IpamConfig, Mount, MountType,
+    MountVolumeOptions, MountVolumeOptionsDriverConfig, NetworkConnectRequest,
+    NetworkCreateRequest, NetworkDisconnectRequest, ResourcesUlimits,
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
@@ -542,6 +543,7 @@ impl Backend for DockerBackend {
         &self,
         name: &str,
         internal: bool,
+        subnet: Option<&str>,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), BackendError> {
         let docker = self.client().await?;
@@ -559,6 +561,13 @@ impl Backend for DockerBackend {
                 )])
             }),
             labels: Some(labels.clone().into_iter().collect()),
+            ipam: subnet.map(|subnet| Ipam {
+                config: Some(vec![IpamConfig {
+                    subnet: Some(subnet.to_string()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         docker.create_network(request).await.map_err(classify)?;
@@ -584,6 +593,19 @@ impl Backend for DockerBackend {
             .connect_network(network, request)
             .await
             .map_err(|e| not_found_or(e, id))
+    }
+
+    async fn disconnect_network(&self, id: &SandboxId, network: &str) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let request = NetworkDisconnectRequest {
+            container: id.0.clone(),
+            force: Some(true),
+        };
+        match docker.disconnect_network(network, request).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
     }
 
     async fn address_on(&self, id: &SandboxId, network: &str) -> Result<String, BackendError> {

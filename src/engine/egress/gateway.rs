@@ -1,6 +1,10 @@
-//! The proxy container's life, and the conversation with it: one JSON document a line on its
-//! attached stdin (the server's answers, requests for byte counts) and stdout (its questions and
-//! reports; see `python/egress_proxy.py`).
+//! The proxy container's life, the sandboxes' own networks, and the conversation with the proxy:
+//! one JSON document a line on its attached stdin (the server's answers, requests for byte
+//! counts) and stdout (its questions and reports; see `python/egress_proxy.py`).
+//!
+//! Every sandbox on the egress gets an `--internal` network of its own (a /29 out of
+//! `SANDBOX_EGRESS_SUBNETS`, without an address of the host on it) holding only itself and the
+//! proxy: sandboxes cannot reach each other, and each one's source address names it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,6 +20,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::sources::{Decision, Role, SessionNetwork, Sources};
+use crate::config::egress::SANDBOX_SUBNET_PREFIX;
 use crate::config::Config;
 use crate::engine::backend::{Backend, OutputChunk, OutputStream, SandboxId, SandboxSpec};
 use crate::engine::outcome::NetworkEntry;
@@ -26,13 +31,11 @@ const MAX_LINE: usize = 1 << 20;
 
 type Flushes = Mutex<HashMap<u64, oneshot::Sender<Vec<(u64, u64, u64)>>>>;
 
-/// The server's egress proxy and its network.
+/// The server's egress proxy.
 pub struct Gateway {
-    /// The internal network sandboxes join.
-    pub network: String,
-    /// The proxy's address on it.
-    pub address: String,
     proxy: SandboxId,
+    labels: std::collections::BTreeMap<String, String>,
+    subnets: Mutex<Subnets>,
     backend: Arc<dyn Backend>,
     sources: Arc<Sources>,
     to_proxy: mpsc::UnboundedSender<String>,
@@ -41,26 +44,69 @@ pub struct Gateway {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// A sandbox spec's place on the egress network: the gateway, and what the sandbox runs.
+/// One sandbox's own network, with the proxy on it.
+#[derive(Debug, Clone)]
+pub struct EgressNetwork {
+    pub name: String,
+    /// The proxy's address on it.
+    pub proxy_address: String,
+    subnet: u32,
+}
+
+/// The subnets of `SANDBOX_EGRESS_SUBNETS` this server's networks use.
+struct Subnets {
+    range: ipnet::Ipv4Net,
+    next: u32,
+    in_use: std::collections::HashSet<u32>,
+}
+
+impl Subnets {
+    fn count(&self) -> u32 {
+        1u32 << SANDBOX_SUBNET_PREFIX.saturating_sub(self.range.prefix_len())
+    }
+
+    /// The next free subnet after the last one handed out (another server may hold it: the
+    /// engine then refuses it, and the caller asks again).
+    fn take(&mut self) -> Option<(u32, String)> {
+        let count = self.count();
+        for _ in 0..count {
+            let index = self.next % count;
+            self.next = self.next.wrapping_add(1);
+            if self.in_use.insert(index) {
+                let base =
+                    u32::from(self.range.network()) + (index << (32 - SANDBOX_SUBNET_PREFIX));
+                let net = format!("{}/{SANDBOX_SUBNET_PREFIX}", std::net::Ipv4Addr::from(base));
+                return Some((index, net));
+            }
+        }
+        None
+    }
+}
+
+/// A sandbox's place on the egress: the gateway, its own network, and what the sandbox runs.
 #[derive(Clone)]
 pub struct Attachment {
     pub gateway: Arc<Gateway>,
+    pub network: EgressNetwork,
     pub role: Role,
 }
 
 impl fmt::Debug for Attachment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Attachment")
-            .field("network", &self.gateway.network)
+            .field("network", &self.network.name)
             .finish_non_exhaustive()
     }
 }
 
-/// A sandbox's adoption under its address; dropping it (the sandbox is gone) forgets it.
+/// A sandbox's adoption under its address; dropping it (the sandbox is gone) forgets it and
+/// removes its network.
 pub struct Lease {
     gateway: Arc<Gateway>,
+    network: EgressNetwork,
     address: String,
     generation: u64,
+    released: bool,
 }
 
 impl Lease {
@@ -100,9 +146,32 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// The sandbox is gone: forgets it and removes its network.
+    pub async fn release(mut self) {
+        self.released = true;
+        self.gateway.sources.forget(&self.address, self.generation);
+        if !self.gateway.sources.network_in_use(&self.network.name) {
+            self.gateway.close(&self.network).await;
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         self.gateway.sources.forget(&self.address, self.generation);
+        // A renewed lease (a restart that changed the address) keeps the network; otherwise it
+        // goes in the background (the shutdown removes what is left).
+        if self.gateway.sources.network_in_use(&self.network.name) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (gateway, network) = (self.gateway.clone(), self.network.clone());
+            runtime.spawn(async move { gateway.close(&network).await });
+        }
     }
 }
 
@@ -142,15 +211,13 @@ enum FromProxy {
 }
 
 impl Gateway {
-    /// Creates the network, starts the proxy on it and on the uplink, and waits until it listens.
-    /// On failure nothing is left behind.
+    /// Starts the proxy on the uplink and waits until it listens. On failure nothing is left
+    /// behind.
     pub async fn start(
         backend: Arc<dyn Backend>,
         base: &SandboxSpec,
         config: &Config,
     ) -> Result<Arc<Gateway>, EngineError> {
-        let network = format!("pcs-egress-{}", uuid::Uuid::new_v4().simple());
-        backend.create_network(&network, true, &base.labels).await?;
         let mut spec = base.clone();
         spec.network = crate::config::NetworkPolicy::Bridge;
         spec.network_name = Some(config.egress.uplink.clone());
@@ -166,19 +233,16 @@ impl Gateway {
         let started = async {
             let id = backend.create(&spec).await?;
             proxy = Some(id.clone());
-            backend.connect_network(&id, &network).await?;
             let streams = backend.start(&id).await?;
-            let address = backend.address_on(&id, &network).await?;
-            Ok::<_, EngineError>((id, streams, address))
+            Ok::<_, EngineError>((id, streams))
         }
         .await;
-        let (id, streams, address) = match started {
+        let (id, streams) = match started {
             Ok(started) => started,
             Err(e) => {
                 if let Some(id) = &proxy {
                     let _ = backend.destroy(id).await;
                 }
-                let _ = backend.remove_network(&network).await;
                 return Err(e);
             }
         };
@@ -206,9 +270,13 @@ impl Gateway {
             ready_tx,
         ));
         let gateway = Arc::new(Gateway {
-            network,
-            address,
             proxy: id,
+            labels: base.labels.clone(),
+            subnets: Mutex::new(Subnets {
+                range: config.egress.subnets,
+                next: rand_start(),
+                in_use: Default::default(),
+            }),
             backend,
             sources,
             to_proxy,
@@ -227,32 +295,90 @@ impl Gateway {
         }
     }
 
-    /// Adopts a sandbox started on the network at `address`.
-    pub fn lease(self: &Arc<Self>, address: String, role: Role) -> Lease {
-        let generation = self.sources.adopt(&address, role);
-        Lease {
-            gateway: self.clone(),
-            address,
-            generation,
+    /// A new network for one sandbox, with the proxy on it.
+    pub async fn open(&self) -> Result<EgressNetwork, EngineError> {
+        let mut last_error = None;
+        // Another server on the engine may hold a subnet: the engine refuses it, try the next.
+        for _ in 0..32 {
+            let Some((index, subnet)) = lock(&self.subnets).take() else {
+                break;
+            };
+            let name = format!("pcs-egress-{}", uuid::Uuid::new_v4().simple());
+            if let Err(e) = self
+                .backend
+                .create_network(&name, true, Some(&subnet), &self.labels)
+                .await
+            {
+                tracing::debug!(subnet, "egress subnet refused: {e}");
+                last_error = Some(e);
+                // Left marked as in use: someone else has it.
+                continue;
+            }
+            let network = EgressNetwork {
+                name,
+                proxy_address: String::new(),
+                subnet: index,
+            };
+            let connected = async {
+                self.backend
+                    .connect_network(&self.proxy, &network.name)
+                    .await?;
+                self.backend.address_on(&self.proxy, &network.name).await
+            }
+            .await;
+            return match connected {
+                Ok(proxy_address) => Ok(EgressNetwork {
+                    proxy_address,
+                    ..network
+                }),
+                Err(e) => {
+                    self.close(&network).await;
+                    Err(e.into())
+                }
+            };
+        }
+        Err(EngineError::Egress(match last_error {
+            Some(e) => format!(
+                "no free subnet for a sandbox's egress network in SANDBOX_EGRESS_SUBNETS: {e}"
+            ),
+            None => "every subnet of SANDBOX_EGRESS_SUBNETS is in use".into(),
+        }))
+    }
+
+    /// Removes a sandbox's network (once the sandbox is gone).
+    pub async fn close(&self, network: &EgressNetwork) {
+        let _ = self
+            .backend
+            .disconnect_network(&self.proxy, &network.name)
+            .await;
+        match self.backend.remove_network(&network.name).await {
+            Ok(()) => {
+                lock(&self.subnets).in_use.remove(&network.subnet);
+            }
+            Err(e) => tracing::debug!(network = %network.name, "not removed yet: {e}"),
         }
     }
 
-    /// The environment that sends a sandbox's traffic to the proxy.
-    pub fn proxy_env(&self) -> Vec<String> {
-        super::proxy_env(&self.address)
+    /// Adopts a sandbox started on `network` at `address`.
+    pub fn lease(self: &Arc<Self>, network: EgressNetwork, address: String, role: Role) -> Lease {
+        let generation = self.sources.adopt(&address, &network.name, role);
+        Lease {
+            gateway: self.clone(),
+            network,
+            address,
+            generation,
+            released: false,
+        }
     }
 
-    /// Removes the proxy and the network (sandboxes still on it keep the removal from
-    /// succeeding: the shutdown's sweep removes them first, and the network after).
+    /// Removes the proxy (the shutdown's sweep has removed the sandboxes; their networks go
+    /// with the instance's storage after).
     pub async fn stop(&self) {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
         if let Err(e) = self.backend.destroy(&self.proxy).await {
             tracing::warn!("could not remove the egress proxy: {e}");
-        }
-        if let Err(e) = self.backend.remove_network(&self.network).await {
-            tracing::debug!("the egress network is not removed yet: {e}");
         }
     }
 }
@@ -376,4 +502,10 @@ fn answer(
             }
         }
     }
+}
+
+/// Where a server starts looking for free subnets: servers sharing an engine rarely collide.
+fn rand_start() -> u32 {
+    let bytes = *uuid::Uuid::new_v4().as_bytes();
+    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }

@@ -134,6 +134,15 @@ pub fn proxy_command(config: &Config) -> Vec<String> {
     ]
 }
 
+/// Whether an environment entry is one of [`proxy_env`]'s.
+pub fn is_proxy_env(entry: &str) -> bool {
+    let name = entry.split('=').next().unwrap_or_default();
+    matches!(
+        name.to_ascii_uppercase().as_str(),
+        "HTTPS_PROXY" | "HTTP_PROXY" | "ALL_PROXY" | "NO_PROXY"
+    )
+}
+
 /// The proxy environment of a sandbox on the egress network.
 pub fn proxy_env(address: &str) -> Vec<String> {
     let url = format!("http://{address}:{PROXY_PORT}");

@@ -151,6 +151,8 @@ struct Attempt {
 
 struct Source {
     generation: u64,
+    /// The sandbox's own egress network.
+    network: String,
     role: Role,
     attempts: Vec<Attempt>,
 }
@@ -188,7 +190,7 @@ impl Sources {
     }
 
     /// A sandbox started at `address`: whatever an earlier one there had is gone.
-    pub fn adopt(&self, address: &str, role: Role) -> u64 {
+    pub fn adopt(&self, address: &str, network: &str, role: Role) -> u64 {
         let mut inner = self.inner();
         inner.generation += 1;
         let generation = inner.generation;
@@ -197,11 +199,20 @@ impl Sources {
             address.to_string(),
             Source {
                 generation,
+                network: network.to_string(),
                 role,
                 attempts: Vec::new(),
             },
         );
         generation
+    }
+
+    /// Whether a sandbox adopted now is on `network` (a restarted one, at a new address).
+    pub fn network_in_use(&self, network: &str) -> bool {
+        self.inner()
+            .by_address
+            .values()
+            .any(|s| s.network == network)
     }
 
     /// The sandbox adopted as `generation` is gone.
@@ -524,8 +535,8 @@ mod tests {
     #[test]
     fn installers_reach_the_index_and_code_its_allowlist() {
         let s = sources();
-        s.adopt("10.0.0.2", Role::Installer);
-        s.adopt("10.0.0.3", Role::Code(None));
+        s.adopt("10.0.0.2", "n2", Role::Installer);
+        s.adopt("10.0.0.3", "n3", Role::Code(None));
         assert!(matches!(
             s.decide("10.0.0.2", 1, "pypi.org", 443),
             Decision::Allow
@@ -553,13 +564,13 @@ mod tests {
     #[test]
     fn consent_is_asked_once_and_holds_for_the_session() {
         let s = sources();
-        s.adopt("10.0.0.3", Role::Code(None));
+        s.adopt("10.0.0.3", "n3", Role::Code(None));
         let asker = Arc::new(FakeAsker {
             able: true,
             asked: Mutex::default(),
         });
         let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
-        let generation = s.adopt("10.0.0.4", Role::Code(None));
+        let generation = s.adopt("10.0.0.4", "n4", Role::Code(None));
         s.bind_session("10.0.0.4", generation, &network);
         let Decision::RefuseAndAsk {
             reason, host, port, ..
@@ -589,7 +600,7 @@ mod tests {
         // The approval is this session's only: another sandbox (a new one at the same address
         // included) is not approved.
         assert!(refused(s.decide("10.0.0.3", 6, "api.test", 443)).contains("session"));
-        s.adopt("10.0.0.4", Role::Code(None));
+        s.adopt("10.0.0.4", "n4", Role::Code(None));
         assert!(refused(s.decide("10.0.0.4", 7, "api.test", 443)).contains("session"));
         let record = s.take_record("10.0.0.4");
         assert_eq!(
@@ -608,7 +619,7 @@ mod tests {
             asked: Mutex::default(),
         });
         let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
-        let generation = s.adopt("10.0.0.5", Role::Code(None));
+        let generation = s.adopt("10.0.0.5", "n5", Role::Code(None));
         s.bind_session("10.0.0.5", generation, &network);
         let why = refused(s.decide("10.0.0.5", 1, "api.test", 443));
         assert!(
@@ -621,8 +632,8 @@ mod tests {
     #[test]
     fn forgetting_an_earlier_sandbox_spares_a_later_one_at_its_address() {
         let s = sources();
-        let first = s.adopt("10.0.0.6", Role::Code(None));
-        let _second = s.adopt("10.0.0.6", Role::Code(None));
+        let first = s.adopt("10.0.0.6", "n6", Role::Code(None));
+        let _second = s.adopt("10.0.0.6", "n6", Role::Code(None));
         s.forget("10.0.0.6", first);
         assert!(matches!(
             s.decide("10.0.0.6", 1, "data.test", 8080),
@@ -633,7 +644,7 @@ mod tests {
     #[test]
     fn records_count_each_connection_once_and_open_ones_by_what_they_add() {
         let s = sources();
-        s.adopt("10.0.0.7", Role::Code(None));
+        s.adopt("10.0.0.7", "n7", Role::Code(None));
         assert!(matches!(
             s.decide("10.0.0.7", 1, "data.test", 8080),
             Decision::Allow

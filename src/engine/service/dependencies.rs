@@ -166,15 +166,12 @@ impl Engine {
         spec.labels = self.owner.labels("installer");
         let arguments = installer_arguments(requirements, index, uses_download_cache(&self.config));
         let outcome = async {
-            let attachment = self.put_on_egress(&mut spec).await?;
             spec.env.push(arguments);
             let outcome = async {
-                let mut installer = crate::engine::sandbox::Sandbox::launch_attached(
-                    self.backend.clone(),
-                    &spec,
-                    Some(attachment),
-                )
-                .await?;
+                // On an egress network of its own, where the proxy lets it reach the index hosts.
+                let mut installer = self
+                    .launch_on_egress(&spec, crate::engine::egress::Role::Installer)
+                    .await?;
                 let outcome = installer
                     .execute(
                         Task::Python(INSTALL_SCRIPT),
@@ -309,34 +306,16 @@ impl Engine {
             "unused",
         );
         self.backend.ensure_image(&spec.image).await?;
-        let attachment = self.put_on_egress(&mut spec).await?;
         spec.volumes = Vec::new();
         spec.mounts = Vec::new();
-        let mut sandbox = crate::engine::sandbox::Sandbox::launch_attached(
-            self.backend.clone(),
-            &spec,
-            Some(attachment),
-        )
-        .await?;
+        let mut sandbox = self
+            .launch_on_egress(&spec, crate::engine::egress::Role::Installer)
+            .await?;
         let outcome = sandbox
             .execute(Task::Python(code), Duration::from_secs(60), 1 << 20, None)
             .await;
         sandbox.destroy().await;
         outcome
-    }
-
-    /// Puts an installer on the egress network, where the proxy lets it reach the index hosts.
-    async fn put_on_egress(
-        &self,
-        spec: &mut SandboxSpec,
-    ) -> Result<crate::engine::egress::Attachment, EngineError> {
-        let gateway = self.gateway().await?;
-        spec.network_name = Some(gateway.network.clone());
-        spec.env = gateway.proxy_env();
-        Ok(crate::engine::egress::Attachment {
-            gateway,
-            role: crate::engine::egress::Role::Installer,
-        })
     }
 
     /// Runs the maintenance script with `op` (see [`MAINTENANCE_SCRIPT`]); returns its answer.

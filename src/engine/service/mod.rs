@@ -212,7 +212,7 @@ impl Engine {
         base.command = Vec::new();
         self.backend.ensure_image(&base.image).await?;
         let gateway = Gateway::start(self.backend.clone(), &base, &self.config).await?;
-        tracing::info!(network = %gateway.network, proxy = %gateway.address, "egress proxy started");
+        tracing::info!(uplink = %self.config.egress.uplink, "egress proxy started");
         *egress = Some(gateway.clone());
         Ok(gateway)
     }
@@ -235,48 +235,65 @@ impl Engine {
     }
 
     /// What every sandbox of this server is made from. Waits, once, for the server to find its
-    /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]). With
-    /// `SANDBOX_NETWORK=allowlist` it is on the egress network, which starts if it is not running.
+    /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]).
     pub(crate) async fn base_spec(
         &self,
         image: String,
         kind: &str,
     ) -> Result<SandboxSpec, EngineError> {
         self.identified().await;
-        let mut spec = self.plain_spec(image, kind);
-        if self.config.network == NetworkPolicy::Allowlist {
-            let gateway = self.gateway().await?;
-            spec.network_name = Some(gateway.network.clone());
-            spec.env = gateway.proxy_env();
-        }
-        Ok(spec)
+        Ok(self.plain_spec(image, kind))
     }
 
-    /// Starts a sandbox for the agent's code from a [`Engine::base_spec`]: on the egress network
-    /// when the spec is, adopted there as code.
+    /// Puts a sandbox spec on an egress network of its own (started with the proxy if need
+    /// be): the proxy's environment, and the attachment to launch it with.
+    pub(crate) async fn on_egress(
+        &self,
+        spec: &mut SandboxSpec,
+        role: Role,
+    ) -> Result<Attachment, EngineError> {
+        let gateway = self.gateway().await?;
+        let network = gateway.open().await?;
+        spec.network_name = Some(network.name.clone());
+        spec.env.retain(|e| !super::egress::is_proxy_env(e));
+        spec.env
+            .extend(super::egress::proxy_env(&network.proxy_address));
+        Ok(Attachment {
+            gateway,
+            network,
+            role,
+        })
+    }
+
+    /// Starts a sandbox on the egress (see [`Engine::on_egress`]); its network is removed when
+    /// the sandbox is, or now if it does not start.
+    pub(crate) async fn launch_on_egress(
+        &self,
+        spec: &SandboxSpec,
+        role: Role,
+    ) -> Result<Sandbox, EngineError> {
+        let mut spec = spec.clone();
+        let attachment = self.on_egress(&mut spec, role).await?;
+        let (gateway, network) = (attachment.gateway.clone(), attachment.network.clone());
+        let launched =
+            Sandbox::launch_attached(self.backend.clone(), &spec, Some(attachment)).await;
+        if launched.is_err() {
+            gateway.close(&network).await;
+        }
+        launched
+    }
+
+    /// Starts a sandbox for the agent's code from a [`Engine::base_spec`]: with
+    /// `SANDBOX_NETWORK=allowlist` on an egress network of its own, adopted there as code.
     pub(crate) async fn launch_code_sandbox(
         &self,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, EngineError> {
-        let attachment = match &spec.network_name {
-            Some(network) => self
-                .egress
-                .lock()
-                .await
-                .as_ref()
-                .filter(|g| &g.network == network)
-                .map(|gateway| Attachment {
-                    gateway: gateway.clone(),
-                    role: Role::Code(None),
-                }),
-            None => None,
-        };
-        if spec.network_name.is_some() && attachment.is_none() {
-            return Err(EngineError::Egress(
-                "the egress proxy is gone: the sandbox would have no way out".into(),
-            ));
+        if self.config.network == NetworkPolicy::Allowlist {
+            self.launch_on_egress(spec, Role::Code(None)).await
+        } else {
+            Sandbox::launch(self.backend.clone(), spec).await
         }
-        Sandbox::launch_attached(self.backend.clone(), spec, attachment).await
     }
 
     fn plain_spec(&self, image: String, kind: &str) -> SandboxSpec {

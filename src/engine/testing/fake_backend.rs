@@ -476,6 +476,7 @@ impl Backend for FakeBackend {
         &self,
         name: &str,
         _internal: bool,
+        _subnet: Option<&str>,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), BackendError> {
         self.add_storage(name, labels.clone());
@@ -489,6 +490,14 @@ impl Backend for FakeBackend {
 
     async fn connect_network(&self, id: &SandboxId, _network: &str) -> Result<(), BackendError> {
         self.exit_info(id).await.map(|_| ())
+    }
+
+    async fn disconnect_network(
+        &self,
+        _id: &SandboxId,
+        _network: &str,
+    ) -> Result<(), BackendError> {
+        Ok(())
     }
 
     async fn address_on(&self, id: &SandboxId, _network: &str) -> Result<String, BackendError> {
