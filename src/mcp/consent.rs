@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use rmcp::model::{ElicitRequestParams, ElicitationAction, ElicitationSchema};
-use rmcp::service::{ElicitationMode, Peer, RoleServer};
+use rmcp::model::{ElicitRequestParams, ElicitationAction, ElicitationSchema, ProtocolVersion};
+use rmcp::service::{ElicitationMode, Peer, RequestContext, RoleServer};
 
 use crate::engine::egress::{ConsentAnswer, ConsentAsker};
 
@@ -16,16 +16,31 @@ const QUESTION_TIMEOUT: Duration = Duration::from_secs(600);
 /// Asks through one MCP client.
 pub struct ElicitingAsker {
     peer: Peer<RoleServer>,
+    /// The client speaks a revision without server-to-client requests (2026-07-28).
+    sessionless: bool,
 }
 
 impl ElicitingAsker {
-    pub fn for_client(peer: Peer<RoleServer>) -> Arc<dyn ConsentAsker> {
-        Arc::new(ElicitingAsker { peer })
+    /// Asks through the client that made this request.
+    pub fn for_client(context: &RequestContext<RoleServer>) -> Arc<dyn ConsentAsker> {
+        let sessionless = context
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        Arc::new(ElicitingAsker {
+            peer: context.peer.clone(),
+            sessionless,
+        })
     }
 }
 
 impl ConsentAsker for ElicitingAsker {
     fn unable(&self) -> Option<String> {
+        if self.sessionless {
+            return Some(
+                "it speaks MCP 2026-07-28, in which a server cannot send requests to its client"
+                    .into(),
+            );
+        }
         if self
             .peer
             .supported_elicitation_modes()

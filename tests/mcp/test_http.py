@@ -572,3 +572,42 @@ def test_repeated_authorization_host_and_other_single_headers_are_400():
         assert status_of(answer) == 400, answer[:300]
         # The same request with each header once is served.
         assert status_of(exchange(port, raw_request(port=port))) == 200
+
+
+async def test_consent_to_a_host_is_asked_over_http():
+    """The user's consent (SANDBOX_EGRESS_ASK) travels as an elicitation over streamable HTTP
+    too; the approved name is then judged by its address like any allowed one (here a test name
+    mapped to loopback: refused, never connected)."""
+    asked = []
+
+    async def consent(context, params):
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    env = dict(
+        SANDBOX_HTTP_TOKEN=TOKEN,
+        SANDBOX_NETWORK="allowlist",
+        SANDBOX_EGRESS_ASK="ask.test:47999",
+        SANDBOX_EGRESS_RESOLVE="ask.test=127.0.0.1",
+    )
+    with http_server(**env) as server:
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            client = Client(
+                streamable_http_client(server.url, http_client=http),
+                read_timeout_seconds=180,
+                elicitation_callback=consent,
+                mode="legacy",
+            )
+            async with client:
+                started = await client.call_tool("sandbox_initialize", {"network": ["ask.test:47999"]})
+                assert started.structured_content["network"] == [
+                    {"host": "ask.test", "port": 47999, "status": "allowed"}
+                ], started.structured_content
+                assert asked == [asked[0]] and asked[0].startswith("Allow this sandbox to reach ask.test:47999?"), asked
+                cid = started.structured_content["container_id"]
+                code = "import urllib.request\ntry:\n    urllib.request.urlopen('http://ask.test:47999/', timeout=10)\nexcept Exception as e:\n    print(e)"
+                ran = await client.call_tool("run_python", {"container_id": cid, "code": code})
+                [entry] = ran.structured_content["network"]
+                assert entry["outcome"] == "refused", entry
+                assert "non-public address 127.0.0.1" in entry["reason"], entry
+                assert len(asked) == 1, asked

@@ -63,14 +63,16 @@ async def open_checked(conn, source, host, port):
     await ask({"op": "ask", "conn": conn, "src": source, "host": host, "port": port})
     if is_address(host):
         addresses = [host]
-    elif host in RESOLVE:
-        addresses = [RESOLVE[host]]
     else:
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as e:
-            raise Refused("%s does not resolve (%s)" % (host, e.strerror or e))
-        addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        if host in RESOLVE:
+            addresses = [RESOLVE[host]]
+        else:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as e:
+                raise Refused("%s does not resolve (%s)" % (host, e.strerror or e))
+            addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        # Every address of a name is judged, mapped ones too.
         await ask({"op": "resolved", "conn": conn, "host": host, "port": port, "addresses": addresses})
     error = None
     for address in addresses:

@@ -44,9 +44,7 @@ impl SandboxServer {
         }
         let (mut options, notices) =
             self.options_for(&context, params.image, params.dependencies, false);
-        options.consent = Some(crate::mcp::consent::ElicitingAsker::for_client(
-            context.peer.clone(),
-        ));
+        options.consent = Some(crate::mcp::consent::ElicitingAsker::for_client(&context));
         let started = match &snapshot_id {
             Some(snapshot_id) => self
                 .engine
