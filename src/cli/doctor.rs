@@ -100,6 +100,7 @@ pub async fn doctor(config: Config) -> ExitCode {
         .run_ephemeral(Task::Python(PROBE), &RunOptions::default())
         .await;
     engine.settle().await;
+    engine.stop_egress().await;
     let execution = match execution {
         Ok(execution) if execution.succeeded() => execution,
         Ok(execution) => {
@@ -199,6 +200,21 @@ fn check_probe(report: &mut Report, config: &Config, seen: &serde_json::Value) {
             config.network.as_str()
         ),
     );
+    if config.network == NetworkPolicy::Allowlist {
+        // The probe ran on an egress network of its own: the proxy started, and was asked.
+        report.line(
+            true,
+            "egress",
+            format!(
+                "each sandbox on an internal network of its own (from {}) with the server's proxy \
+                 (uplink {}); {} allow and {} ask entries",
+                config.egress.subnets,
+                config.egress.uplink,
+                config.egress.allow.entries.len(),
+                config.egress.ask.entries.len()
+            ),
+        );
+    }
     let root_writable = seen["root_writable"].as_bool().unwrap_or(true);
     report.line(
         !root_writable,

@@ -309,8 +309,10 @@ async fn run(
             None
         }
     };
-    // The sandbox is removed in the background once the result is in: wait for it.
+    // The sandbox is removed in the background once the result is in: wait for it, then remove
+    // the egress proxy (when `allowlist` or an install started it).
     engine.settle().await;
+    engine.stop_egress().await;
     if let Some(retention) = retention {
         retention.abort();
     }
