@@ -458,21 +458,6 @@ async fn a_set_changed_after_publication_is_never_mounted() {
     remove_volume(&volume).await;
 }
 
-/// The host's address on Docker's default bridge (read from the interface, SIOCGIFADDR).
-fn bridge_address() -> std::net::Ipv4Addr {
-    let out = std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "docker0"])
-        .output()
-        .expect("ip");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let cidr = text
-        .split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .expect("docker0 has an IPv4 address");
-    cidr.split('/').next().unwrap().parse().expect("an address")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_installer_reaches_only_the_index_through_its_proxy() {
     if skip_without_engine() {
@@ -593,21 +578,5 @@ print(s.recv(200).split(b"\r\n")[0].decode())
     assert!(
         listener.accept().is_ok(),
         "the allowed private host was reached"
-    );
-}
-
-fn assert_no_network_left(engine: &python_code_sandbox::engine::Engine) {
-    let out = std::process::Command::new("docker")
-        .args(["network", "ls", "-q", "--filter"])
-        .arg(format!(
-            "label=io.python-code-sandbox.instance={}",
-            engine.owner().instance
-        ))
-        .output()
-        .expect("docker network ls");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "",
-        "networks left"
     );
 }

@@ -16,21 +16,6 @@ use python_code_sandbox::engine::outcome::NetworkOutcome;
 use python_code_sandbox::engine::sessions::Scope;
 use python_code_sandbox::engine::{RunOptions, Task};
 
-/// The host's address on Docker's default bridge (the proxy's uplink reaches it).
-fn bridge_address() -> String {
-    let out = std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "docker0"])
-        .output()
-        .expect("ip");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let cidr = text
-        .split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .expect("docker0 has an IPv4 address");
-    cidr.split('/').next().unwrap().to_string()
-}
-
 /// A tiny HTTP endpoint on the bridge address; counts the connections it accepted.
 fn endpoint(address: &str) -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind((address, 0)).expect("listen");
@@ -56,7 +41,7 @@ async fn each_sandbox_reaches_only_what_is_allowed_and_never_its_peers() {
     if skip_without_engine() {
         return;
     }
-    let host = bridge_address();
+    let host = bridge_address().to_string();
     let (port, accepted) = endpoint(&host);
     let engine = engine_with(|c| {
         c.network = NetworkPolicy::Allowlist;
@@ -163,17 +148,6 @@ except urllib.error.HTTPError as e:
     })
     .await;
     assert_nothing_left(&engine).await;
-    let out = std::process::Command::new("docker")
-        .args(["network", "ls", "-q", "--filter"])
-        .arg(format!(
-            "label=io.python-code-sandbox.instance={}",
-            engine.owner().instance
-        ))
-        .output()
-        .expect("docker network ls");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "",
-        "the sandboxes' networks went with them"
-    );
+    // The sandboxes' networks went with them.
+    assert_no_network_left(&engine);
 }

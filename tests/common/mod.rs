@@ -205,3 +205,35 @@ pub fn skip_without_engine() -> bool {
     );
     true
 }
+
+/// The host's address on Docker's default bridge (read from the interface).
+pub fn bridge_address() -> std::net::Ipv4Addr {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "docker0"])
+        .output()
+        .expect("ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cidr = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .expect("docker0 has an IPv4 address");
+    cidr.split('/').next().unwrap().parse().expect("an address")
+}
+
+/// No network of this engine's instance is left (egress networks go with their sandboxes).
+pub fn assert_no_network_left(engine: &Engine) {
+    let out = std::process::Command::new("docker")
+        .args(["network", "ls", "-q", "--filter"])
+        .arg(format!(
+            "label={LABEL_INSTANCE}={}",
+            engine.owner().instance
+        ))
+        .output()
+        .expect("docker network ls");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "",
+        "networks left"
+    );
+}
