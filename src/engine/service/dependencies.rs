@@ -299,9 +299,7 @@ impl Engine {
     #[doc(hidden)]
     pub async fn probe_installer_network(&self, code: &str) -> Result<Execution, EngineError> {
         let mut spec = installer_spec(
-            &self
-                .base_spec(self.config.image.clone(), "installer")
-                .await?,
+            &self.base_spec(self.config.image.clone(), "installer").await,
             &self.config,
             "unused",
         );
@@ -439,7 +437,7 @@ impl Engine {
     pub async fn cached_dependency_sets(&self) -> Result<Vec<CachedSet>, EngineError> {
         let base = self
             .base_spec(self.config.image.clone(), "maintenance")
-            .await?;
+            .await;
         self.backend.ensure_image(&base.image).await?;
         self.maintain(&base, &[]).await
     }
@@ -469,7 +467,7 @@ impl Engine {
         if !remove.is_empty() {
             let base = self
                 .base_spec(self.config.image.clone(), "maintenance")
-                .await?;
+                .await;
             self.maintain(&base, &remove).await?;
         }
         Ok(sets

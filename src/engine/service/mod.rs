@@ -115,7 +115,7 @@ pub struct Engine {
     retention: Option<Arc<Retention>>,
     /// Where session snapshots are kept (`None` when they are off).
     snapshots: Option<super::snapshots::SnapshotStore>,
-    /// The egress proxy and its network, once started (see `egress`).
+    /// The egress proxy, once started (see `engine::egress`).
     egress: tokio::sync::Mutex<Option<Arc<Gateway>>>,
 }
 
@@ -236,18 +236,14 @@ impl Engine {
 
     /// What every sandbox of this server is made from. Waits, once, for the server to find its
     /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]).
-    pub(crate) async fn base_spec(
-        &self,
-        image: String,
-        kind: &str,
-    ) -> Result<SandboxSpec, EngineError> {
+    pub(crate) async fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
         self.identified().await;
-        Ok(self.plain_spec(image, kind))
+        self.plain_spec(image, kind)
     }
 
     /// Puts a sandbox spec on an egress network of its own (started with the proxy if need
     /// be): the proxy's environment, and the attachment to launch it with.
-    pub(crate) async fn on_egress(
+    async fn on_egress(
         &self,
         spec: &mut SandboxSpec,
         role: Role,
@@ -322,7 +318,7 @@ impl Engine {
         requirements: &[deps::Requirement],
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
-        let spec = self.base_spec(image, kind).await?;
+        let spec = self.base_spec(image, kind).await;
         if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
             return Ok((sandbox, Some(report)));
         }
@@ -517,9 +513,7 @@ impl Engine {
     /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
     #[cfg(feature = "bench")]
     pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
-        let spec = self
-            .base_spec(self.config.image.clone(), "ephemeral")
-            .await?;
+        let spec = self.base_spec(self.config.image.clone(), "ephemeral").await;
         self.backend.ensure_image(&spec.image).await?;
         let mut sandbox = self.launch_code_sandbox(&spec).await?;
         let mut samples = Vec::with_capacity(count);
