@@ -12,7 +12,7 @@
 #      (scripts/conformance.sh: the official server conformance suite over HTTP against
 #      tests/conformance/expected-failures.yml, and mcp-conform over stdio and HTTP),
 #   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks under runc and gVisor,
-#      faults (one restarts dockerd),
+#      faults (one restarts dockerd), and the attacks again with SANDBOX_NETWORK=allowlist,
 #   7. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +112,11 @@ bash scripts/conformance.sh "$PWD/target/debug/python-code-sandbox"
 stage "adversarial and fault suite (official Python SDK; runc, then the attack list under gVisor)"
 # It restarts dockerd (a fault case): it runs last, alone.
 "$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runsc
+
+stage "adversarial attack list with SANDBOX_NETWORK=allowlist (runc)"
+# The attacks again, the code's sandboxes on the egress network (gVisor is registered with
+# --network=none here, so runc only); the faults ran above.
+"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults
 
 stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.

@@ -28,7 +28,7 @@ pub enum ServeError {
         source: std::io::Error,
     },
     /// `SANDBOX_NETWORK=allowlist`, and the egress proxy cannot start.
-    #[error("SANDBOX_NETWORK=allowlist: {0} (check SANDBOX_EGRESS_UPLINK names a network of the engine, and that the engine runs)")]
+    #[error("SANDBOX_NETWORK=allowlist: {0}")]
     Egress(#[source] crate::engine::EngineError),
     /// The stdio client's `initialize` failed.
     #[error("MCP session failed to start: {0}")]

@@ -18,7 +18,7 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    /// Starts the engine: the session reaper, the warm pool, and (in the background) the removal
+    /// Starts the engine: the session reaper and (in the background) the removal
     /// of what dead servers left and the retention of saved files. Nothing here waits for Docker.
     /// A files or snapshots directory that cannot be trusted, an unusable package index, or an invalid
     /// `SANDBOX_PRELOAD` set stops start-up.
@@ -49,7 +49,6 @@ impl Running {
         };
         let reaper = engine.spawn_reaper();
         let retention = engine.spawn_file_retention();
-        engine.start_pool();
         Ok(Running {
             engine,
             pypi,
@@ -60,11 +59,15 @@ impl Running {
     }
 
     /// Starts what must run before the first call: the egress proxy with
-    /// `SANDBOX_NETWORK=allowlist` (the only start-up step that waits for the engine). On failure
-    /// everything started is stopped.
+    /// `SANDBOX_NETWORK=allowlist` (the only start-up step that waits for the engine), then the
+    /// warm pool. On failure everything started is stopped.
     pub(crate) async fn ready(self) -> Result<Running, ServeError> {
         match self.engine.start_egress().await {
-            Ok(()) => Ok(self),
+            Ok(()) => {
+                // The pool's sandboxes need the proxy with allowlist: it starts after it.
+                self.engine.start_pool();
+                Ok(self)
+            }
             Err(e) => {
                 self.stop().await;
                 Err(ServeError::Egress(e))

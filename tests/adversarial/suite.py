@@ -6,6 +6,15 @@ when a case failed. Each attack must fail, the server must answer the next call 
 nothing of the case may be left on the engine.
 
     python tests/adversarial/suite.py [--bin PATH] [--runtime runsc] [--only SUBSTRING] [--no-faults]
+                                      [--network allowlist]
+
+`--network allowlist` runs the cases with SANDBOX_NETWORK=allowlist and a minimal allowlist
+(ALLOWLIST_ENV: one `.test` name mapped to loopback, so nothing is reachable through the egress
+proxy): the code's sandboxes sit on the server's internal egress network instead of having no
+interface, and the network case then checks that no host answers beyond that network, that
+there is no resolver, and that the proxy refuses what is not allowed. It is meant with
+`--no-faults` (the fault cases start their servers with the default network) and the default
+runtime (gVisor is registered here with --network=none).
 
 No test traffic leaves this machine: isolation is shown by the interfaces and routes a sandbox
 sees, by connect() on UDP sockets (which consults the routing table and sends nothing), and by
@@ -36,6 +45,7 @@ from mcp import Client, StdioServerParameters
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LABEL_PID = "io.python-code-sandbox.pid"
+LABEL_KIND = "io.python-code-sandbox.kind"
 CASE_TIMEOUT = 300
 CANARY = "PCS_HOST_SECRET_" + uuid.uuid4().hex
 
@@ -49,6 +59,16 @@ ATTACK_ENV = {
     "SANDBOX_MAX_OUTPUT": "64k",
     "SANDBOX_PIDS_LIMIT": "64",
     "SANDBOX_FILES_DIR": "",
+}
+
+
+# SANDBOX_NETWORK=allowlist with the least allowlist the settings accept: one name, mapped to
+# loopback (a non-public address), so even the allowed name is refused after resolution. The
+# proxy's uplink is Docker's default bridge; nothing through it is allowed.
+ALLOWLIST_ENV = {
+    "SANDBOX_NETWORK": "allowlist",
+    "SANDBOX_EGRESS_ALLOW": "data.test:1",
+    "SANDBOX_EGRESS_RESOLVE": "data.test=127.0.0.1",
 }
 
 
@@ -80,6 +100,14 @@ def docker(*args, check_rc=True):
 def containers_of(pid):
     """Ids of every container (running or not) a server process with this pid owns."""
     return [c for c in docker("ps", "-aq", "--no-trunc", "--filter", f"label={LABEL_PID}={pid}").split() if c]
+
+
+def proxies_of(pid):
+    """The egress proxies of a server and their volumes (under SANDBOX_NETWORK=allowlist, one
+    that lives as long as the server; an installer's lives as long as its install)."""
+    filters = ["--filter", f"label={LABEL_PID}={pid}", "--filter", f"label={LABEL_KIND}=egress"]
+    return ([c for c in docker("ps", "-aq", "--no-trunc", *filters).split() if c]
+            + [v for v in docker("volume", "ls", "-q", *filters).split() if v])
 
 
 def volumes_of(pid):
@@ -117,6 +145,9 @@ class Server:
     def __init__(self, client, pid):
         self.client = client
         self.pid = pid
+        # The server's own egress proxy (SANDBOX_NETWORK=allowlist: started before it serves) is
+        # not a sandbox a case leaves behind; it must be gone once the server exits.
+        self.standing = set(proxies_of(pid))
 
     async def call(self, tool, arguments):
         return await self.client.call_tool(tool, arguments)
@@ -138,7 +169,7 @@ class Server:
               f"the next call was not answered normally: {text_of(result)}")
 
     def left_behind(self, keep=()):
-        return [c for c in containers_of(self.pid) if c not in keep]
+        return [c for c in containers_of(self.pid) if c not in keep and c not in self.standing]
 
     async def nothing_left(self, keep=()):
         """Only `keep` (live sessions) remain; ephemeral sandboxes are removed just after their
@@ -146,8 +177,8 @@ class Server:
         keep = set(keep)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            containers = [c for c in containers_of(self.pid) if not any(c.startswith(k) for k in keep)]
-            if not containers and len(volumes_of(self.pid)) <= len(keep):
+            containers = [c for c in containers_of(self.pid) if c not in self.standing and not any(c.startswith(k) for k in keep)]
+            if not containers and len([v for v in volumes_of(self.pid) if v not in self.standing]) <= len(keep):
                 return
             await asyncio.sleep(0.2)
         raise CaseFailed(f"left behind: containers {containers}, volumes {volumes_of(self.pid)}")
@@ -167,7 +198,11 @@ async def server(binary, **env):
         pid = find_server_pid(tag)
         if pid is None:
             raise CaseFailed("could not find the server process")
-        yield Server(client, pid)
+        s = Server(client, pid)
+        yield s
+    if s.standing:
+        wait_until(lambda: not set(containers_of(pid) + volumes_of(pid)) & s.standing, 60,
+                   "the server's egress proxy to go when it exits")
 
 
 CASES = []
@@ -501,19 +536,97 @@ except OSError as e:
     print('listener', errno.errorcode.get(e.errno, 'timeout'))
 """
 
+# Appended under SANDBOX_NETWORK=allowlist: the proxy (HTTP_PROXY/HTTPS_PROXY) refuses the host's
+# listener, the metadata address, an allowed name that resolves to loopback and any other name;
+# and the sandbox itself resolves no name.
+THROUGH_PROXY = r"""
+import urllib.error, urllib.request
+def via_proxy(url):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return 'reached %d' % r.status
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        return 'refused' if e.code == 403 and body.startswith(b"refused by the sandbox's egress proxy: ") else 'http %d' % e.code
+    except OSError as e:
+        return 'tunnel refused' if 'Tunnel connection failed: 403' in str(e) else type(e).__name__
+print('proxy listener', via_proxy('http://GATEWAY:PORT/'))
+print('proxy metadata', via_proxy('http://169.254.169.254/latest/meta-data/'))
+print('proxy allowed name on loopback', via_proxy('http://data.test:1/'))
+print('proxy other name', via_proxy('https://pypi.org/simple/'))
+try:
+    socket.getaddrinfo('pypi.org', 443)
+    print('resolver answers')
+except OSError:
+    print('resolver none')
+# Every route is on the egress interface. Docker routes an --internal network's default through
+# its gateway address, which nobody holds (the host has no address on that bridge): a connection
+# to a documentation address (RFC 5737, routed nowhere) finds no host rather than a way out.
+print('route interfaces', sorted({l.split()[0] for l in routes}))
+beyond_probe.join()
+print('beyond', beyond[0])
+"""
+
+# Prepended under SANDBOX_NETWORK=allowlist: a connection beyond the egress network fails only
+# after ARP gives up (3 s), so it runs alongside the listener's.
+BEYOND = r"""
+import errno, socket, threading
+beyond = []
+def probe_beyond():
+    probe = socket.socket()
+    probe.settimeout(10)
+    try:
+        probe.connect(('192.0.2.1', 80))
+        beyond.append('connected')
+    except socket.timeout:
+        beyond.append('timeout')
+    except OSError as e:
+        beyond.append(errno.errorcode.get(e.errno, str(e.errno)))
+beyond_probe = threading.Thread(target=probe_beyond)
+beyond_probe.start()
+"""
+
 
 @case("network: loopback only, no route, the host's listener unreachable")
 async def network_none(s, ctx):
     gateway = host_gateway()
     listener = Listener(gateway)
     try:
-        result = await s.run(NETWORK.replace("GATEWAY", gateway).replace("PORT", str(listener.port)))
+        if ctx.network == "allowlist":
+            # Beyond the egress network a connection fails after ARP (3 s), and a name lookup
+            # after the resolver's timeouts (10 s): this probe gets a server with more time.
+            code = BEYOND + NETWORK.replace("s.settimeout(3)", "s.settimeout(10)") + THROUGH_PROXY
+            async with server(ctx.binary, **{**ATTACK_ENV, **ctx.runtime_env, "SANDBOX_TIMEOUT": "60s"}) as own:
+                result = await own.run(code.replace("GATEWAY", gateway).replace("PORT", str(listener.port)))
+                await own.nothing_left()
+        else:
+            result = await s.run(NETWORK.replace("GATEWAY", gateway).replace("PORT", str(listener.port)))
         check(result.is_error is False, text_of(result))
         out = result.structured_content["stdout"].splitlines()
-        check(out[0] == "interfaces ['lo']", out[0])
-        check(out[1] == "routes 0", out[1])
-        check(out[2] in ("dns ['ENETUNREACH']", "dns ['no nameserver']"), out[2])
-        check(out[3] in ("metadata ENETUNREACH", "metadata EHOSTUNREACH"), out[3])
+        if ctx.network == "allowlist":
+            # One interface besides loopback (the egress network), every route on it and no host
+            # beyond it; the proxy refuses the host's listener, the metadata address and the rest.
+            interfaces = out[0].split(" ", 1)[1]
+            check(interfaces.startswith("[") and "'lo'" in interfaces and interfaces.count(",") == 1, out[0])
+            egress = [name for name in interfaces.strip("[]").replace("'", "").split(", ") if name != "lo"]
+            check(out[1] != "routes 0" and out[10] == f"route interfaces {egress}", f"{out[1]}, {out[10]}")
+            check(out[11] in ("beyond EHOSTUNREACH", "beyond ENETUNREACH"), out[11])
+            # The metadata address has a route entry (the default one), but nothing answers on it.
+            check(out[3] in ("metadata routable", "metadata ENETUNREACH", "metadata EHOSTUNREACH"), out[3])
+            check(out[5:10] == ["proxy listener refused", "proxy metadata refused",
+                                "proxy allowed name on loopback refused", "proxy other name tunnel refused",
+                                "resolver none"], f"{out[5:10]}")
+            network = result.structured_content.get("network") or []
+            check(network and all(e["outcome"] == "refused" for e in network), f"the proxy's record: {network}")
+            # The allowed name is refused after resolution, before the proxy connects anywhere.
+            on_loopback = [e for e in network if e["host"] == "data.test"]
+            check(len(on_loopback) == 1 and "resolves to the non-public address 127.0.0.1" in on_loopback[0]["reason"],
+                  f"data.test: {on_loopback}")
+        else:
+            check(out[0] == "interfaces ['lo']", out[0])
+            check(out[1] == "routes 0", out[1])
+            check(out[2] in ("dns ['ENETUNREACH']", "dns ['no nameserver']"), out[2])
+            check(out[3] in ("metadata ENETUNREACH", "metadata EHOSTUNREACH"), out[3])
         check(out[4] in ("listener ENETUNREACH", "listener EHOSTUNREACH"), out[4])
         time.sleep(0.5)
         check(listener.received == [], f"the listener got {listener.received}")
@@ -527,6 +640,8 @@ async def network_none(s, ctx):
 async def network_bridge(ctx):
     if ctx.runtime == "runsc":
         raise Skip("runsc is registered with --network=none on this machine")
+    if ctx.network == "allowlist":
+        raise Skip("this run is about SANDBOX_NETWORK=allowlist")
     gateway = host_gateway()
     listener = Listener(gateway)
     try:
@@ -1650,18 +1765,22 @@ class Skip(Exception):
 
 
 class Context:
-    def __init__(self, binary, runtime):
+    def __init__(self, binary, runtime, network="none"):
         self.binary = binary
         self.runtime = runtime
+        self.network = network
         # Under gVisor the pids limit bounds its kernel's host threads: it needs 256 of them.
         self.runtime_env = {"SANDBOX_RUNTIME": runtime, "SANDBOX_PIDS_LIMIT": "256"} if runtime else {}
+        # Every case's server gets these (they all take runtime_env).
+        if network == "allowlist":
+            self.runtime_env = {**self.runtime_env, **ALLOWLIST_ENV}
 
 
 async def run_cases(ctx, selected):
     results = []
     shared = [c for c in selected if c[1] == "attack"]
     others = [c for c in selected if c[1] != "attack"]
-    label = f" [{ctx.runtime}]" if ctx.runtime else ""
+    label = "".join(f" [{tag}]" for tag in (ctx.runtime, ctx.network if ctx.network != "none" else None) if tag)
 
     def report(name, verdict, detail=""):
         results.append(verdict)
@@ -1709,12 +1828,17 @@ def main():
     parser.add_argument("--runtime", action="append", default=[], help="also run the attack list under this OCI runtime (e.g. runsc)")
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument("--no-faults", action="store_true", help="skip the fault cases (they restart dockerd)")
+    parser.add_argument("--network", choices=["none", "allowlist"], default="none",
+                        help="the SANDBOX_NETWORK of the cases' servers (allowlist: with ALLOWLIST_ENV)")
     args = parser.parse_args()
+    if args.network == "allowlist" and args.runtime:
+        # gVisor is registered here with --network=none: its sandboxes cannot join the egress network.
+        parser.error("--network allowlist runs under the default runtime only; drop --runtime")
     selected = [c for c in CASES if (not args.only or args.only in c[0]) and not (args.no_faults and c[1] == "fault")]
     results = []
     for runtime in [None, *args.runtime]:
         cases = [c for c in selected if not (runtime and c[1] == "fault")]
-        results += asyncio.run(run_cases(Context(os.path.abspath(args.bin), runtime), cases))
+        results += asyncio.run(run_cases(Context(os.path.abspath(args.bin), runtime, args.network), cases))
     passed = results.count("PASS")
     failed = results.count("FAIL")
     skipped = results.count("SKIP")

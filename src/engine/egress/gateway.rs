@@ -243,7 +243,11 @@ impl Gateway {
                 if let Some(id) = &proxy {
                     let _ = backend.destroy(id).await;
                 }
-                return Err(e);
+                return Err(EngineError::Egress(format!(
+                    "it cannot start on the uplink network {:?} (SANDBOX_EGRESS_UPLINK: does the \
+                     engine have that network, and does it run?): {e}",
+                    config.egress.uplink
+                )));
             }
         };
         let sources = Arc::new(Sources::new(

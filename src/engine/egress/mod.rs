@@ -1,12 +1,13 @@
 //! The way out of the egress network: one proxy per server, for the agent's code
 //! (`SANDBOX_NETWORK=allowlist`) and for the dependency installers.
 //!
-//! The server keeps one `--internal` network (the host has no address on it: its bridge's IPv4 is
-//! inhibited) and one proxy container on it and on the uplink network (`SANDBOX_EGRESS_UPLINK`,
-//! Docker's default bridge unless the operator names another). The proxy is the sandbox image
-//! running [`PROXY_SCRIPT`] as uid 1000 without capabilities; it is labelled like the sandboxes,
-//! removed at shutdown and swept by a later server if this one dies. Sandboxes on the network
-//! reach it through `HTTP(S)_PROXY` (its address: they need no resolver, and have none).
+//! Every sandbox on the egress gets an `--internal` network of its own (see [`gateway`]: the host
+//! has no address on it, its bridge's IPv4 is inhibited) whose only other member is the server's
+//! one proxy, which is also on the uplink network (`SANDBOX_EGRESS_UPLINK`, Docker's default bridge
+//! unless the operator names another). The proxy is the sandbox image running [`PROXY_SCRIPT`] as
+//! uid 1000 without capabilities; it is labelled like the sandboxes, removed at shutdown and swept
+//! by a later server if this one dies. Sandboxes reach it through `HTTP(S)_PROXY` (its address on
+//! their network: they need no resolver, and theirs answers nothing).
 //!
 //! The proxy decides nothing: over its attached stdin and stdout ([`gateway`]) it asks the server
 //! about every connection, by the connection's source address ([`sources`]): an installer may
