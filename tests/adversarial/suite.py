@@ -43,6 +43,9 @@ import uuid
 
 from mcp import Client, StdioServerParameters
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from wheels import make_wheel  # noqa: E402
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LABEL_PID = "io.python-code-sandbox.pid"
 LABEL_KIND = "io.python-code-sandbox.kind"
@@ -103,8 +106,8 @@ def containers_of(pid):
 
 
 def proxies_of(pid):
-    """The egress proxies of a server and their volumes (under SANDBOX_NETWORK=allowlist, one
-    that lives as long as the server; an installer's lives as long as its install)."""
+    """The egress proxy of a server and its volume: it lives as long as the server, from start-up
+    under SANDBOX_NETWORK=allowlist, from its first install otherwise."""
     filters = ["--filter", f"label={LABEL_PID}={pid}", "--filter", f"label={LABEL_KIND}=egress"]
     return ([c for c in docker("ps", "-aq", "--no-trunc", *filters).split() if c]
             + [v for v in docker("volume", "ls", "-q", *filters).split() if v])
@@ -145,9 +148,14 @@ class Server:
     def __init__(self, client, pid):
         self.client = client
         self.pid = pid
-        # The server's own egress proxy (SANDBOX_NETWORK=allowlist: started before it serves) is
-        # not a sandbox a case leaves behind; it must be gone once the server exits.
+        # The server's own egress proxy (started before it serves with SANDBOX_NETWORK=allowlist,
+        # by its first install otherwise) is not a sandbox a case leaves behind; it must be gone
+        # once the server exits.
         self.standing = set(proxies_of(pid))
+
+    def proxies(self):
+        self.standing |= set(proxies_of(self.pid))
+        return self.standing
 
     async def call(self, tool, arguments):
         return await self.client.call_tool(tool, arguments)
@@ -169,7 +177,7 @@ class Server:
               f"the next call was not answered normally: {text_of(result)}")
 
     def left_behind(self, keep=()):
-        return [c for c in containers_of(self.pid) if c not in keep and c not in self.standing]
+        return [c for c in containers_of(self.pid) if c not in keep and c not in self.proxies()]
 
     async def nothing_left(self, keep=()):
         """Only `keep` (live sessions) remain; ephemeral sandboxes are removed just after their
@@ -177,8 +185,9 @@ class Server:
         keep = set(keep)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            containers = [c for c in containers_of(self.pid) if c not in self.standing and not any(c.startswith(k) for k in keep)]
-            if not containers and len([v for v in volumes_of(self.pid) if v not in self.standing]) <= len(keep):
+            proxies = self.proxies()
+            containers = [c for c in containers_of(self.pid) if c not in proxies and not any(c.startswith(k) for k in keep)]
+            if not containers and len([v for v in volumes_of(self.pid) if v not in proxies]) <= len(keep):
                 return
             await asyncio.sleep(0.2)
         raise CaseFailed(f"left behind: containers {containers}, volumes {volumes_of(self.pid)}")
@@ -200,7 +209,7 @@ async def server(binary, **env):
             raise CaseFailed("could not find the server process")
         s = Server(client, pid)
         yield s
-    if s.standing:
+    if s.proxies():
         wait_until(lambda: not set(containers_of(pid) + volumes_of(pid)) & s.standing, 60,
                    "the server's egress proxy to go when it exits")
 
@@ -1029,30 +1038,6 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         z.writestr("pcs_evil-1.0.dist-info/RECORD", record)
     return name
 '''
-
-
-def make_wheel(name, version, module_source):
-    """A minimal pure-Python wheel: (filename, bytes)."""
-    import hashlib
-    import io
-    import zipfile
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}.py": module_source.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = ""
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record += f"{path},sha256={digest},{len(data)}\n"
-    record += f"{dist}/RECORD,,\n"
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
-        for path, data in files.items():
-            z.writestr(path, data)
-        z.writestr(f"{dist}/RECORD", record)
-    return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
 
 
 def make_evil_sdist(gateway, listener_port):

@@ -6,19 +6,20 @@ through could reach nothing but these endpoints.
 Nothing here knows about the server: test_egress.py builds the server's settings from `Lab`.
 """
 
-import base64
 import hashlib
 import http.server
-import io
 import json
 import os
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import uuid
-import zipfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from wheels import make_wheel  # noqa: E402
 
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 PROBE_WHEEL = "pcs_egress_probe-1.0-py3-none-any.whl"
@@ -84,27 +85,6 @@ class Endpoint:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def make_wheel(project_module, version, module_source):
-    """A minimal valid pure-Python wheel (METADATA, WHEEL, RECORD with hashes): (filename, bytes)."""
-    dist = f"{project_module}-{version}.dist-info"
-    files = {
-        f"{project_module}.py": module_source.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {project_module.replace('_', '-')}\nVersion: {version}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: pcs-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = ""
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record += f"{path},sha256={digest},{len(data)}\n"
-    record += f"{dist}/RECORD,,\n"
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
-        for path, data in files.items():
-            z.writestr(path, data)
-        z.writestr(f"{dist}/RECORD", record)
-    return f"{project_module}-{version}-py3-none-any.whl", buffer.getvalue()
 
 
 def index_routes():
