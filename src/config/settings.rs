@@ -661,7 +661,7 @@ pub const SANDBOX_FILES_MAX_COUNT: Setting = Setting {
 pub const SANDBOX_SNAPSHOT_DIR: Setting = Setting {
     name: "SANDBOX_SNAPSHOT_DIR",
     default: Shown::Prose("`$XDG_STATE_HOME/python-code-sandbox/snapshots`, else `~/.local/state/python-code-sandbox/snapshots`, else (no `HOME`) `$TMPDIR/python-code-sandbox-<uid>/snapshots`"),
-    doc: "where session snapshots are kept (`<dir>/<owner>/<snapshot_id>.snap` and `.json`); checked at start-up like `SANDBOX_FILES_DIR`; set to an empty string to turn snapshots off",
+    doc: "where session snapshots are kept (`<dir>/<owner>/<snapshot_id>.snap` and `.json`); checked at start-up like `SANDBOX_FILES_DIR`; set to an empty string to turn snapshots off (and `sandbox_fork`, which goes through the store)",
     read: Read::EvenEmpty(|config, var, v| {
         config.snapshots.dir = if v.is_empty() {
             None
