@@ -138,7 +138,7 @@ pub struct DependencyReport {
 }
 
 /// What came of the code's attempts to reach one host and port, in one execution.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkEntry {
     pub host: String,
     pub port: u16,
@@ -148,12 +148,10 @@ pub struct NetworkEntry {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     /// Why it was refused, is pending, or failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NetworkOutcome {
     /// Connected (bytes may have flowed both ways).
     Reached,

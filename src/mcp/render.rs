@@ -102,9 +102,9 @@ fn network_line(entries: &[NetworkEntry]) -> Option<String> {
         .iter()
         .map(|e| {
             let what = format!("{} {}:{}", e.outcome.as_str(), e.host, e.port);
-            match (&e.reason, e.outcome) {
-                (Some(reason), _) => format!("{what} ({reason})"),
-                (None, _) => format!(
+            match &e.reason {
+                Some(reason) => format!("{what} ({reason})"),
+                None => format!(
                     "{what} ({} connection{}, {} sent, {} received)",
                     e.connections,
                     if e.connections == 1 { "" } else { "s" },

@@ -144,28 +144,30 @@ impl Lease {
         lock(&self.gateway.flushes).remove(&flush);
         self.gateway.sources.take_record(&self.address)
     }
-}
 
-impl Lease {
     /// The sandbox is gone: forgets it and removes its network.
     pub async fn release(mut self) {
-        self.released = true;
-        self.gateway.sources.forget(&self.address, self.generation);
-        if !self.gateway.sources.network_in_use(&self.network.name) {
+        if self.forget() {
             self.gateway.close(&self.network).await;
         }
+    }
+
+    /// Forgets the sandbox (once); whether its network is left to remove (a renewed lease, a
+    /// restart that changed the address, keeps it).
+    fn forget(&mut self) -> bool {
+        if std::mem::replace(&mut self.released, true) {
+            return false;
+        }
+        self.gateway.sources.forget(&self.address, self.generation);
+        !self.gateway.sources.network_in_use(&self.network.name)
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        self.gateway.sources.forget(&self.address, self.generation);
-        // A renewed lease (a restart that changed the address) keeps the network; otherwise it
-        // goes in the background (the shutdown removes what is left).
-        if self.gateway.sources.network_in_use(&self.network.name) {
+        // Not released (the sandbox was abandoned): its network goes in the background, and the
+        // shutdown removes what is left.
+        if !self.forget() {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -457,7 +459,7 @@ fn answer(
             port,
         } => match sources.decide(&src, conn, &host, port) {
             Decision::Allow => reply(to_proxy, q, Ok(())),
-            Decision::Refuse(why) => reply(to_proxy, q, Err(why)),
+            Decision::Refuse(why) | Decision::Pending(why) => reply(to_proxy, q, Err(why)),
             Decision::RefuseAndAsk {
                 reason,
                 session,

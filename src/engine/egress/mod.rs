@@ -24,12 +24,10 @@ mod sources;
 
 use std::net::IpAddr;
 
-use serde::Serialize;
-
 pub use crate::config::parse_host_port;
 use crate::config::Config;
 pub use gateway::{Attachment, Gateway, Lease};
-pub use sources::{ConsentAnswer, ConsentAsker, Role, SessionNetwork, Standing};
+pub use sources::{ConsentAnswer, ConsentAsker, Consideration, Role, SessionNetwork};
 
 /// The port the proxy listens on.
 pub const PROXY_PORT: u16 = 3128;
@@ -38,7 +36,7 @@ pub const PROXY_PORT: u16 = 3128;
 pub const PROXY_SCRIPT: &str = include_str!("../python/egress_proxy.py");
 
 /// What the installers may reach: the index hosts (and the operator's extra hosts).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexPolicy {
     /// Lowercase host names (or addresses) and ports.
     pub allow: Vec<(String, u16)>,
@@ -133,15 +131,6 @@ pub fn proxy_command(config: &Config) -> Vec<String> {
         PROXY_SCRIPT.into(),
         conf.to_string(),
     ]
-}
-
-/// Whether an environment entry is one of [`proxy_env`]'s.
-pub fn is_proxy_env(entry: &str) -> bool {
-    let name = entry.split('=').next().unwrap_or_default();
-    matches!(
-        name.to_ascii_uppercase().as_str(),
-        "HTTPS_PROXY" | "HTTP_PROXY" | "ALL_PROXY" | "NO_PROXY"
-    )
 }
 
 /// The proxy environment of a sandbox on the egress network.

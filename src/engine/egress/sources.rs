@@ -51,7 +51,7 @@ struct Consents {
 
 /// Where a session stands on one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
+enum Standing {
     Approved,
     Declined,
     Pending,
@@ -74,7 +74,7 @@ impl SessionNetwork {
         self.asker.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub fn standing(&self, host: &str, port: u16) -> Standing {
+    fn standing(&self, host: &str, port: u16) -> Standing {
         let key = (host.to_string(), port);
         let consents = self.consents();
         if consents.approved.contains(&key) {
@@ -89,8 +89,30 @@ impl SessionNetwork {
     }
 
     /// Marks a question open; false when it already was (it is asked once).
-    pub fn open_question(&self, host: &str, port: u16) -> bool {
+    fn open_question(&self, host: &str, port: u16) -> bool {
         self.consents().pending.insert((host.to_string(), port))
+    }
+
+    /// Where this session stands on a host that needs consent, and, when the user is to be
+    /// asked now, the question opened (asked once: later attempts find it pending).
+    pub fn consider(&self, host: &str, port: u16) -> Consideration {
+        match self.standing(host, port) {
+            Standing::Approved => return Consideration::Approved,
+            Standing::Declined => return Consideration::Declined,
+            Standing::Pending => return Consideration::Pending,
+            Standing::Unasked => {}
+        }
+        let Some(asker) = self.asker() else {
+            return Consideration::Unable("it has no client".into());
+        };
+        if let Some(why) = asker.unable() {
+            return Consideration::Unable(why);
+        }
+        if self.open_question(host, port) {
+            Consideration::Ask(asker)
+        } else {
+            Consideration::Pending
+        }
     }
 
     /// Records the user's answer (a cancelled or unavailable question is forgotten).
@@ -111,6 +133,18 @@ impl SessionNetwork {
     }
 }
 
+/// What [`SessionNetwork::consider`] found.
+pub enum Consideration {
+    Approved,
+    Declined,
+    /// Asked already; no answer yet.
+    Pending,
+    /// The user cannot be asked: why.
+    Unable(String),
+    /// Ask now (the question is open).
+    Ask(Arc<dyn ConsentAsker>),
+}
+
 /// What a sandbox on the egress network runs.
 #[derive(Clone)]
 pub enum Role {
@@ -124,6 +158,8 @@ pub enum Role {
 pub enum Decision {
     Allow,
     Refuse(String),
+    /// Refused until the user answers the open question.
+    Pending(String),
     /// Refused for now; the user is to be asked (the caller asks, then records the answer).
     RefuseAndAsk {
         reason: String,
@@ -268,15 +304,19 @@ impl Sources {
         inner.connections.insert(conn, source.to_string());
     }
 
-    fn settle(&self, inner: &mut Inner, conn: u64, outcome: NetworkOutcome, reason: &str) {
-        let Some(source) = inner.connections.get(&conn).cloned() else {
-            return;
-        };
-        if let Some(attempt) = inner
+    /// The attempt a proxy connection is recorded as.
+    fn attempt(inner: &mut Inner, conn: u64) -> Option<&mut Attempt> {
+        let source = inner.connections.get(&conn)?;
+        inner
             .by_address
-            .get_mut(&source)
-            .and_then(|s| s.attempts.iter_mut().find(|a| a.conn == conn))
-        {
+            .get_mut(source)?
+            .attempts
+            .iter_mut()
+            .find(|a| a.conn == conn)
+    }
+
+    fn settle(&self, inner: &mut Inner, conn: u64, outcome: NetworkOutcome, reason: &str) {
+        if let Some(attempt) = Self::attempt(inner, conn) {
             attempt.outcome = outcome;
             attempt.reason = Some(reason.to_string());
         }
@@ -300,14 +340,9 @@ impl Sources {
         match &decision {
             Decision::Allow => {}
             Decision::Refuse(reason) => {
-                let outcome = if reason.starts_with(PENDING) {
-                    NetworkOutcome::Pending
-                } else {
-                    NetworkOutcome::Refused
-                };
-                self.settle(&mut inner, conn, outcome, reason);
+                self.settle(&mut inner, conn, NetworkOutcome::Refused, reason)
             }
-            Decision::RefuseAndAsk { reason, .. } => {
+            Decision::Pending(reason) | Decision::RefuseAndAsk { reason, .. } => {
                 self.settle(&mut inner, conn, NetworkOutcome::Pending, reason)
             }
         }
@@ -332,34 +367,20 @@ impl Sources {
                          for hosts up front: network: [\"{name}:{port}\"])"
                     ));
                 };
-                match session.standing(&name, port) {
-                    Standing::Approved => Decision::Allow,
-                    Standing::Declined => Decision::Refuse(format!(
+                match session.consider(&name, port) {
+                    Consideration::Approved => Decision::Allow,
+                    Consideration::Declined => Decision::Refuse(format!(
                         "the user declined {name}:{port} for this session"
                     )),
-                    Standing::Pending => Decision::Refuse(pending(&name, port)),
-                    Standing::Unasked => {
-                        let asker = session.asker();
-                        match asker {
-                            None => Decision::Refuse(unable(&name, port, "it has no client")),
-                            Some(asker) => match asker.unable() {
-                                Some(why) => Decision::Refuse(unable(&name, port, &why)),
-                                None => {
-                                    if session.open_question(&name, port) {
-                                        Decision::RefuseAndAsk {
-                                            reason: pending(&name, port),
-                                            session,
-                                            asker,
-                                            host: name,
-                                            port,
-                                        }
-                                    } else {
-                                        Decision::Refuse(pending(&name, port))
-                                    }
-                                }
-                            },
-                        }
-                    }
+                    Consideration::Pending => Decision::Pending(pending(&name, port)),
+                    Consideration::Unable(why) => Decision::Refuse(unable(&name, port, &why)),
+                    Consideration::Ask(asker) => Decision::RefuseAndAsk {
+                        reason: pending(&name, port),
+                        session,
+                        asker,
+                        host: name,
+                        port,
+                    },
                 }
             }
         }
@@ -395,14 +416,7 @@ impl Sources {
     /// A connection ended; `error` when it could not be made (or was refused by the proxy itself).
     pub fn closed(&self, conn: u64, sent: u64, received: u64, error: Option<&str>) {
         let mut inner = self.inner();
-        let Some(source) = inner.connections.remove(&conn) else {
-            return;
-        };
-        if let Some(attempt) = inner
-            .by_address
-            .get_mut(&source)
-            .and_then(|s| s.attempts.iter_mut().find(|a| a.conn == conn))
-        {
+        if let Some(attempt) = Self::attempt(&mut inner, conn) {
             attempt.open = false;
             attempt.sent = sent;
             attempt.received = received;
@@ -411,6 +425,7 @@ impl Sources {
                 attempt.reason = Some(error.to_string());
             }
         }
+        inner.connections.remove(&conn);
     }
 
     /// The bytes of connections still open, as the proxy counted them just now.
@@ -467,11 +482,9 @@ impl Sources {
     }
 }
 
-const PENDING: &str = "waiting for the user's approval";
-
 fn pending(host: &str, port: u16) -> String {
     format!(
-        "{PENDING} of {host}:{port} (SANDBOX_EGRESS_ASK): the MCP client is asking them now; \
+        "waiting for the user's approval of {host}:{port} (SANDBOX_EGRESS_ASK): the MCP client is asking them now; \
          retry after they answer"
     )
 }
@@ -519,7 +532,7 @@ mod tests {
 
     fn refused(decision: Decision) -> String {
         match decision {
-            Decision::Refuse(why) => why,
+            Decision::Refuse(why) | Decision::Pending(why) => why,
             Decision::Allow => panic!("allowed"),
             Decision::RefuseAndAsk { reason, .. } => panic!("asks: {reason}"),
         }

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 use super::Engine;
 use crate::config::egress::{target_of, Static, Target};
 use crate::config::{parse_host_port, NetworkPolicy};
-use crate::engine::egress::{ConsentAnswer, Standing};
+use crate::engine::egress::{ConsentAnswer, Consideration, SessionNetwork};
 use crate::engine::sessions::Scope;
 use crate::engine::EngineError;
 
@@ -19,8 +17,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(120);
 /// At most this many hosts in one request.
 const MAX_HOSTS: usize = 32;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostStatus {
     Allowed,
     Declined,
@@ -28,13 +25,23 @@ pub enum HostStatus {
     Refused,
 }
 
+impl HostStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostStatus::Allowed => "allowed",
+            HostStatus::Declined => "declined",
+            HostStatus::Pending => "pending",
+            HostStatus::Refused => "refused",
+        }
+    }
+}
+
 /// What became of one host a session asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRequest {
     pub host: String,
     pub port: u16,
     pub status: HostStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
@@ -94,69 +101,51 @@ impl Engine {
 
     async fn ask_up_front(
         &self,
-        network: &crate::engine::egress::SessionNetwork,
+        network: &SessionNetwork,
         host: &str,
         port: u16,
     ) -> (HostStatus, Option<String>) {
-        match network.standing(host, port) {
-            Standing::Approved => return (HostStatus::Allowed, None),
-            Standing::Declined => {
-                return (
-                    HostStatus::Declined,
-                    Some("the user declined it for this session".into()),
-                )
-            }
-            Standing::Pending => {
+        let declined = || {
+            (
+                HostStatus::Declined,
+                Some("the user declined it for this session".into()),
+            )
+        };
+        let asker = match network.consider(host, port) {
+            Consideration::Approved => return (HostStatus::Allowed, None),
+            Consideration::Declined => return declined(),
+            Consideration::Pending => {
                 return (
                     HostStatus::Pending,
                     Some("the user has not answered yet".into()),
                 )
             }
-            Standing::Unasked => {}
-        }
-        let Some(asker) = network.asker() else {
-            return (
-                HostStatus::Refused,
-                Some("it needs the user's consent (SANDBOX_EGRESS_ASK), and there is no client to ask".into()),
-            );
-        };
-        if let Some(why) = asker.unable() {
-            return (
-                HostStatus::Refused,
-                Some(format!(
-                    "it needs the user's consent (SANDBOX_EGRESS_ASK), and this MCP client cannot ask its user ({why})"
-                )),
-            );
-        }
-        if !network.open_question(host, port) {
-            return (HostStatus::Pending, Some("the user is being asked".into()));
-        }
-        match tokio::time::timeout(ANSWER_WAIT, asker.ask(host, port)).await {
-            Ok(answer) => {
-                network.answer(host, port, &answer);
-                match answer {
-                    ConsentAnswer::Accepted => (HostStatus::Allowed, None),
-                    ConsentAnswer::Declined => (
-                        HostStatus::Declined,
-                        Some("the user declined it for this session".into()),
-                    ),
-                    ConsentAnswer::Cancelled => (
-                        HostStatus::Pending,
-                        Some("the user dismissed the question: it is asked again on the next attempt".into()),
-                    ),
-                    ConsentAnswer::Unavailable(why) => (HostStatus::Refused, Some(why)),
-                }
-            }
-            Err(_) => {
-                network.answer(host, port, &ConsentAnswer::Cancelled);
-                (
-                    HostStatus::Pending,
-                    Some(
-                        "the user did not answer in time: it is asked again on the next attempt"
-                            .into(),
-                    ),
+            Consideration::Unable(why) => {
+                return (
+                    HostStatus::Refused,
+                    Some(format!(
+                        "it needs the user's consent (SANDBOX_EGRESS_ASK), and this MCP client cannot ask its user ({why})"
+                    )),
                 )
             }
+            Consideration::Ask(asker) => asker,
+        };
+        let answer = tokio::time::timeout(ANSWER_WAIT, asker.ask(host, port))
+            .await
+            .unwrap_or(ConsentAnswer::Cancelled);
+        network.answer(host, port, &answer);
+        match answer {
+            ConsentAnswer::Accepted => (HostStatus::Allowed, None),
+            ConsentAnswer::Declined => declined(),
+            ConsentAnswer::Cancelled => (
+                HostStatus::Pending,
+                Some(
+                    "the user dismissed the question or did not answer in time: it is asked again \
+                     on the next attempt"
+                        .into(),
+                ),
+            ),
+            ConsentAnswer::Unavailable(why) => (HostStatus::Refused, Some(why)),
         }
     }
 }

@@ -208,8 +208,7 @@ impl Engine {
             return Ok(gateway.clone());
         }
         self.identified().await;
-        let mut base = self.plain_spec(self.config.image.clone(), "egress");
-        base.command = Vec::new();
+        let base = self.plain_spec(self.config.image.clone(), "egress");
         self.backend.ensure_image(&base.image).await?;
         let gateway = Gateway::start(self.backend.clone(), &base, &self.config).await?;
         tracing::info!(uplink = %self.config.egress.uplink, "egress proxy started");
@@ -251,7 +250,6 @@ impl Engine {
         let gateway = self.gateway().await?;
         let network = gateway.open().await?;
         spec.network_name = Some(network.name.clone());
-        spec.env.retain(|e| !super::egress::is_proxy_env(e));
         spec.env
             .extend(super::egress::proxy_env(&network.proxy_address));
         Ok(Attachment {

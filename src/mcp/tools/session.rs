@@ -7,7 +7,6 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, RoleServer};
 
 use crate::config::NetworkPolicy;
-use crate::engine::service::HostStatus;
 use crate::mcp::descriptions::limits_line;
 use crate::mcp::outcome::{structured, ToolError};
 use crate::mcp::outputs::{
@@ -94,7 +93,7 @@ impl SandboxServer {
                 "\nnetwork: {}:{} {}",
                 host.host,
                 host.port,
-                host_status(host.status)
+                host.status.as_str()
             ));
             if let Some(reason) = &host.reason {
                 text.push_str(&format!(" ({reason})"));
@@ -112,7 +111,7 @@ impl SandboxServer {
                         .map(|h| HostOutput {
                             host: h.host,
                             port: h.port,
-                            status: host_status(h.status).to_string(),
+                            status: h.status.as_str().to_string(),
                             reason: h.reason,
                         })
                         .collect()
@@ -194,14 +193,5 @@ impl SandboxServer {
             session_max_lifetime_seconds: config.sessions.max_lifetime.as_secs(),
         };
         Ok(structured(text, &ListOutput { sessions, limits }))
-    }
-}
-
-fn host_status(status: HostStatus) -> &'static str {
-    match status {
-        HostStatus::Allowed => "allowed",
-        HostStatus::Declined => "declined",
-        HostStatus::Pending => "pending",
-        HostStatus::Refused => "refused",
     }
 }
