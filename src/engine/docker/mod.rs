@@ -71,10 +71,10 @@ impl DockerBackend {
             return Ok(client.clone());
         }
         let client = Docker::connect_with_defaults()
-            .map_err(BackendError::unavailable)?
+            .map_err(|e| BackendError::unavailable(ConnectError::new(&e)))?
             .negotiate_version()
             .await
-            .map_err(BackendError::unavailable)?;
+            .map_err(|e| BackendError::unavailable(ConnectError::new(&e)))?;
         *slot = Some(client.clone());
         Ok(client)
     }
@@ -229,6 +229,56 @@ impl DockerBackend {
         }
     }
 }
+
+/// Why connecting to the engine failed, in words an operator can act on. bollard's own message for
+/// a refused TLS handshake or a failed ssh is only "client error (SendRequest)": the cause (a bad
+/// certificate, an unknown host key) is further down the error's chain, so the whole chain is
+/// shown, with the endpoint and, for TLS and SSH, what to check.
+#[derive(Debug)]
+struct ConnectError(String);
+
+impl ConnectError {
+    fn new(error: &(dyn std::error::Error + 'static)) -> Self {
+        let mut causes: Vec<String> = Vec::new();
+        let mut next = Some(error);
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            // Wrappers often repeat their source's words: keep each cause once.
+            if !causes.iter().any(|seen| seen.contains(&text)) {
+                causes.push(text);
+            }
+            next = cause.source();
+        }
+        let endpoint = std::env::var("DOCKER_HOST")
+            .ok()
+            .filter(|host| !host.is_empty())
+            .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string());
+        let hint = if endpoint.starts_with("ssh://") {
+            " (over SSH: `ssh` on this machine's PATH must log in without a prompt, with the host's \
+             key already known, and the far side must have `docker` on its PATH for \
+             `docker system dial-stdio`)"
+                .to_string()
+        } else if std::env::var_os("DOCKER_TLS_VERIFY").is_some_and(|v| !v.is_empty()) {
+            let dir = std::env::var("DOCKER_CERT_PATH").unwrap_or_else(|_| "~/.docker".to_string());
+            format!(
+                " (over TLS with the certificates in DOCKER_CERT_PATH={dir}: ca.pem must be the CA \
+                 that signed the engine's certificate, and cert.pem/key.pem a client certificate \
+                 from a CA the engine trusts (its --tlscacert))"
+            )
+        } else {
+            String::new()
+        };
+        ConnectError(format!("{endpoint}: {}{hint}", causes.join(": ")))
+    }
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectError {}
 
 /// An anonymous local volume backed by a tmpfs of `bytes`, labelled like its sandbox.
 fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64) -> MountVolumeOptions {
