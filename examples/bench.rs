@@ -89,6 +89,10 @@ struct Cli {
     /// Requests of each egress series.
     #[arg(long, default_value_t = 50)]
     egress_runs: usize,
+    /// Measure only the runtimes side by side: pooled ephemeral runs, session calls and cold
+    /// ephemeral runs (no pool) under runc and under gVisor (when registered).
+    #[arg(long)]
+    only_runtimes: bool,
 }
 
 fn main() -> ExitCode {
@@ -161,7 +165,11 @@ fn main() -> ExitCode {
     let (only_snapshot, snapshot_runs) = (cli.only_snapshot, cli.snapshot_runs.max(1));
     let json_out = cli.json;
     let (only_egress, egress_runs) = (cli.only_egress, cli.egress_runs.max(1));
+    let only_runtimes = cli.only_runtimes;
     let measured = runtime.block_on(async move {
+        if only_runtimes {
+            return runtimes(&options).await;
+        }
         if only_egress {
             return egress(egress_runs, json_out).await;
         }
@@ -1324,6 +1332,165 @@ async fn egress(runs: usize, json_out: bool) -> Result<(), String> {
             println!("one HTTPS request (new connection, TLS) with {mode}: p50 {p50:.2} ms, p95 {p95:.2} ms");
         }
         println!("added by the egress proxy (p50): {added:.2} ms");
+    }
+    Ok(())
+}
+
+/// The figures of one runtime: pooled ephemeral, session and cold ephemeral calls (p50, p95).
+struct RuntimeFigures {
+    runtime: &'static str,
+    pooled: Vec<Duration>,
+    session: Vec<Duration>,
+    cold: Vec<Duration>,
+}
+
+/// `runs` calls of `arguments` to `tool`, `think` before each; checks the output is `hello`.
+async fn hello_series(
+    client: &Client,
+    tool: &'static str,
+    arguments: Value,
+    runs: usize,
+    think: Duration,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        tokio::time::sleep(think).await;
+        let started = Instant::now();
+        let result = call(client, tool, arguments.clone()).await?;
+        samples.push(started.elapsed());
+        if stdout_of(&result) != "hello\n" {
+            return Err(format!("unexpected output {:?}", stdout_of(&result)));
+        }
+    }
+    Ok(samples)
+}
+
+/// One runtime measured through the server: a pooled server, then one with no pool.
+async fn runtime_figures(
+    runtime: &'static str,
+    options: &BenchOptions,
+) -> Result<RuntimeFigures, String> {
+    let hello = json!({"code": "print('hello')"});
+    let pool = options.pool_size.max(1).to_string();
+    let client = plot_server(&[("SANDBOX_RUNTIME", runtime), ("SANDBOX_POOL_SIZE", &pool)]).await?;
+    let measured = async {
+        // The pool fills, and the first calls warm the server's connections.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        hello_series(
+            &client,
+            "run_python_ephemeral",
+            hello.clone(),
+            3,
+            options.think,
+        )
+        .await?;
+        let pooled = hello_series(
+            &client,
+            "run_python_ephemeral",
+            hello.clone(),
+            options.ephemeral_runs,
+            options.think,
+        )
+        .await?;
+        let started = call(&client, "sandbox_initialize", json!({})).await?;
+        let id = field_str(&started, "container_id")?;
+        let in_session = json!({"container_id": id, "code": "print('hello')"});
+        hello_series(&client, "run_python", in_session.clone(), 3, Duration::ZERO).await?;
+        let session = hello_series(
+            &client,
+            "run_python",
+            in_session,
+            options.session_runs,
+            Duration::ZERO,
+        )
+        .await?;
+        call(&client, "sandbox_stop", json!({"container_id": id})).await?;
+        Ok::<_, String>((pooled, session))
+    }
+    .await;
+    let _ = client.cancel().await;
+    let (pooled, session) = measured?;
+    let client = plot_server(&[("SANDBOX_RUNTIME", runtime), ("SANDBOX_POOL_SIZE", "0")]).await?;
+    let cold = hello_series(
+        &client,
+        "run_python_ephemeral",
+        hello,
+        options.floor_runs,
+        options.think,
+    )
+    .await;
+    let _ = client.cancel().await;
+    Ok(RuntimeFigures {
+        runtime,
+        pooled,
+        session,
+        cold: cold?,
+    })
+}
+
+/// runc and gVisor side by side (gVisor only when the engine has it).
+async fn runtimes(options: &BenchOptions) -> Result<(), String> {
+    let engine = Engine::with_docker(Config::default());
+    let registered = engine
+        .backend()
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .runtimes;
+    let mut figures = Vec::new();
+    for runtime in ["runc", "runsc"] {
+        if !registered.contains_key(runtime) {
+            eprintln!("bench: {runtime} is not registered with the engine; skipped");
+            continue;
+        }
+        eprintln!(
+            "bench: {runtime}: {} pooled ephemeral, {} session, {} cold ephemeral calls",
+            options.ephemeral_runs, options.session_runs, options.floor_runs
+        );
+        figures.push(runtime_figures(runtime, options).await?);
+    }
+    if options.json {
+        let rows: serde_json::Map<String, Value> = figures
+            .iter()
+            .map(|f| {
+                let pair = |samples: &[Duration]| {
+                    json!({"p50_ms": ms(percentile(samples, 50.0)), "p95_ms": ms(percentile(samples, 95.0))})
+                };
+                (
+                    f.runtime.to_string(),
+                    json!({"pooled_ephemeral": pair(&f.pooled), "session_call": pair(&f.session),
+                           "cold_ephemeral": pair(&f.cold)}),
+                )
+            })
+            .collect();
+        println!("{}", json!({ "runtimes": rows }));
+        return Ok(());
+    }
+    print!("{:<28}", "p50 / p95 (ms)");
+    for f in &figures {
+        print!("{:>24}", f.runtime);
+    }
+    println!();
+    type Pick = fn(&RuntimeFigures) -> &Vec<Duration>;
+    let rows: [(&str, Pick); 3] = [
+        ("pooled ephemeral hello", |f| &f.pooled),
+        ("session call hello", |f| &f.session),
+        ("cold ephemeral hello", |f| &f.cold),
+    ];
+    for (name, pick) in rows {
+        print!("{name:<28}");
+        for f in &figures {
+            let samples = pick(f);
+            print!(
+                "{:>24}",
+                format!(
+                    "{:.2} / {:.2}",
+                    ms(percentile(samples, 50.0)),
+                    ms(percentile(samples, 95.0))
+                )
+            );
+        }
+        println!();
     }
     Ok(())
 }

@@ -3,8 +3,9 @@
 use std::process::ExitCode;
 
 use crate::config::{Config, NetworkPolicy};
+use crate::engine::backend::BackendInfo;
 use crate::engine::docker::image;
-use crate::engine::{Engine, RunOptions, Task};
+use crate::engine::{Engine, EngineError, RunOptions, Task};
 
 /// Runs inside the probe sandbox and prints what the sandbox sees, as JSON.
 const PROBE: &str = r#"
@@ -31,6 +32,10 @@ print(json.dumps({
     "pids_max": read("/sys/fs/cgroup/pids.max") or read("/sys/fs/cgroup/pids/pids.max"),
     "memory_max": read("/sys/fs/cgroup/memory.max") or read("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
     "swap_max": read("/sys/fs/cgroup/memory.swap.max"),
+    "cpu_max": read("/sys/fs/cgroup/cpu.max"),
+    "cfs_quota": read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or read("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
+    "cfs_period": read("/sys/fs/cgroup/cpu/cpu.cfs_period_us") or read("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us"),
+    "nofile": list(__import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)),
     "memsw_max": read("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"),
     "interfaces": sorted(os.listdir("/sys/class/net")),
     "root_writable": root_writable,
@@ -50,7 +55,9 @@ impl Report {
     /// a note under another one (which enforces it outside what the sandbox can read).
     fn unseen_or(&mut self, seen: bool, ok: bool, what: &str, detail: impl std::fmt::Display) {
         match (&self.runtime, seen) {
-            (Some(runtime), false) => println!("n/a  {what}: not visible from inside {runtime}"),
+            (Some(runtime), false) => println!(
+                "n/a  {what}: set on the sandbox by the engine, not visible from inside {runtime}"
+            ),
             _ => self.line(ok, what, detail),
         }
     }
@@ -66,21 +73,48 @@ impl Report {
 pub async fn doctor(config: Config) -> ExitCode {
     let mut report = Report {
         failures: 0,
-        runtime: config.runtime.clone(),
+        runtime: None,
     };
     let engine = Engine::with_docker(config.clone());
     let backend = engine.backend();
-    match backend.info().await {
-        Ok(info) => report.line(
-            true,
-            "engine",
-            format!("{} {} (API {})", info.name, info.version, info.api_version),
-        ),
+    let platform = match engine.platform().await {
+        Ok(platform) => platform,
+        Err(EngineError::Refused(refusal)) => {
+            if let Ok(info) = backend.info().await {
+                describe_engine(&mut report, &info);
+            }
+            report.line(false, "sandboxes", refusal);
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             report.line(false, "engine", e);
             println!("     start one with: bash scripts/dev-env.sh");
             return ExitCode::FAILURE;
         }
+    };
+    describe_engine(&mut report, &platform.engine);
+    report.line(
+        true,
+        "runtime",
+        format!(
+            "the agent's code runs under {}: {}",
+            platform.code.label(&platform.engine),
+            platform.code.why
+        ),
+    );
+    if platform.installer != platform.code {
+        report.line(
+            true,
+            "installer runtime",
+            format!(
+                "{}: {}",
+                platform.installer.label(&platform.engine),
+                platform.installer.why
+            ),
+        );
+    }
+    if platform.code.gvisor {
+        report.runtime = platform.code.name.clone();
     }
     if backend.image_id(&config.image).await.is_err() {
         report.line(
@@ -178,6 +212,41 @@ fn check_probe(report: &mut Report, config: &Config, seen: &serde_json::Value) {
     };
     let swap_seen = seen_text("swap_max") || seen_text("memsw_max");
     report.unseen_or(swap_seen, swap_ok, "no swap", swap);
+    // cgroup v2: "quota period"; v1: the two files.
+    let cpu = match (
+        seen["cpu_max"].as_str(),
+        seen["cfs_quota"].as_str(),
+        seen["cfs_period"].as_str(),
+    ) {
+        (Some(max), _, _) => max
+            .split_once(' ')
+            .map(|(q, p)| (q.to_string(), p.to_string())),
+        (None, Some(quota), Some(period)) => Some((quota.to_string(), period.to_string())),
+        _ => None,
+    };
+    let cpus = cpu.as_ref().and_then(|(quota, period)| {
+        let (quota, period) = (quota.parse::<f64>().ok()?, period.parse::<f64>().ok()?);
+        (quota > 0.0 && period > 0.0).then(|| quota / period)
+    });
+    report.unseen_or(
+        cpu.is_some(),
+        cpus.is_some_and(|cpus| (cpus - config.limits.cpus).abs() < 0.01),
+        "CPU limit",
+        cpus.map(|c| format!("{c:.2} CPUs"))
+            .unwrap_or_else(|| "none".to_string()),
+    );
+    let nofile: Vec<i64> = seen["nofile"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_i64()).collect())
+        .unwrap_or_default();
+    report.line(
+        nofile.len() == 2 && nofile.iter().all(|n| *n > 0),
+        "open files",
+        match nofile.as_slice() {
+            [soft, hard] => format!("at most {soft} (hard {hard})"),
+            _ => "unlimited".to_string(),
+        },
+    );
     report.line(true, "kernel", text("kernel"));
     let interfaces: Vec<String> = seen["interfaces"]
         .as_array()
@@ -231,4 +300,31 @@ fn check_probe(report: &mut Report, config: &Config, seen: &serde_json::Value) {
             "/workspace not writable"
         },
     );
+}
+
+/// The engine line: which engine, where, with or without root; and, for an engine on another
+/// machine, which settings name paths there.
+fn describe_engine(report: &mut Report, info: &BackendInfo) {
+    report.line(
+        true,
+        "engine",
+        format!(
+            "{} (API {}), {}, {} at {}{}",
+            info.name,
+            info.api_version,
+            if info.rootless { "rootless" } else { "rootful" },
+            if info.remote { "remote" } else { "local" },
+            info.endpoint,
+            info.cgroup_version
+                .as_deref()
+                .map(|v| format!(", cgroup v{v}"))
+                .unwrap_or_default()
+        ),
+    );
+    if info.remote {
+        println!(
+            "     host paths in SANDBOX_MOUNTS, PIP_CACHE_PATH and SANDBOX_CA_BUNDLE are paths on \
+             the engine's machine; SANDBOX_FILES_DIR and SANDBOX_SNAPSHOT_DIR are on this one"
+        );
+    }
 }

@@ -275,8 +275,11 @@ pub struct Config {
     pub egress: EgressPolicy,
     /// Host CA bundle made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
-    /// The OCI runtime of sandboxes that run the agent's code (e.g. `runsc` for gVisor); the
-    /// engine's default when unset.
+    /// The engine is on another machine (`DOCKER_HOST` is not a local socket): host paths in
+    /// settings are that machine's, checked by the engine rather than here.
+    pub remote_engine: bool,
+    /// The OCI runtime of sandboxes that run the agent's code, when the operator names one;
+    /// `None` lets the engine choose the strongest available (see `engine::platform`).
     pub runtime: Option<String>,
     pub files: FilePolicy,
     pub deps: DependencyPolicy,
@@ -326,6 +329,7 @@ impl Default for Config {
             egress: EgressPolicy::default(),
             ca_bundle: None,
             runtime: None,
+            remote_engine: false,
             files: FilePolicy {
                 persist_dir: Some(default_files_dir()),
                 max_age: Duration::from_secs(7 * 24 * 60 * 60),
@@ -421,6 +425,10 @@ impl Config {
         let env = Env(&lookup);
         validate::conflicts(&env)?;
         let mut config = Config::default();
+        // Decides where host paths in other settings are checked, so it comes first.
+        config.remote_engine = env
+            .get(&settings::DOCKER_HOST)
+            .is_some_and(|host| settings::is_remote_endpoint(&host));
         for setting in SETTINGS {
             setting.apply(&mut config, &env)?;
         }

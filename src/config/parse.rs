@@ -138,9 +138,12 @@ const RESERVED_MOUNT_PATHS: &[&str] = &[
 ];
 
 /// Comma-separated `HOST:CONTAINER[:ro|rw]`, read-only by default.
+/// `check_exists`: the host path must exist here (a local engine; a remote engine's machine is
+/// checked by the engine at start-up).
 pub(super) fn parse_mounts(
     var: &'static str,
     value: &str,
+    check_exists: bool,
 ) -> Result<Vec<OperatorMount>, ConfigError> {
     let error = |expected| ConfigError::new(var, value, expected);
     let mut mounts = Vec::new();
@@ -157,7 +160,7 @@ pub(super) fn parse_mounts(
             }
         };
         let host = PathBuf::from(host);
-        if !host.is_absolute() || !host.exists() {
+        if !host.is_absolute() || (check_exists && !host.exists()) {
             return Err(error(
                 "existing absolute host paths (HOST:CONTAINER[:ro|rw])",
             ));

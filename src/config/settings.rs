@@ -407,9 +407,13 @@ fn parse_resolve_pair(
 
 pub const SANDBOX_RUNTIME: Setting = Setting {
     name: "SANDBOX_RUNTIME",
-    default: Shown::Prose("the engine's default (runc)"),
-    doc: "OCI runtime of the sandboxes that run the agent's code, e.g. `runsc` for gVisor (register it with the engine first: `scripts/runsc.sh` does, for Debian's `runsc`); installers keep the default runtime. Under gVisor the pids limit bounds gVisor's own host threads, not the processes inside, so it must be at least `256`; a fork bomb then ends the sandbox (reported as lost) instead of stopping at the limit",
+    default: Shown::Prose("`auto`: gVisor (`runsc`) when the engine has it and it can do what the settings need, else the engine's default (runc)"),
+    doc: "OCI runtime of the sandboxes that run the agent's code. `auto` chooses gVisor whenever it is registered with the engine (`scripts/runsc.sh` registers Debian's `runsc`), except where it cannot provide what a setting needs: gVisor registered with `--network=none` gives no network, so `SANDBOX_NETWORK=bridge|allowlist` falls back to runc, as does a pids limit under `256`; `doctor` and the start-up log say which runtime runs the code and why. A name (`runc`, `runsc`) forces that runtime, and the server refuses to start sandboxes when it is not registered or cannot give the network asked for. Installers run under the code's runtime when it gives them a network, else the engine's default. Under gVisor the pids limit bounds gVisor's own host threads, not the processes inside, so it must be at least `256`; a fork bomb then ends the sandbox (reported as lost) instead of stopping at the limit",
     read: Read::Value(|config, var, v| {
+        if v == "auto" {
+            config.runtime = None;
+            return Ok(());
+        }
         if !v
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -417,7 +421,7 @@ pub const SANDBOX_RUNTIME: Setting = Setting {
             return Err(ConfigError::new(
                 var,
                 v,
-                "the name of a runtime registered with the engine, such as runsc",
+                "auto, or the name of a runtime registered with the engine, such as runc or runsc",
             ));
         }
         config.runtime = Some(v.to_string());
@@ -431,7 +435,8 @@ pub const SANDBOX_CA_BUNDLE: Setting = Setting {
     doc: "absolute path of a host CA bundle, mounted read-only into sandboxes that have a network, with `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` and `CURL_CA_BUNDLE` pointing at it",
     read: Read::Value(|config, var, v| {
         let path = PathBuf::from(v);
-        if !path.is_absolute() || !path.is_file() {
+        // On a remote engine the file is that machine's: the engine checks it at start-up.
+        if !path.is_absolute() || !(config.remote_engine || path.is_file()) {
             return Err(ConfigError::new(
                 var,
                 v,
@@ -764,7 +769,7 @@ pub const SANDBOX_MOUNTS: Setting = Setting {
     default: Shown::Prose("none"),
     doc: "host directories the operator mounts into every sandbox: comma-separated `HOST:CONTAINER[:ro|rw]`, read-only by default; the agent can never choose a host path",
     read: Read::Value(|config, var, v| {
-        config.mounts = parse_mounts(var, v)?;
+        config.mounts = parse_mounts(var, v, !config.remote_engine)?;
         Ok(())
     }),
 };
@@ -1099,11 +1104,41 @@ pub const LOG_LEVEL: Setting = Setting {
     }),
 };
 
+/// An engine address on another machine (`tcp://`, `http(s)://`, `ssh://`): host paths in
+/// settings then name that machine's files.
+pub fn is_remote_endpoint(endpoint: &str) -> bool {
+    !(endpoint.starts_with("unix://") || endpoint.starts_with("npipe://"))
+}
+
 pub const DOCKER_HOST: Setting = Setting {
     name: "DOCKER_HOST",
-    default: Shown::Prose("local socket"),
-    doc: "the Docker engine to use",
-    read: Read::Elsewhere("the Docker client library (bollard's `connect_with_defaults`)"),
+    default: Shown::Prose("the local socket `unix:///var/run/docker.sock`"),
+    doc: "the engine, as the Docker CLI reads it: `unix:///PATH` (Docker's socket, or Podman's `unix:///run/podman/podman.sock`), `tcp://HOST:2376` (mutual TLS with `DOCKER_TLS_VERIFY`), or `ssh://USER@HOST` (the `ssh` command on `PATH`, with its own configuration, runs `docker system dial-stdio` on that host). With an engine on another machine, host paths in `SANDBOX_MOUNTS`, `PIP_CACHE_PATH` and `SANDBOX_CA_BUNDLE` name files on that machine (checked at start-up), while `SANDBOX_FILES_DIR` and `SANDBOX_SNAPSHOT_DIR` stay on the server's",
+    read: Read::Value(|_config, var, v| {
+        let known = ["unix://", "tcp://", "http://", "https://", "ssh://"];
+        if !known.iter().any(|scheme| v.starts_with(scheme)) {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST",
+            ));
+        }
+        Ok(())
+    }),
+};
+
+pub const DOCKER_TLS_VERIFY: Setting = Setting {
+    name: "DOCKER_TLS_VERIFY",
+    default: Shown::Prose("unset"),
+    doc: "with a `tcp://` `DOCKER_HOST`: speak TLS, verify the engine's certificate against `ca.pem` and present `cert.pem`/`key.pem` from `DOCKER_CERT_PATH` (mutual TLS, as the Docker CLI does); start-up fails when one of those files is missing",
+    read: Read::Elsewhere("the Docker client library (bollard), as the Docker CLI reads it"),
+};
+
+pub const DOCKER_CERT_PATH: Setting = Setting {
+    name: "DOCKER_CERT_PATH",
+    default: Shown::Prose("`~/.docker`"),
+    doc: "directory of `ca.pem`, `cert.pem` and `key.pem` for `DOCKER_TLS_VERIFY`",
+    read: Read::Elsewhere("the Docker client library (bollard), as the Docker CLI reads it"),
 };
 
 pub const DEBOOTSTRAP_MIRROR: Setting = Setting {
@@ -1186,6 +1221,8 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_HTTP_MCP_IDLE_TIMEOUT,
     LOG_LEVEL,
     DOCKER_HOST,
+    DOCKER_TLS_VERIFY,
+    DOCKER_CERT_PATH,
     DEBOOTSTRAP_MIRROR,
 ];
 
@@ -1328,11 +1365,63 @@ mod tests {
     #[test]
     fn settings_read_elsewhere_are_not_read_into_the_config() {
         let everything_set = Config::from_lookup(|name| {
-            [DOCKER_HOST.name, DEBOOTSTRAP_MIRROR.name]
-                .contains(&name)
-                .then(|| "tcp://elsewhere:1".to_string())
+            [
+                DOCKER_TLS_VERIFY.name,
+                DOCKER_CERT_PATH.name,
+                DEBOOTSTRAP_MIRROR.name,
+            ]
+            .contains(&name)
+            .then(|| "/elsewhere".to_string())
         })
         .expect("values read elsewhere are not checked here");
         assert_eq!(everything_set, Config::from_lookup(|_| None).unwrap());
+    }
+
+    #[test]
+    fn a_remote_engine_checks_its_own_host_paths_and_its_tls_files() {
+        let config = |vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::from_lookup(move |name| vars.get(name).cloned())
+        };
+        let absent = "/nonexistent/pcs-ca.pem";
+        // Local: the CA bundle and mounts must exist here.
+        assert!(config(&[(SANDBOX_CA_BUNDLE.name, absent)]).is_err());
+        // Remote: they are the engine's machine's, checked by the engine.
+        let remote = config(&[
+            (DOCKER_HOST.name, "ssh://sandbox@engine.test"),
+            (SANDBOX_CA_BUNDLE.name, absent),
+            (SANDBOX_MOUNTS.name, "/nonexistent/data:/data"),
+        ])
+        .expect("remote paths are not checked here");
+        assert!(remote.remote_engine);
+        assert_eq!(remote.mounts.len(), 1);
+        assert!(
+            !config(&[(DOCKER_HOST.name, "unix:///run/podman/podman.sock")])
+                .expect("a socket")
+                .remote_engine
+        );
+
+        let wrong = config(&[(DOCKER_HOST.name, "docker.example:2376")]).expect_err("no scheme");
+        assert_eq!(wrong.var, DOCKER_HOST.name);
+
+        // Mutual TLS without its files stops start-up, naming where they were looked for.
+        let dir = std::env::temp_dir().join(format!("pcs-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir_text = dir.display().to_string();
+        let tls = [
+            (DOCKER_HOST.name, "tcp://engine.test:2376"),
+            (DOCKER_TLS_VERIFY.name, "1"),
+            (DOCKER_CERT_PATH.name, dir_text.as_str()),
+        ];
+        let missing = config(&tls).expect_err("no certificates");
+        assert_eq!(missing.var, DOCKER_CERT_PATH.name);
+        for file in ["ca.pem", "cert.pem", "key.pem"] {
+            std::fs::write(dir.join(file), "pem").expect("written");
+        }
+        assert!(config(&tls).expect("the three files").remote_engine);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,10 +5,11 @@
 use super::address::{redact_url, url_has_credentials};
 use super::error::ConfigError;
 use super::settings::{
-    Env, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_EGRESS_ALLOW, SANDBOX_EGRESS_ALLOW_ALL,
-    SANDBOX_EGRESS_ASK, SANDBOX_EGRESS_RESOLVE, SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN,
-    SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY,
-    SANDBOX_SNAPSHOT_MAX_TOTAL, SANDBOX_WORKSPACE_SIZE,
+    Env, DOCKER_CERT_PATH, DOCKER_HOST, DOCKER_TLS_VERIFY, SANDBOX_ALLOW_SOURCE_BUILDS,
+    SANDBOX_EGRESS_ALLOW, SANDBOX_EGRESS_ALLOW_ALL, SANDBOX_EGRESS_ASK, SANDBOX_EGRESS_RESOLVE,
+    SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN, SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK,
+    SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_SNAPSHOT_MAX_TOTAL,
+    SANDBOX_WORKSPACE_SIZE,
 };
 use super::{Config, NetworkPolicy, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
 
@@ -43,6 +44,8 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
         Some(_) => {}
         None => limits.workspace_bytes = DEFAULT_WORKSPACE_BYTES.min(limits.memory_bytes / 2),
     }
+
+    check_tls_files(env)?;
 
     let under_gvisor = config
         .runtime
@@ -162,4 +165,32 @@ fn host_memory() -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// `DOCKER_TLS_VERIFY` with a TCP engine: the three files the Docker CLI reads must be there, so
+/// a missing one stops start-up with its name rather than failing every call later.
+fn check_tls_files(env: &Env) -> Result<(), ConfigError> {
+    let Some(host) = env.get(&DOCKER_HOST) else {
+        return Ok(());
+    };
+    let tls = host.starts_with("https://")
+        || (host.starts_with("tcp://") && env.get(&DOCKER_TLS_VERIFY).is_some());
+    if !tls {
+        return Ok(());
+    }
+    // Unset: `~/.docker`, as the Docker CLI and the client library read it.
+    let dir = match env.get(&DOCKER_CERT_PATH) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::path::Path::new(&(env.0)("HOME").unwrap_or_default()).join(".docker"),
+    };
+    for file in ["ca.pem", "cert.pem", "key.pem"] {
+        if !dir.join(file).is_file() {
+            return Err(ConfigError::new(
+                DOCKER_CERT_PATH.name,
+                dir.display().to_string(),
+                "a directory with ca.pem, cert.pem and key.pem (mutual TLS with DOCKER_TLS_VERIFY)",
+            ));
+        }
+    }
+    Ok(())
 }

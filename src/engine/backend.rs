@@ -118,12 +118,67 @@ pub struct SandboxRecord {
     pub labels: BTreeMap<String, String>,
 }
 
-/// The engine daemon's identity, for `doctor`.
+/// Which container engine answers behind the Docker-compatible API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Docker,
+    Podman,
+    /// The in-process fake of the unit tests.
+    Fake,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Docker => "Docker",
+            EngineKind::Podman => "Podman",
+            EngineKind::Fake => "fake",
+        }
+    }
+}
+
+/// A resource limit the engine itself says it cannot enforce (from its `/info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Limit {
+    Memory,
+    Swap,
+    Pids,
+    Cpu,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory (SANDBOX_MEMORY_LIMIT)",
+            Limit::Swap => "swap (none allowed)",
+            Limit::Pids => "processes (SANDBOX_PIDS_LIMIT)",
+            Limit::Cpu => "CPU (SANDBOX_CPU_LIMIT)",
+        }
+    }
+}
+
+/// The engine daemon's identity and what it can enforce, for runtime choice, refusals and
+/// `doctor`.
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
+    /// What the engine calls itself and its version, e.g. `Docker 20.10.24`.
     pub name: String,
+    pub kind: EngineKind,
     pub version: String,
     pub api_version: String,
+    /// The daemon runs without root (rootless Docker or Podman).
+    pub rootless: bool,
+    /// `1` or `2`, when the engine says.
+    pub cgroup_version: Option<String>,
+    /// Runtimes registered with the engine, each with the arguments it was registered with.
+    pub runtimes: BTreeMap<String, Vec<String>>,
+    pub default_runtime: Option<String>,
+    /// Limits the engine says it cannot enforce on this host.
+    pub unenforced: Vec<Limit>,
+    /// Where the engine is: `unix:///var/run/docker.sock`, `tcp://host:2376`, `ssh://user@host`.
+    pub endpoint: String,
+    /// On another machine (TCP or SSH): host paths in settings are paths on that machine.
+    pub remote: bool,
 }
 
 /// The error a backend's client library gave, kept as the source of a [`BackendError`] (shared,

@@ -9,6 +9,9 @@ use super::protocol::ProtocolError;
 pub enum EngineError {
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The engine cannot provide the configured isolation (see `engine::platform`).
+    #[error(transparent)]
+    Refused(#[from] super::platform::Refusal),
     #[error("the sandbox failed to start: {0}")]
     SandboxStart(String),
     #[error("the sandbox broke the runner protocol and was stopped: {0}")]

@@ -346,6 +346,9 @@ pub(super) fn maintenance_spec(
     spec.volumes = volumes;
     spec.mounts = Vec::new();
     spec.maintenance = true;
+    // Only the project's own scripts run here: the engine's default runtime, which can change
+    // any file's owner on the volume whatever the code's runtime is.
+    spec.runtime = None;
     spec
 }
 

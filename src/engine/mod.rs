@@ -30,6 +30,7 @@ pub mod files_dir;
 pub mod installer;
 pub mod outcome;
 pub mod owner;
+pub mod platform;
 pub mod pool;
 pub mod prepared;
 pub mod protocol;

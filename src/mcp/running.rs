@@ -38,6 +38,11 @@ impl Running {
         let cleanup = {
             let engine = engine.clone();
             tokio::spawn(async move {
+                // Says at start-up which engine and runtime run the code, and why (or why no
+                // sandbox may start); logged by the engine, asked again if it does not answer.
+                if let Err(e @ crate::engine::EngineError::Backend(_)) = engine.platform().await {
+                    tracing::warn!("{e}");
+                }
                 match engine.remove_leftovers().await {
                     Ok(0) => {}
                     Ok(n) => {

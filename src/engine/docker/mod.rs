@@ -27,8 +27,8 @@ use futures_util::StreamExt;
 use tokio::sync::Mutex;
 
 use super::backend::{
-    paths, Backend, BackendError, BackendInfo, ExitInfo, OutputChunk, RunnerStreams, SandboxId,
-    SandboxRecord, SandboxSpec,
+    paths, Backend, BackendError, BackendInfo, EngineKind, ExitInfo, Limit, OutputChunk,
+    RunnerStreams, SandboxId, SandboxRecord, SandboxSpec,
 };
 use crate::config::NetworkPolicy;
 
@@ -199,12 +199,7 @@ impl DockerBackend {
                 config: None,
             }),
             ipc_mode: Some("private".to_string()),
-            ulimits: Some(vec![ResourcesUlimits {
-                // No core dumps: they would land in the workspace.
-                name: Some("core".to_string()),
-                soft: Some(0),
-                hard: Some(0),
-            }]),
+            ulimits: Some(sandbox_ulimits(limits.pids)),
             ..Default::default()
         };
 
@@ -228,6 +223,37 @@ impl DockerBackend {
             ..Default::default()
         }
     }
+}
+
+/// Open files a sandbox's process may have (soft: what Python gets by default; hard: what it may
+/// raise itself to).
+const NOFILE_SOFT: i64 = 1024;
+const NOFILE_HARD: i64 = 4096;
+/// Processes of the sandbox user, counted per uid across the whole host under runc (every sandbox
+/// runs as uid 1000, so this budget is shared, unlike the pids cgroup limit which is per sandbox).
+/// High enough that sandboxes never take it from each other (128 sandboxes at the default pids
+/// limit), and no higher than the engine can grant: rootful Podman's own hard limit is 32768 on
+/// hosts where root lacks CAP_SYS_RESOURCE, and a container asking for more does not start.
+const NPROC: i64 = 32768;
+
+/// Explicit resource limits for every sandbox. Left unset, the engine applies its own defaults:
+/// Podman asks for limits above the host's hard limits, which runc cannot set without
+/// CAP_SYS_RESOURCE ("error setting rlimit ... operation not permitted"), and Docker passes on its
+/// daemon's limits, whatever they are.
+fn sandbox_ulimits(pids: u64) -> Vec<ResourcesUlimits> {
+    let ulimit = |name: &str, soft: i64, hard: i64| ResourcesUlimits {
+        name: Some(name.to_string()),
+        soft: Some(soft),
+        hard: Some(hard),
+    };
+    // The pids cgroup limit is the per-sandbox bound: nproc is never the tighter one.
+    let nproc = NPROC.max(i64::try_from(pids).unwrap_or(i64::MAX));
+    vec![
+        // No core dumps: they would land in the workspace.
+        ulimit("core", 0, 0),
+        ulimit("nofile", NOFILE_SOFT, NOFILE_HARD),
+        ulimit("nproc", nproc, nproc),
+    ]
 }
 
 /// Why connecting to the engine failed, in words an operator can act on. bollard's own message for
@@ -304,6 +330,163 @@ fn workspace_mount_options(bytes: u64) -> String {
     format!("size={bytes},nr_inodes={inodes},uid={uid},gid={gid},mode=0755,nosuid,nodev")
 }
 
+/// Where `DOCKER_HOST` points (the local socket when unset).
+pub fn endpoint() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string())
+}
+
+/// What Podman adds to the Docker API's description: from its `/info`, a `Rootless` field of its
+/// own (Podman 4.3 lists no `name=rootless` in `SecurityOptions`, and bollard's `SystemInfo` has
+/// no such field), and from its libpod `/info` the cgroup controllers its containers get.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodmanHost {
+    pub rootless: bool,
+    /// `host.cgroupControllers` of `/libpod/info`: the controllers Podman can set limits with
+    /// (none for rootless Podman on cgroup v1, the delegated ones on cgroup v2).
+    pub cgroup_controllers: Option<Vec<String>>,
+}
+
+impl PodmanHost {
+    /// Reads the fields from the raw JSON of `/info` and `/libpod/info`.
+    fn from_json(info: &str, libpod_info: Option<&str>) -> Result<PodmanHost, serde_json::Error> {
+        #[derive(serde::Deserialize)]
+        struct Info {
+            #[serde(rename = "Rootless", default)]
+            rootless: bool,
+        }
+        #[derive(serde::Deserialize)]
+        struct LibpodInfo {
+            host: LibpodHost,
+        }
+        #[derive(serde::Deserialize)]
+        struct LibpodHost {
+            #[serde(rename = "cgroupControllers")]
+            cgroup_controllers: Option<Vec<String>>,
+        }
+        let rootless = serde_json::from_str::<Info>(info)?.rootless;
+        let cgroup_controllers = match libpod_info {
+            Some(text) => {
+                serde_json::from_str::<LibpodInfo>(text)?
+                    .host
+                    .cgroup_controllers
+            }
+            None => None,
+        };
+        Ok(PodmanHost {
+            rootless,
+            cgroup_controllers,
+        })
+    }
+}
+
+/// The engine as its `/version` and `/info` describe it: Docker or Podman (whose version lists
+/// a "Podman Engine" component), rootless or not, and the limits it cannot enforce.
+///
+/// Podman's Docker-compatible `/info` says every limit is supported even where it ignores them
+/// all (rootless on cgroup v1: `MemoryLimit`, `PidsLimit`, `CpuCfsQuota` all `true`), so for
+/// Podman the controllers of `podman` (from `/libpod/info`) decide. It also lists every runtime
+/// of its configuration whether installed or not (`kata`, `krun` with paths that do not exist):
+/// on a local engine only those whose binary exists are kept.
+fn describe_engine(
+    version: bollard::models::SystemVersion,
+    info: bollard::models::SystemInfo,
+    podman: Option<PodmanHost>,
+) -> BackendInfo {
+    let kind = if is_podman(&version) {
+        EngineKind::Podman
+    } else {
+        EngineKind::Docker
+    };
+    let version_text = version.version.unwrap_or_default();
+    let rootless = info
+        .security_options
+        .iter()
+        .flatten()
+        .any(|option| option.split(',').any(|part| part == "name=rootless"))
+        || podman.as_ref().is_some_and(|p| p.rootless);
+    let cgroup_version = info
+        .cgroup_version
+        .map(|v| v.to_string())
+        .filter(|v| !v.is_empty());
+    let endpoint = endpoint();
+    let remote = crate::config::settings::is_remote_endpoint(&endpoint);
+    let runtimes = info
+        .runtimes
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, runtime)| {
+            kind != EngineKind::Podman
+                || remote
+                || runtime
+                    .path
+                    .as_deref()
+                    .is_none_or(|path| std::path::Path::new(path).exists())
+        })
+        .map(|(name, runtime)| (name, runtime.runtime_args.unwrap_or_default()))
+        .collect();
+    let controllers = podman.and_then(|p| p.cgroup_controllers);
+    let has = |controller: &str| {
+        controllers
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|c| c == controller))
+    };
+    let mut unenforced = Vec::new();
+    for (supported, controller, limit) in [
+        (info.memory_limit, "memory", Limit::Memory),
+        (info.swap_limit, "memory", Limit::Swap),
+        (info.pids_limit, "pids", Limit::Pids),
+        (info.cpu_cfs_quota, "cpu", Limit::Cpu),
+    ] {
+        if supported == Some(false) || !has(controller) {
+            unenforced.push(limit);
+        }
+    }
+    BackendInfo {
+        name: format!("{} {version_text}", kind.as_str()),
+        kind,
+        version: version_text,
+        api_version: version.api_version.unwrap_or_default(),
+        rootless,
+        cgroup_version,
+        runtimes,
+        default_runtime: info.default_runtime.filter(|r| !r.is_empty()),
+        unenforced,
+        remote,
+        endpoint,
+    }
+}
+
+fn is_podman(version: &bollard::models::SystemVersion) -> bool {
+    version
+        .components
+        .iter()
+        .flatten()
+        .any(|component| component.name.to_ascii_lowercase().contains("podman"))
+}
+
+/// The body of `GET path` as text, for answers bollard has no call for or reads only in part.
+/// bollard's ping (`GET /_ping`) returns the body as text, so a copy of the client whose request
+/// to `/_ping` goes to `path` instead reads it, over whichever transport the client uses.
+async fn get_text(docker: &Docker, path: String) -> Result<String, BackendError> {
+    let redirected = docker.clone().with_request_modifier(move |mut request| {
+        let uri = request.uri().to_string();
+        if let Some(base) = uri.strip_suffix("/_ping") {
+            if let Ok(uri) = format!("{base}{path}").parse() {
+                *request.uri_mut() = uri;
+            }
+        }
+        request
+    });
+    redirected.ping().await.map_err(classify)
+}
+
+fn unreadable(what: &str, e: serde_json::Error) -> BackendError {
+    BackendError::Unexpected(format!("the engine's {what} could not be read: {e}"))
+}
+
 /// Classifies a client error: the engine's own refusals, answers that could not be read, and
 /// transport failures (the engine is unavailable).
 fn classify(e: DockerError) -> BackendError {
@@ -336,11 +519,24 @@ impl Backend for DockerBackend {
     async fn info(&self) -> Result<BackendInfo, BackendError> {
         let docker = self.client().await?;
         let version = docker.version().await.map_err(classify)?;
-        Ok(BackendInfo {
-            name: "docker".to_string(),
-            version: version.version.unwrap_or_default(),
-            api_version: version.api_version.unwrap_or_default(),
-        })
+        let info_text = get_text(&docker, "/info".to_string()).await?;
+        let info: bollard::models::SystemInfo =
+            serde_json::from_str(&info_text).map_err(|e| unreadable("/info", e))?;
+        let podman = if is_podman(&version) {
+            // Podman serves its own API under a version prefix only (bollard sends none).
+            let path = format!(
+                "/v{}/libpod/info",
+                version.version.as_deref().unwrap_or("4.0.0")
+            );
+            let libpod = get_text(&docker, path).await?;
+            Some(
+                PodmanHost::from_json(&info_text, Some(&libpod))
+                    .map_err(|e| unreadable("/libpod/info", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(describe_engine(version, info, podman))
     }
 
     async fn ensure_image(&self, image: &str) -> Result<(), BackendError> {

@@ -163,6 +163,7 @@ impl Engine {
         self.deps.installs.fetch_add(1, Ordering::Relaxed);
         let staging = format!("pcs-stage-{}", uuid::Uuid::new_v4().simple());
         let mut spec = installer_spec(base, &self.config, &staging);
+        spec.runtime = self.platform().await?.installer.name.clone();
         spec.labels = self.owner.labels("installer");
         let arguments = installer_arguments(requirements, index, uses_download_cache(&self.config));
         let outcome = async {
@@ -299,10 +300,13 @@ impl Engine {
     #[doc(hidden)]
     pub async fn probe_installer_network(&self, code: &str) -> Result<Execution, EngineError> {
         let mut spec = installer_spec(
-            &self.base_spec(self.config.image.clone(), "installer").await,
+            &self
+                .base_spec(self.config.image.clone(), "installer")
+                .await?,
             &self.config,
             "unused",
         );
+        spec.runtime = self.platform().await?.installer.name.clone();
         self.backend.ensure_image(&spec.image).await?;
         spec.volumes = Vec::new();
         spec.mounts = Vec::new();
@@ -437,7 +441,7 @@ impl Engine {
     pub async fn cached_dependency_sets(&self) -> Result<Vec<CachedSet>, EngineError> {
         let base = self
             .base_spec(self.config.image.clone(), "maintenance")
-            .await;
+            .await?;
         self.backend.ensure_image(&base.image).await?;
         self.maintain(&base, &[]).await
     }
@@ -467,7 +471,7 @@ impl Engine {
         if !remove.is_empty() {
             let base = self
                 .base_spec(self.config.image.clone(), "maintenance")
-                .await;
+                .await?;
             self.maintain(&base, &remove).await?;
         }
         Ok(sets

@@ -17,6 +17,7 @@
 mod dependencies;
 mod egress;
 mod files;
+mod host_paths;
 mod lifecycle;
 mod pool;
 mod prepared;
@@ -42,6 +43,7 @@ use super::files_dir::{self, Retention};
 use super::installer::{self, Dependencies};
 use super::outcome::{DependencyReport, Execution};
 use super::owner::Owner;
+use super::platform::{self, Platform, Refusal};
 use super::pool::{Pool, QUIET};
 use super::prepared::Prepared;
 use super::protocol;
@@ -105,6 +107,9 @@ pub struct Engine {
     background: tokio_util::task::TaskTracker,
     /// Set once the server has looked for its own container (see `identified`).
     identified: tokio::sync::OnceCell<()>,
+    /// The engine's description and the runtimes chosen from it (or why no sandbox may start),
+    /// decided once the engine first answers (see `engine::platform`).
+    platform: tokio::sync::OnceCell<Result<Arc<Platform>, Refusal>>,
     /// The pool's refill task, awaited at shutdown so no sandbox is left half-started.
     pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Sandboxes prepared per dependency set, the task preparing them, and its wake-up.
@@ -144,6 +149,7 @@ impl Engine {
             removal_slots: Arc::new(Semaphore::new(2)),
             background: tokio_util::task::TaskTracker::new(),
             identified: tokio::sync::OnceCell::new(),
+            platform: tokio::sync::OnceCell::new(),
             pool_task: std::sync::Mutex::new(None),
             // The plain pool's share of the bound, grown to its cap, is set aside; the rest is
             // the prepared ones'.
@@ -207,6 +213,8 @@ impl Engine {
         if let Some(gateway) = egress.as_ref() {
             return Ok(gateway.clone());
         }
+        // An engine refused for sandboxes gets no proxy either.
+        self.platform().await?;
         self.identified().await;
         let base = self.plain_spec(self.config.image.clone(), "egress");
         self.backend.ensure_image(&base.image).await?;
@@ -235,9 +243,51 @@ impl Engine {
 
     /// What every sandbox of this server is made from. Waits, once, for the server to find its
     /// own container, so every sandbox's labels name it (see [`Engine::remove_leftovers`]).
-    pub(crate) async fn base_spec(&self, image: String, kind: &str) -> SandboxSpec {
+    pub(crate) async fn base_spec(
+        &self,
+        image: String,
+        kind: &str,
+    ) -> Result<SandboxSpec, EngineError> {
+        let platform = self.platform().await?;
         self.identified().await;
-        self.plain_spec(image, kind)
+        let mut spec = self.plain_spec(image, kind);
+        spec.runtime = platform.code.name.clone();
+        Ok(spec)
+    }
+
+    /// The engine as described by itself, and the runtimes chosen for it; an engine that cannot
+    /// enforce the configured isolation is refused here, before any sandbox starts. Asked again
+    /// while the engine does not answer.
+    pub async fn platform(&self) -> Result<Arc<Platform>, EngineError> {
+        let decided = self
+            .platform
+            .get_or_try_init(|| async {
+                let engine = self.backend.info().await?;
+                let mut decided = platform::decide(&self.config, engine).map(Arc::new);
+                if decided.is_ok() {
+                    match self.check_engine_paths().await {
+                        Ok(()) => {}
+                        Err(EngineError::Refused(refusal)) => decided = Err(refusal),
+                        Err(e) => return Err(e),
+                    }
+                }
+                match &decided {
+                    Ok(platform) => tracing::info!(
+                        engine = %platform.engine.name,
+                        endpoint = %platform.engine.endpoint,
+                        remote = platform.engine.remote,
+                        rootless = platform.engine.rootless,
+                        runtime = %platform.code.label(&platform.engine),
+                        why = %platform.code.why,
+                        "the agent's code runs under {}",
+                        platform.code.label(&platform.engine)
+                    ),
+                    Err(refusal) => tracing::error!("{refusal}"),
+                }
+                Ok::<_, EngineError>(decided)
+            })
+            .await?;
+        decided.clone().map_err(EngineError::from)
     }
 
     /// Puts a sandbox spec on an egress network of its own (started with the proxy if need
@@ -298,7 +348,8 @@ impl Engine {
             ca_bundle: self.config.ca_bundle.clone(),
             mounts: self.config.mounts.clone(),
             volumes: installer::sandbox_volumes(&self.config),
-            runtime: self.config.runtime.clone(),
+            // Chosen by `base_spec` from what the engine has (see `engine::platform`).
+            runtime: None,
             command: protocol::bootstrap_command(),
             labels: self.owner.labels(kind),
             network_name: None,
@@ -316,7 +367,7 @@ impl Engine {
         requirements: &[deps::Requirement],
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
-        let spec = self.base_spec(image, kind).await;
+        let spec = self.base_spec(image, kind).await?;
         if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
             return Ok((sandbox, Some(report)));
         }
@@ -511,7 +562,9 @@ impl Engine {
     /// Round trips to the runner of a fresh sandbox (the benchmark's floor for a session call).
     #[cfg(feature = "bench")]
     pub async fn runner_round_trips(&self, count: usize) -> Result<Vec<Duration>, EngineError> {
-        let spec = self.base_spec(self.config.image.clone(), "ephemeral").await;
+        let spec = self
+            .base_spec(self.config.image.clone(), "ephemeral")
+            .await?;
         self.backend.ensure_image(&spec.image).await?;
         let mut sandbox = self.launch_code_sandbox(&spec).await?;
         let mut samples = Vec::with_capacity(count);

@@ -30,7 +30,7 @@ impl Engine {
 
     /// Starts a sandbox for the pool (the default image and configuration).
     pub(crate) async fn launch_pooled(&self) -> Result<Sandbox, EngineError> {
-        let spec = self.base_spec(self.config.image.clone(), "pool").await;
+        let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         self.backend.ensure_image(&spec.image).await?;
         self.launch_code_sandbox(&spec).await
     }

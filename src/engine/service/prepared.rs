@@ -134,7 +134,7 @@ impl Engine {
     /// its modules; returns it with what the engine measured of its memory.
     async fn prepare_one(&self, wanted: &Wanted) -> Result<(PreparedSandbox, u64), EngineError> {
         let requirements = self.requirements(&wanted.requirements)?;
-        let spec = self.base_spec(self.config.image.clone(), "pool").await;
+        let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         self.backend.ensure_image(&spec.image).await?;
         let mut sandbox = self.launch_code_sandbox(&spec).await?;
         let outcome = async {

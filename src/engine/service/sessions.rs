@@ -202,7 +202,7 @@ impl Engine {
             .collect();
         entries.extend(requested.iter().map(deps::Requirement::canonical));
         let union = self.requirements(&entries)?;
-        let base = self.base_spec(session.image.clone(), "session").await;
+        let base = self.base_spec(session.image.clone(), "session").await?;
         let previous = current.path.clone();
         let report = self
             .prepare_dependencies(sandbox, &base, &union, previous.as_deref(), options)

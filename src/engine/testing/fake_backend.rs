@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::backend::{
-    Backend, BackendError, BackendInfo, ExitInfo, OutputChunk, RunnerStreams, SandboxId,
+    Backend, BackendError, BackendInfo, EngineKind, ExitInfo, OutputChunk, RunnerStreams, SandboxId,
     SandboxRecord, SandboxSpec,
 };
 
@@ -310,8 +310,16 @@ impl Backend for FakeBackend {
     async fn info(&self) -> Result<BackendInfo, BackendError> {
         Ok(BackendInfo {
             name: "fake (tests only, no isolation)".into(),
+            kind: EngineKind::Fake,
             version: "0".into(),
             api_version: "0".into(),
+            rootless: false,
+            cgroup_version: None,
+            runtimes: BTreeMap::new(),
+            default_runtime: None,
+            unenforced: Vec::new(),
+            endpoint: "fake".into(),
+            remote: false,
         })
     }
 

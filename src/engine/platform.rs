@@ -1,0 +1,335 @@
+//! What the engine can enforce, and which OCI runtime runs what: decided once per server from
+//! the engine's own description ([`BackendInfo`]) and the configuration.
+//!
+//! Two rules. The strongest isolation available is the default: gVisor (`runsc`) runs the
+//! agent's code whenever it is registered with the engine and can provide what the settings ask
+//! for, runc otherwise, and the reason is kept so that `doctor` and the start-up log can say it.
+//! And code never runs with less isolation than configured: an engine that says it cannot enforce
+//! a limit (rootless engines on cgroup v1 ignore them all) gets no sandbox at all, and an explicit
+//! `SANDBOX_RUNTIME` that cannot do what the settings need is refused rather than weakened.
+//!
+//! Pure logic: no engine calls here, so every branch is unit-tested with made-up engines.
+
+use crate::config::{Config, NetworkPolicy, GVISOR_MIN_PIDS};
+
+use super::backend::{BackendInfo, Limit};
+
+/// The OCI runtime chosen for one kind of sandbox, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeChoice {
+    /// The runtime's name as registered with the engine (`None`: the engine's default).
+    pub name: Option<String>,
+    /// The runtime is gVisor.
+    pub gvisor: bool,
+    pub why: String,
+}
+
+impl RuntimeChoice {
+    /// The name to show: the registered name, or the engine's default runtime's.
+    pub fn label(&self, engine: &BackendInfo) -> String {
+        let name = self
+            .name
+            .clone()
+            .or_else(|| engine.default_runtime.clone())
+            .unwrap_or_else(|| "the engine's default".to_string());
+        if self.gvisor {
+            format!("{name} (gVisor)")
+        } else {
+            name
+        }
+    }
+}
+
+/// The engine as the server uses it.
+#[derive(Debug, Clone)]
+pub struct Platform {
+    pub engine: BackendInfo,
+    /// The runtime of the sandboxes that run the agent's code (and of preparers, which import
+    /// its packages).
+    pub code: RuntimeChoice,
+    /// The runtime of installers, which need a network whatever the code's policy.
+    pub installer: RuntimeChoice,
+}
+
+/// Why no sandbox may start on this engine with these settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+/// The registered runtime that is gVisor: named `runsc`, or any name whose binary is runsc.
+fn gvisor_runtime(engine: &BackendInfo) -> Option<(&String, &Vec<String>)> {
+    engine
+        .runtimes
+        .iter()
+        .find(|(name, _)| name.as_str() == "runsc")
+        .or_else(|| {
+            engine
+                .runtimes
+                .iter()
+                .find(|(name, _)| name.starts_with("runsc"))
+        })
+}
+
+/// gVisor registered with `--network=none` gives a sandbox no network at all.
+fn without_network(args: &[String]) -> bool {
+    args.iter()
+        .any(|arg| arg == "--network=none" || arg == "-network=none")
+}
+
+fn is_gvisor_name(name: &str) -> bool {
+    name.starts_with("runsc")
+}
+
+/// Decides the runtimes, or refuses the engine.
+pub fn decide(config: &Config, engine: BackendInfo) -> Result<Platform, Refusal> {
+    refuse_unenforced_limits(&engine)?;
+    let code_needs_network = config.network != NetworkPolicy::None;
+    let code = match &config.runtime {
+        Some(name) => explicit(config, &engine, name, code_needs_network)?,
+        None => automatic(config, &engine, code_needs_network),
+    };
+    // Installers reach the index: the code's runtime when it gives them a network, else the
+    // best one that does.
+    let installer = if code_needs_network || !code.gvisor {
+        code.clone()
+    } else {
+        match gvisor_runtime(&engine) {
+            Some((name, args)) if !without_network(args) => RuntimeChoice {
+                name: Some(name.clone()),
+                gvisor: true,
+                why: "gVisor gives installers their network".to_string(),
+            },
+            _ => RuntimeChoice {
+                name: None,
+                gvisor: false,
+                why: "installers need a network, which gVisor is registered without \
+                      (--network=none)"
+                    .to_string(),
+            },
+        }
+    };
+    Ok(Platform {
+        engine,
+        code,
+        installer,
+    })
+}
+
+fn refuse_unenforced_limits(engine: &BackendInfo) -> Result<(), Refusal> {
+    let cgroup_v1 = engine.cgroup_version.as_deref() == Some("1");
+    if engine.rootless && cgroup_v1 {
+        return Err(Refusal(format!(
+            "refusing to start sandboxes: {} runs rootless on a cgroup v1 host, where the engine \
+             ignores every resource limit (memory, swap, processes, CPU). Run it on a host with \
+             cgroup v2 and a delegated subtree (a systemd user session with the memory, pids and \
+             cpu controllers delegated), or use the rootful engine",
+            engine.name
+        )));
+    }
+    if !engine.unenforced.is_empty() {
+        let limits: Vec<&str> = engine.unenforced.iter().map(|l| l.as_str()).collect();
+        let hint = if engine.unenforced.contains(&Limit::Swap) && engine.unenforced.len() == 1 {
+            " (on cgroup v1, boot the kernel with swapaccount=1)"
+        } else {
+            ""
+        };
+        return Err(Refusal(format!(
+            "refusing to start sandboxes: {} says it cannot enforce these limits on this host: \
+             {}{hint}{}",
+            engine.name,
+            limits.join(", "),
+            if engine.rootless {
+                "; a rootless engine needs cgroup v2 with those controllers delegated to the user"
+            } else {
+                ""
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// `SANDBOX_RUNTIME` names a runtime: it must be registered, and able to do what is asked.
+fn explicit(
+    config: &Config,
+    engine: &BackendInfo,
+    name: &str,
+    needs_network: bool,
+) -> Result<RuntimeChoice, Refusal> {
+    let registered = engine.runtimes.get(name);
+    // Engines that list no runtimes (the fake) are taken at their word.
+    if registered.is_none() && !engine.runtimes.is_empty() {
+        let known: Vec<&str> = engine.runtimes.keys().map(String::as_str).collect();
+        return Err(Refusal(format!(
+            "SANDBOX_RUNTIME={name} is not registered with {} (registered: {}); register it \
+             (scripts/runsc.sh does for gVisor) or unset SANDBOX_RUNTIME to let the server choose",
+            engine.name,
+            known.join(", ")
+        )));
+    }
+    let gvisor = is_gvisor_name(name);
+    if gvisor && needs_network && registered.is_some_and(|args| without_network(args)) {
+        return Err(Refusal(format!(
+            "SANDBOX_RUNTIME={name} cannot give sandboxes a network: {} registers it with \
+             --network=none, and SANDBOX_NETWORK={} needs one. Unset SANDBOX_RUNTIME (runc is then \
+             chosen for networked sandboxes) or set SANDBOX_NETWORK=none",
+            engine.name,
+            config.network.as_str()
+        )));
+    }
+    Ok(RuntimeChoice {
+        name: Some(name.to_string()),
+        gvisor,
+        why: "SANDBOX_RUNTIME chooses it".to_string(),
+    })
+}
+
+/// No `SANDBOX_RUNTIME`: gVisor when it is registered and can provide what the settings need.
+fn automatic(config: &Config, engine: &BackendInfo, needs_network: bool) -> RuntimeChoice {
+    let runc = |why: String| RuntimeChoice {
+        name: None,
+        gvisor: false,
+        why,
+    };
+    let Some((name, args)) = gvisor_runtime(engine) else {
+        return runc(format!(
+            "gVisor (runsc) is not registered with {}: register it for stronger isolation \
+             (scripts/runsc.sh)",
+            engine.name
+        ));
+    };
+    if needs_network && without_network(args) {
+        return runc(format!(
+            "gVisor is registered with --network=none, and SANDBOX_NETWORK={} needs a network",
+            config.network.as_str()
+        ));
+    }
+    if config.limits.pids < GVISOR_MIN_PIDS {
+        return runc(format!(
+            "SANDBOX_PIDS_LIMIT={} is below the {GVISOR_MIN_PIDS} gVisor needs",
+            config.limits.pids
+        ));
+    }
+    RuntimeChoice {
+        name: Some(name.clone()),
+        gvisor: true,
+        why: "gVisor is registered with the engine (SANDBOX_RUNTIME=runc chooses runc)".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::engine::backend::EngineKind;
+
+    fn engine(runtimes: &[(&str, &[&str])]) -> BackendInfo {
+        BackendInfo {
+            name: "Docker 20.10".into(),
+            kind: EngineKind::Docker,
+            version: "20.10".into(),
+            api_version: "1.41".into(),
+            rootless: false,
+            cgroup_version: Some("1".into()),
+            runtimes: runtimes
+                .iter()
+                .map(|(name, args)| {
+                    (
+                        name.to_string(),
+                        args.iter().map(|a| a.to_string()).collect(),
+                    )
+                })
+                .collect::<BTreeMap<_, _>>(),
+            default_runtime: Some("runc".into()),
+            unenforced: Vec::new(),
+            endpoint: "unix:///var/run/docker.sock".into(),
+            remote: false,
+        }
+    }
+
+    const HERE: &[(&str, &[&str])] = &[("runc", &[]), ("runsc", &["--network=none"])];
+
+    #[test]
+    fn gvisor_by_default_when_registered() {
+        let platform = decide(&Config::default(), engine(HERE)).expect("decided");
+        assert_eq!(platform.code.name.as_deref(), Some("runsc"));
+        assert!(platform.code.gvisor);
+        assert_eq!(platform.code.label(&platform.engine), "runsc (gVisor)");
+        // Installers need a network, which this runsc cannot give.
+        assert_eq!(platform.installer.name, None);
+        assert!(platform.installer.why.contains("--network=none"));
+    }
+
+    #[test]
+    fn runc_when_gvisor_is_absent_or_cannot_do_what_is_asked() {
+        let absent = decide(&Config::default(), engine(&[("runc", &[])])).expect("decided");
+        assert_eq!(absent.code.name, None);
+        assert!(absent.code.why.contains("not registered"));
+        assert_eq!(absent.code.label(&absent.engine), "runc");
+
+        let networked = Config {
+            network: NetworkPolicy::Allowlist,
+            ..Config::default()
+        };
+        let platform = decide(&networked, engine(HERE)).expect("decided");
+        assert_eq!(platform.code.name, None);
+        assert!(platform.code.why.contains("SANDBOX_NETWORK=allowlist"));
+
+        let mut few_pids = Config::default();
+        few_pids.limits.pids = 64;
+        let platform = decide(&few_pids, engine(HERE)).expect("decided");
+        assert!(!platform.code.gvisor);
+        assert!(platform.code.why.contains("SANDBOX_PIDS_LIMIT=64"));
+
+        // gVisor registered with a network serves networked code and installers.
+        let with_network = engine(&[("runc", &[]), ("runsc", &[])]);
+        let platform = decide(&networked, with_network).expect("decided");
+        assert!(platform.code.gvisor && platform.installer.gvisor);
+    }
+
+    #[test]
+    fn an_explicit_runtime_is_obeyed_or_refused_never_weakened() {
+        let runc = Config {
+            runtime: Some("runc".into()),
+            ..Config::default()
+        };
+        let platform = decide(&runc, engine(HERE)).expect("decided");
+        assert_eq!(platform.code.name.as_deref(), Some("runc"));
+        assert!(platform.code.why.contains("SANDBOX_RUNTIME"));
+
+        let unknown = Config {
+            runtime: Some("kata".into()),
+            ..Config::default()
+        };
+        let refusal = decide(&unknown, engine(HERE)).expect_err("refused");
+        assert!(refusal.0.contains("not registered") && refusal.0.contains("runc, runsc"));
+
+        let gvisor_networked = Config {
+            runtime: Some("runsc".into()),
+            network: NetworkPolicy::Bridge,
+            ..Config::default()
+        };
+        let refusal = decide(&gvisor_networked, engine(HERE)).expect_err("refused");
+        assert!(refusal.0.contains("--network=none"), "{refusal}");
+    }
+
+    #[test]
+    fn limits_the_engine_cannot_enforce_refuse_every_sandbox() {
+        let mut rootless = engine(HERE);
+        rootless.kind = EngineKind::Podman;
+        rootless.name = "Podman 4.3.1".into();
+        rootless.rootless = true;
+        let refusal = decide(&Config::default(), rootless.clone()).expect_err("refused");
+        assert!(refusal.0.contains("rootless") && refusal.0.contains("cgroup v2"));
+        assert!(refusal.0.starts_with("refusing"));
+
+        rootless.cgroup_version = Some("2".into());
+        assert!(decide(&Config::default(), rootless.clone()).is_ok());
+        rootless.unenforced = vec![Limit::Memory, Limit::Pids];
+        let refusal = decide(&Config::default(), rootless).expect_err("refused");
+        assert!(
+            refusal.0.contains("SANDBOX_MEMORY_LIMIT") && refusal.0.contains("SANDBOX_PIDS_LIMIT")
+        );
+        assert!(refusal.0.contains("delegated"));
+    }
+}
