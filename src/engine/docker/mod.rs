@@ -38,6 +38,8 @@ pub struct DockerBackend {
     build_ca_bundle: Option<std::path::PathBuf>,
     /// Images already checked, so `ensure_image` costs one lookup per image per process.
     ready_images: Mutex<Vec<String>>,
+    /// The engine is Podman (asked once): its Docker-compatible API needs a few detours.
+    podman: tokio::sync::OnceCell<bool>,
 }
 
 impl Default for DockerBackend {
@@ -52,6 +54,7 @@ impl DockerBackend {
             client: Mutex::new(None),
             build_ca_bundle: None,
             ready_images: Mutex::new(Vec::new()),
+            podman: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -322,6 +325,116 @@ fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64) -> MountVolumeOpti
     }
 }
 
+/// Podman (4.3) ignores the driver options of a volume mount (an anonymous volume then is a
+/// directory on the host's disk, unbounded), so on Podman each such volume is created first,
+/// by name, and mounted by that name: the anonymous ones as `<container name>-v<n>` (removed
+/// with the sandbox, see `destroy`). Podman also takes `size=` in a tmpfs volume's options for a
+/// disk quota it refuses ("Filesystem does not support Project Quota"): the same size is given
+/// as `nr_blocks`, in pages of 4 KiB.
+fn podman_tmpfs_volumes(
+    body: &mut ContainerCreateBody,
+    container: &str,
+) -> Vec<bollard::models::VolumeCreateRequest> {
+    let mounts = body
+        .host_config
+        .as_mut()
+        .and_then(|host| host.mounts.as_mut());
+    let mut volumes = Vec::new();
+    for (index, mount) in mounts.into_iter().flatten().enumerate() {
+        if mount.typ != Some(MountType::VOLUME) {
+            continue;
+        }
+        let Some(options) = mount.volume_options.take() else {
+            continue;
+        };
+        let Some(driver) = options.driver_config else {
+            mount.volume_options = Some(MountVolumeOptions {
+                driver_config: None,
+                ..options
+            });
+            continue;
+        };
+        let name = mount
+            .source
+            .clone()
+            .unwrap_or_else(|| format!("{container}-v{index}"));
+        let driver_opts = driver.options.map(|mut opts| {
+            if let Some(o) = opts.get_mut("o") {
+                *o = podman_tmpfs_options(o);
+            }
+            opts
+        });
+        volumes.push(bollard::models::VolumeCreateRequest {
+            name: Some(name.clone()),
+            driver: driver.name,
+            driver_opts,
+            labels: options.labels,
+            ..Default::default()
+        });
+        mount.source = Some(name);
+    }
+    volumes
+}
+
+/// `size=BYTES` as `nr_blocks=PAGES` (rounded up), the other options unchanged.
+fn podman_tmpfs_options(options: &str) -> String {
+    options
+        .split(',')
+        .map(
+            |option| match option.strip_prefix("size=").map(str::parse::<u64>) {
+                Some(Ok(bytes)) => format!("nr_blocks={}", bytes.div_ceil(4096).max(1)),
+                _ => option.to_string(),
+            },
+        )
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Creates a volume unless one of that name exists (Podman refuses to create it twice; a named
+/// volume shared by sandboxes, like an installer's staging area, is created by the first).
+async fn create_volume_if_missing(
+    docker: &Docker,
+    volume: bollard::models::VolumeCreateRequest,
+) -> Result<(), BackendError> {
+    let name = volume.name.clone().unwrap_or_default();
+    match docker.create_volume(volume).await {
+        Ok(_) => Ok(()),
+        Err(e) => match docker.inspect_volume(&name).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(classify(e)),
+        },
+    }
+}
+
+/// The volumes created for a sandbox on Podman: mounted by it, named after its container.
+async fn podman_own_volumes(docker: &Docker, id: &SandboxId) -> Vec<String> {
+    let Ok(inspected) = docker.inspect_container(&id.0, None).await else {
+        return Vec::new();
+    };
+    let container = inspected.name.unwrap_or_default();
+    let prefix = format!("{}-v", container.trim_start_matches('/'));
+    inspected
+        .mounts
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|mount| mount.name)
+        .filter(|name| !container.is_empty() && name.starts_with(&prefix))
+        .collect()
+}
+
+/// Removes volumes this backend created for a sandbox; one still in use stays (the sweep of
+/// orphaned storage finds it later by its labels).
+async fn remove_volumes(docker: &Docker, names: &[String]) {
+    for name in names {
+        let options = RemoveVolumeOptions { force: false };
+        if let Err(e) = docker.remove_volume(name, Some(options)).await {
+            if status_of(&e) != Some(404) {
+                tracing::warn!(volume = %name, "a sandbox's volume was not removed: {e}");
+            }
+        }
+    }
+}
+
 /// Mount options of the workspace tmpfs: its size, an inode count in proportion (empty files cost
 /// memory too), owned by the sandbox user.
 fn workspace_mount_options(bytes: u64) -> String {
@@ -387,9 +500,8 @@ impl PodmanHost {
 ///
 /// Podman's Docker-compatible `/info` says every limit is supported even where it ignores them
 /// all (rootless on cgroup v1: `MemoryLimit`, `PidsLimit`, `CpuCfsQuota` all `true`), so for
-/// Podman the controllers of `podman` (from `/libpod/info`) decide. It also lists every runtime
-/// of its configuration whether installed or not (`kata`, `krun` with paths that do not exist):
-/// on a local engine only those whose binary exists are kept.
+/// Podman the cgroup controllers it has (from `/libpod/info`) decide. Of Podman's runtimes only
+/// its default is listed: the only one a container created through this API gets.
 fn describe_engine(
     version: bollard::models::SystemVersion,
     info: bollard::models::SystemInfo,
@@ -417,13 +529,12 @@ fn describe_engine(
         .runtimes
         .unwrap_or_default()
         .into_iter()
-        .filter(|(_, runtime)| {
-            kind != EngineKind::Podman
-                || remote
-                || runtime
-                    .path
-                    .as_deref()
-                    .is_none_or(|path| std::path::Path::new(path).exists())
+        // Podman's compatible API takes no runtime from a container's `HostConfig.Runtime`: a
+        // container asked for under `runsc` runs under its default runtime (`OCIRuntime: runc`),
+        // so only that one can be had. (It also lists every runtime of its configuration whether
+        // installed or not, e.g. `kata` at a path that does not exist.)
+        .filter(|(name, _)| {
+            kind != EngineKind::Podman || info.default_runtime.as_deref() == Some(name.as_str())
         })
         .map(|(name, runtime)| (name, runtime.runtime_args.unwrap_or_default()))
         .collect();
@@ -566,14 +677,30 @@ impl Backend for DockerBackend {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
         let docker = self.client().await?;
         let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
+        let mut body = Self::container_body(spec);
+        let mut own_volumes = Vec::new();
+        if self.is_podman(&docker).await? {
+            for volume in podman_tmpfs_volumes(&mut body, &name) {
+                let volume_name = volume.name.clone().unwrap_or_default();
+                let created = create_volume_if_missing(&docker, volume).await;
+                if volume_name.starts_with(&name) {
+                    own_volumes.push(volume_name);
+                }
+                if let Err(e) = created {
+                    remove_volumes(&docker, &own_volumes).await;
+                    return Err(e);
+                }
+            }
+        }
         let options = CreateContainerOptions {
             name: Some(name),
             ..Default::default()
         };
-        match docker
-            .create_container(Some(options), Self::container_body(spec))
-            .await
-        {
+        let created = docker.create_container(Some(options), body).await;
+        if created.is_err() {
+            remove_volumes(&docker, &own_volumes).await;
+        }
+        match created {
             Ok(created) => Ok(SandboxId(created.id)),
             Err(e) if status_of(&e) == Some(404) => {
                 // The image vanished since it was checked.
@@ -648,6 +775,8 @@ impl Backend for DockerBackend {
             Ok(()) => Ok(()),
             // 409: not paused (or not running): nothing to thaw.
             Err(e) if status_of(&e) == Some(409) => Ok(()),
+            // Podman says "is not paused, can't unpause: container state improper" with a 500.
+            Err(e) if status_of(&e) == Some(500) && !self.is_paused(&docker, id).await => Ok(()),
             Err(e) => Err(not_found_or(e, id)),
         }
     }
@@ -732,38 +861,18 @@ impl Backend for DockerBackend {
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), BackendError> {
         let docker = self.client().await?;
-        let options = RemoveContainerOptions {
-            force: true,
-            v: true,
-            ..Default::default()
+        // On Podman a sandbox's tmpfs volumes are named ones of ours (see podman_tmpfs_volumes):
+        // their names are read while the container exists, and they go after it.
+        let own_volumes = if self.is_podman(&docker).await? {
+            podman_own_volumes(&docker, id).await
+        } else {
+            Vec::new()
         };
-        match docker.remove_container(&id.0, Some(options)).await {
-            Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
-            // 409: another caller is removing it already, or the engine is busy with it (a start
-            // in progress). Done when it is gone; ask again meanwhile.
-            Err(e) if status_of(&e) == Some(409) => {
-                for attempt in 0..200 {
-                    match docker.inspect_container(&id.0, None).await {
-                        Err(e) if status_of(&e) == Some(404) => return Ok(()),
-                        Err(e) => return Err(classify(e)),
-                        Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
-                    }
-                    if attempt % 10 == 9 {
-                        let options = RemoveContainerOptions {
-                            force: true,
-                            v: true,
-                            ..Default::default()
-                        };
-                        let _ = docker.remove_container(&id.0, Some(options)).await;
-                    }
-                }
-                Err(BackendError::Unexpected(format!(
-                    "sandbox {id} is still being removed after 10s"
-                )))
-            }
-            Err(e) => Err(classify(e)),
+        let removed = self.remove_container(&docker, id).await;
+        if removed.is_ok() {
+            remove_volumes(&docker, &own_volumes).await;
         }
+        removed
     }
 
     async fn list(&self, label: &str, value: &str) -> Result<Vec<SandboxRecord>, BackendError> {
@@ -940,6 +1049,77 @@ impl Backend for DockerBackend {
 }
 
 impl DockerBackend {
+    /// Whether the container exists and runs (a failed inspection counts as running, so that
+    /// the caller keeps the error it has).
+    async fn is_running(&self, docker: &Docker, id: &SandboxId) -> bool {
+        match docker.inspect_container(&id.0, None).await {
+            Ok(inspected) => inspected
+                .state
+                .and_then(|state| state.running)
+                .unwrap_or(true),
+            Err(_) => true,
+        }
+    }
+
+    /// Whether the container exists and is paused (a failed inspection counts as paused, so
+    /// that the caller keeps the error it has).
+    async fn is_paused(&self, docker: &Docker, id: &SandboxId) -> bool {
+        match docker.inspect_container(&id.0, None).await {
+            Ok(inspected) => inspected
+                .state
+                .and_then(|state| state.paused)
+                .unwrap_or(true),
+            Err(_) => true,
+        }
+    }
+
+    /// Whether the engine is Podman, from its `/version` (asked once per backend).
+    async fn is_podman(&self, docker: &Docker) -> Result<bool, BackendError> {
+        self.podman
+            .get_or_try_init(|| async {
+                let version = docker.version().await.map_err(classify)?;
+                Ok::<_, BackendError>(is_podman(&version))
+            })
+            .await
+            .copied()
+    }
+
+    /// Removes a sandbox's container (and its anonymous volumes).
+    async fn remove_container(&self, docker: &Docker, id: &SandboxId) -> Result<(), BackendError> {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+        };
+        match docker.remove_container(&id.0, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            // 409: another caller is removing it already, or the engine is busy with it (a start
+            // in progress). Done when it is gone; ask again meanwhile.
+            Err(e) if status_of(&e) == Some(409) => {
+                for attempt in 0..200 {
+                    match docker.inspect_container(&id.0, None).await {
+                        Err(e) if status_of(&e) == Some(404) => return Ok(()),
+                        Err(e) => return Err(classify(e)),
+                        Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                    }
+                    if attempt % 10 == 9 {
+                        let options = RemoveContainerOptions {
+                            force: true,
+                            v: true,
+                            ..Default::default()
+                        };
+                        let _ = docker.remove_container(&id.0, Some(options)).await;
+                    }
+                }
+                Err(BackendError::Unexpected(format!(
+                    "sandbox {id} is still being removed after 10s"
+                )))
+            }
+            Err(e) => Err(classify(e)),
+        }
+    }
+
     async fn signal(&self, id: &SandboxId, signal: &str) -> Result<(), BackendError> {
         let docker = self.client().await?;
         let options = KillContainerOptions {
@@ -949,6 +1129,9 @@ impl DockerBackend {
             Ok(()) => Ok(()),
             // 409: not running (it already ended): nothing left to signal.
             Err(e) if status_of(&e) == Some(409) => Ok(()),
+            // Podman says the same with a 500 ("can only kill running containers ... container
+            // state improper"): whether the container still runs decides.
+            Err(e) if status_of(&e) == Some(500) && !self.is_running(&docker, id).await => Ok(()),
             Err(e) => Err(not_found_or(e, id)),
         }
     }
@@ -959,5 +1142,143 @@ fn not_found_or(e: DockerError, id: &SandboxId) -> BackendError {
         BackendError::NotFound(id.clone())
     } else {
         classify(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/version` and `/info` as Podman 4.3.1 (Debian bookworm) answers them, trimmed to the
+    /// fields read here; rootless on cgroup v1 says every limit is supported.
+    const PODMAN_VERSION: &str = r#"{"Components":[{"Name":"Podman Engine","Version":"4.3.1"},
+        {"Name":"Conmon","Version":"conmon version 2.1.6"}],"Version":"4.3.1","ApiVersion":"1.41"}"#;
+    const PODMAN_ROOTLESS_INFO: &str = r#"{"CgroupVersion":"1","CgroupDriver":"cgroupfs",
+        "MemoryLimit":true,"SwapLimit":true,"PidsLimit":true,"CpuCfsQuota":true,
+        "SecurityOptions":["name=seccomp,profile=default"],"DefaultRuntime":"runc",
+        "Runtimes":{"runc":{"path":"/usr/bin/runc"},"runsc":{"path":"/usr/bin/runsc"},
+        "kata":{"path":"/usr/bin/kata-runtime"}},"Rootless":true,"Driver":"vfs"}"#;
+    const PODMAN_ROOTLESS_LIBPOD: &str =
+        r#"{"host":{"cgroupVersion":"v1","cgroupControllers":[],"security":{"rootless":true}}}"#;
+    const PODMAN_ROOTFUL_LIBPOD: &str = r#"{"host":{"cgroupVersion":"v1","cgroupControllers":
+        ["cpuset","cpu","cpuacct","blkio","memory","devices","freezer","pids"]}}"#;
+
+    fn podman(info: &str, libpod: &str) -> BackendInfo {
+        let version = serde_json::from_str(PODMAN_VERSION).expect("version");
+        let host = PodmanHost::from_json(info, Some(libpod)).expect("podman fields");
+        describe_engine(
+            version,
+            serde_json::from_str(info).expect("info"),
+            Some(host),
+        )
+    }
+
+    #[test]
+    fn rootless_podman_on_cgroup_v1_is_rootless_and_enforces_nothing() {
+        let engine = podman(PODMAN_ROOTLESS_INFO, PODMAN_ROOTLESS_LIBPOD);
+        assert_eq!(engine.kind, EngineKind::Podman);
+        assert_eq!(engine.name, "Podman 4.3.1");
+        assert!(engine.rootless);
+        assert_eq!(engine.cgroup_version.as_deref(), Some("1"));
+        assert_eq!(
+            engine.unenforced,
+            vec![Limit::Memory, Limit::Swap, Limit::Pids, Limit::Cpu]
+        );
+        // Only the default runtime: the compatible API ignores HostConfig.Runtime.
+        assert_eq!(engine.runtimes.keys().collect::<Vec<_>>(), vec!["runc"]);
+    }
+
+    #[test]
+    fn rootful_podman_enforces_what_its_controllers_allow() {
+        let info = PODMAN_ROOTLESS_INFO.replace(r#""Rootless":true"#, r#""Rootless":false"#);
+        let engine = podman(&info, PODMAN_ROOTFUL_LIBPOD);
+        assert!(!engine.rootless);
+        assert!(engine.unenforced.is_empty(), "{:?}", engine.unenforced);
+        let without_pids = PODMAN_ROOTFUL_LIBPOD.replace(r#","pids""#, "");
+        assert_eq!(podman(&info, &without_pids).unenforced, vec![Limit::Pids]);
+    }
+
+    #[test]
+    fn docker_rootless_is_read_from_its_security_options() {
+        let version = serde_json::from_str(
+            r#"{"Components":[{"Name":"Engine","Version":"20.10.24"}],"Version":"20.10.24"}"#,
+        )
+        .expect("version");
+        let info = serde_json::from_str(
+            r#"{"CgroupVersion":"2","MemoryLimit":true,"SwapLimit":false,"PidsLimit":true,
+            "SecurityOptions":["name=seccomp,profile=builtin","name=rootless"],
+            "Runtimes":{"runc":{"path":"runc"},"runsc":{"path":"/usr/bin/runsc",
+            "runtimeArgs":["--network=none"]}}}"#,
+        )
+        .expect("info");
+        let engine = describe_engine(version, info, None);
+        assert_eq!(engine.kind, EngineKind::Docker);
+        assert!(engine.rootless);
+        assert_eq!(engine.unenforced, vec![Limit::Swap]);
+        assert_eq!(
+            engine.runtimes.get("runsc"),
+            Some(&vec!["--network=none".to_string()])
+        );
+    }
+
+    #[test]
+    fn every_sandbox_gets_explicit_ulimits_within_the_hosts() {
+        let ulimits = sandbox_ulimits(256);
+        let get = |name: &str| {
+            ulimits
+                .iter()
+                .find(|u| u.name.as_deref() == Some(name))
+                .map(|u| (u.soft.unwrap_or(-1), u.hard.unwrap_or(-1)))
+        };
+        assert_eq!(get("core"), Some((0, 0)));
+        assert_eq!(get("nofile"), Some((1024, 4096)));
+        assert_eq!(get("nproc"), Some((32768, 32768)));
+        // nproc is never tighter than the pids limit.
+        let big = sandbox_ulimits(40000);
+        assert!(big
+            .iter()
+            .any(|u| u.name.as_deref() == Some("nproc") && u.hard == Some(40000)));
+    }
+
+    #[test]
+    fn podman_gets_tmpfs_sizes_as_pages_and_named_volumes() {
+        assert_eq!(
+            podman_tmpfs_options("size=1048577,nr_inodes=1024,uid=1000,nosuid"),
+            "nr_blocks=257,nr_inodes=1024,uid=1000,nosuid"
+        );
+        let mut body = ContainerCreateBody {
+            host_config: Some(HostConfig {
+                mounts: Some(vec![
+                    Mount {
+                        target: Some("/workspace".into()),
+                        typ: Some(MountType::VOLUME),
+                        volume_options: Some(tmpfs_volume(&HashMap::new(), 4096)),
+                        ..Default::default()
+                    },
+                    Mount {
+                        target: Some("/opt/deps".into()),
+                        source: Some("deps".into()),
+                        typ: Some(MountType::VOLUME),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let volumes = podman_tmpfs_volumes(&mut body, "pcs-x");
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes[0].name.as_deref(), Some("pcs-x-v0"));
+        let o = volumes[0]
+            .driver_opts
+            .as_ref()
+            .and_then(|opts| opts.get("o"))
+            .cloned()
+            .unwrap_or_default();
+        assert!(o.starts_with("nr_blocks=1,"), "{o}");
+        let mounts = body.host_config.and_then(|h| h.mounts).unwrap_or_default();
+        assert_eq!(mounts[0].source.as_deref(), Some("pcs-x-v0"));
+        assert!(mounts[0].volume_options.is_none());
+        assert_eq!(mounts[1].source.as_deref(), Some("deps"));
     }
 }
