@@ -11,8 +11,10 @@
 #   5. a smoke call through the MCP Inspector CLI, a second real client, and MCP conformance
 #      (scripts/conformance.sh: the official server conformance suite over HTTP against
 #      tests/conformance/expected-failures.yml, and mcp-conform over stdio and HTTP),
-#   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks under runc and gVisor,
-#      faults (one restarts dockerd), and the attacks again with SANDBOX_NETWORK=allowlist,
+#   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks and faults (one
+#      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
+#      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (runc: gVisor has no
+#      network here),
 #   7. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -109,9 +111,9 @@ echo "inspector: ok" >&2
 stage "MCP conformance (the official suite, mcp-conform)"
 bash scripts/conformance.sh "$PWD/target/debug/python-code-sandbox"
 
-stage "adversarial and fault suite (official Python SDK; runc, then the attack list under gVisor)"
-# It restarts dockerd (a fault case): it runs last, alone.
-"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runsc
+stage "adversarial and fault suite (official Python SDK; the default runtime, gVisor, then the attack list under runc)"
+# It restarts dockerd (a fault case): it runs after the MCP suites, alone.
+"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runc
 
 stage "adversarial attack list with SANDBOX_NETWORK=allowlist (runc)"
 # The attacks again, the code's sandboxes on the egress network (gVisor is registered with

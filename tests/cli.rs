@@ -154,17 +154,22 @@ async fn doctor_reports_every_check_ok() {
     if skip_without_engine() {
         return;
     }
-    let (out, pid) = cli(&["doctor"], "", &[]);
+    // Under runc every limit is visible from inside the probe sandbox.
+    let (out, pid) = cli(&["doctor"], "", &[("SANDBOX_RUNTIME", "runc")]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     for check in [
         "engine",
+        "runtime",
         "image",
         "user",
         "capabilities",
+        "no-new-privileges",
         "pids limit",
         "memory limit",
         "no swap",
+        "CPU limit",
+        "open files",
         "network",
         "read-only root",
     ] {
@@ -173,8 +178,28 @@ async fn doctor_reports_every_check_ok() {
             "{check} missing in:\n{stdout}"
         );
     }
+    assert!(stdout.contains("local at unix://"), "{stdout}");
+    assert!(
+        stdout.contains("runs under runc: SANDBOX_RUNTIME chooses it"),
+        "{stdout}"
+    );
     assert!(!stdout.contains("FAIL"));
     assert_no_sandbox_of(pid).await;
+
+    // The default: gVisor when the engine has it (scripts/test.sh registers it), which the
+    // doctor says, with the limits it cannot see from inside marked as such.
+    if std::env::var("PCS_TEST_RUNTIME").ok().as_deref() == Some("runsc") {
+        let (out, pid) = cli(&["doctor"], "", &[]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        assert!(stdout.contains("runs under runsc (gVisor)"), "{stdout}");
+        assert!(
+            stdout.contains("n/a  memory limit: set on the sandbox by the engine"),
+            "{stdout}"
+        );
+        assert!(!stdout.contains("FAIL"));
+        assert_no_sandbox_of(pid).await;
+    }
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
+use python_code_sandbox::config::NetworkPolicy;
 use python_code_sandbox::engine::backend::{Backend, SandboxSpec};
 use python_code_sandbox::engine::docker::DockerBackend;
 use python_code_sandbox::engine::owner::{LABEL_PID, LABEL_PID_START};
@@ -260,10 +261,15 @@ async fn the_code_runs_unprivileged_without_capabilities() {
         let code = r#"
 import os
 status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
-print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapPrm'].strip(), status['NoNewPrivs'].strip())
+print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapPrm'].strip(), status.get('NoNewPrivs', 'n/a').strip())
 "#;
         let result = run(&engine, code).await;
-        assert_eq!(text(&result.stdout), "1000 1000 0000000000000000 0000000000000000 1\n");
+        // gVisor's /proc has no NoNewPrivs line (the engine sets it on the sandbox all the same).
+        let no_new_privs = if under_gvisor(&engine).await { "n/a" } else { "1" };
+        assert_eq!(
+            text(&result.stdout),
+            format!("1000 1000 0000000000000000 0000000000000000 {no_new_privs}\n")
+        );
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -332,9 +338,16 @@ except OSError as e:
     print('workspace', errno.errorcode[e.errno])
 "#;
         let result = run(&engine, code).await;
+        // gVisor checks the permission of a root-owned directory before the read-only mount:
+        // the write is refused either way; the user's own home shows the read-only root.
+        let root_owned = if under_gvisor(&engine).await {
+            "EACCES"
+        } else {
+            "EROFS"
+        };
         assert_eq!(
             text(&result.stdout),
-            "/evil EROFS\n/usr/lib/evil EROFS\n/home/sandbox/evil EROFS\ntmp ENOSPC\nworkspace ENOSPC\n",
+            format!("/evil {root_owned}\n/usr/lib/evil {root_owned}\n/home/sandbox/evil EROFS\ntmp ENOSPC\nworkspace ENOSPC\n"),
             "{}",
             text(&result.stderr)
         );
@@ -348,7 +361,12 @@ async fn a_memory_bomb_is_reported_as_out_of_memory() {
     if skip_without_engine() {
         return;
     }
-    let engine = engine_with(|c| c.limits.memory_bytes = 128 << 20);
+    // Under runc the runner sees the kernel's OOM kill and reports it; under gVisor the sandbox's
+    // kernel dies with it (checked in `sandboxes_run_under_another_runtime`).
+    let engine = engine_with(|c| {
+        c.limits.memory_bytes = 128 << 20;
+        c.runtime = Some("runc".to_string());
+    });
     no_hang(async {
         let result = run(
             &engine,
@@ -649,9 +667,15 @@ async fn a_live_sandbox_carries_every_hardening_field() {
              print(fs.f_blocks * fs.f_frsize, kind, os.getppid())",
         )
         .await;
+        // gVisor serves the host's tmpfs through its gofer (9p).
+        let kind = if under_gvisor(&engine).await {
+            "9p"
+        } else {
+            "tmpfs"
+        };
         assert_eq!(
             text(&inside.stdout),
-            format!("{} ['tmpfs'] 1\n", limits.workspace_bytes)
+            format!("{} ['{kind}'] 1\n", limits.workspace_bytes)
         );
         let labels = config.labels.unwrap_or_default();
         assert_eq!(
@@ -834,7 +858,11 @@ async fn a_pooled_sandbox_killed_from_outside_is_not_handed_out() {
     if skip_without_engine() {
         return;
     }
-    let engine = std::sync::Arc::new(engine_with(|c| c.pool_size = 1));
+    // runc: the code finds its container id in /proc/self/cgroup (gVisor shows none).
+    let engine = std::sync::Arc::new(engine_with(|c| {
+        c.pool_size = 1;
+        c.runtime = Some("runc".to_string());
+    }));
     engine.start_pool();
     no_hang(async {
         while engine.pool_ready() < 1 {
@@ -880,6 +908,9 @@ async fn sandboxes_run_under_another_runtime() {
     let engine = engine_with(|c| {
         c.runtime = Some(runtime.clone());
         c.limits.timeout = std::time::Duration::from_secs(3);
+        // Small enough that the memory bomb below reaches it well within the timeout.
+        c.limits.memory_bytes = 256 << 20;
+        c.limits.workspace_bytes = 64 << 20;
     });
     no_hang(async {
         let host_kernel = std::fs::read_to_string("/proc/version").expect("host kernel");
@@ -893,6 +924,17 @@ async fn sandboxes_run_under_another_runtime() {
         assert_eq!(stdout.lines().nth(1), Some("1000 ['lo']"));
         let root = run(&engine, "open('/home/sandbox/evil', 'w')").await;
         assert!(text(&root.stderr).contains("Read-only file system"), "{}", text(&root.stderr));
+        if runtime == "runsc" {
+            // Out of memory, gVisor's kernel dies with the code: the sandbox is lost, saying why.
+            let bomb = engine
+                .run_ephemeral(Task::Python("x = []\nwhile True:\n    x.append(bytearray(8 << 20))"), &RunOptions::default())
+                .await;
+            match bomb {
+                Err(EngineError::SandboxLost(reason)) => assert!(reason.contains("out of memory"), "{reason}"),
+                Ok(execution) => assert!(execution.out_of_memory, "{execution:?}"),
+                Err(e) => panic!("the memory bomb: {e}"),
+            }
+        }
 
         let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
         in_session(&engine, &session, "kept = 'yes'").await;
@@ -926,12 +968,83 @@ async fn sandboxes_run_under_another_runtime() {
     assert_nothing_left(&engine).await;
 }
 
+/// With no `SANDBOX_RUNTIME`, the strongest runtime the engine has runs the code: gVisor where it
+/// can, runc where it cannot give what a setting needs (here runsc is registered with
+/// `--network=none`, so a networked policy falls back), and a runtime the operator names is
+/// obeyed or refused, never weakened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_strongest_runtime_runs_the_code_by_default() {
+    if skip_without_engine() {
+        return;
+    }
+    if std::env::var("PCS_TEST_RUNTIME").ok().as_deref() != Some("runsc") {
+        eprintln!("not run: gVisor is not registered (scripts/test.sh registers it and sets PCS_TEST_RUNTIME=runsc)");
+        return;
+    }
+    let host_kernel = std::fs::read_to_string("/proc/version").expect("host kernel");
+    let kernel = "print(open('/proc/version').read().strip())";
+    no_hang(async {
+        let default = engine_with(|c| c.pool_size = 0);
+        let platform = default.platform().await.expect("the engine is usable");
+        assert!(platform.code.gvisor, "{:?}", platform.code);
+        assert_eq!(platform.code.name.as_deref(), Some("runsc"));
+        let seen = run(&default, kernel).await;
+        assert!(
+            text(&seen.stdout).starts_with("Linux version 4.4.0"),
+            "{}",
+            text(&seen.stdout)
+        );
+        assert_nothing_left(&default).await;
+
+        let networked = engine_with(|c| {
+            c.pool_size = 0;
+            c.network = NetworkPolicy::Bridge;
+        });
+        let platform = networked.platform().await.expect("the engine is usable");
+        assert!(!platform.code.gvisor, "{:?}", platform.code);
+        assert!(
+            platform.code.why.contains("--network=none"),
+            "{}",
+            platform.code.why
+        );
+        let seen = run(&networked, kernel).await;
+        assert_eq!(text(&seen.stdout).trim(), host_kernel.trim());
+        assert_nothing_left(&networked).await;
+
+        for (runtime, network, expected) in [
+            ("runsc", NetworkPolicy::Bridge, "--network=none"),
+            ("no-such-runtime", NetworkPolicy::None, "not registered"),
+        ] {
+            let named = engine_with(|c| {
+                c.pool_size = 0;
+                c.runtime = Some(runtime.to_string());
+                c.network = network;
+            });
+            match named
+                .run_ephemeral(Task::Python("print(1)"), &RunOptions::default())
+                .await
+            {
+                Err(EngineError::Refused(refusal)) => {
+                    assert!(refusal.to_string().contains(expected), "{refusal}")
+                }
+                other => panic!("{runtime} with {network:?} was not refused: {other:?}"),
+            }
+            assert_nothing_left(&named).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_used_sandbox_is_frozen_then_removed() {
     if skip_without_engine() {
         return;
     }
-    let engine = std::sync::Arc::new(engine_with(|c| c.pool_size = 1));
+    // runc: the code finds its container id in /proc/self/cgroup (gVisor shows none).
+    let engine = std::sync::Arc::new(engine_with(|c| {
+        c.pool_size = 1;
+        c.runtime = Some("runc".to_string());
+    }));
     engine.start_pool();
     no_hang(async {
         while engine.pool_ready() < 1 {

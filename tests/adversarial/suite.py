@@ -5,8 +5,12 @@ engine, and prints one line per case and a closing `N passed, M failed` line; th
 when a case failed. Each attack must fail, the server must answer the next call normally, and
 nothing of the case may be left on the engine.
 
-    python tests/adversarial/suite.py [--bin PATH] [--runtime runsc] [--only SUBSTRING] [--no-faults]
+    python tests/adversarial/suite.py [--bin PATH] [--runtime runc] [--only SUBSTRING] [--no-faults]
                                       [--network allowlist]
+
+The first pass runs every case with the server's default runtime (gVisor when the engine has it
+and it can serve the case's network policy, else runc: each line says `[default: runsc]` or
+`[default: runc]`); each `--runtime` adds a pass of the attack list with SANDBOX_RUNTIME set.
 
 `--network allowlist` runs the cases with SANDBOX_NETWORK=allowlist and a minimal allowlist
 (ALLOWLIST_ENV: one `.test` name mapped to loopback, so nothing is reachable through the egress
@@ -647,7 +651,8 @@ async def network_none(s, ctx):
 
 @case("network: SANDBOX_NETWORK=bridge is honoured", kind="attack-own-server")
 async def network_bridge(ctx):
-    if ctx.runtime == "runsc":
+    # With no SANDBOX_RUNTIME the server falls back to runc for a networked policy (tested here).
+    if ctx.explicit == "runsc":
         raise Skip("runsc is registered with --network=none on this machine")
     if ctx.network == "allowlist":
         raise Skip("this run is about SANDBOX_NETWORK=allowlist")
@@ -1101,7 +1106,7 @@ class LocalIndex:
 async def deps_lab(ctx, **settings):
     """A listener and a local index (a victim wheel, the evil sdist) on the host's bridge address,
     a fresh dependency volume, and the server settings that use them."""
-    if ctx.runtime == "runsc":
+    if ctx.explicit == "runsc":
         raise Skip("runsc is registered with --network=none on this machine: installers need a network")
     gateway = host_gateway()
     listener = Listener(gateway)
@@ -1749,9 +1754,26 @@ class Skip(Exception):
     pass
 
 
+def registered_runtimes():
+    """The runtimes the engine has, each with the arguments it was registered with."""
+    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
+    try:
+        return {name: r.get("runtimeArgs") or [] for name, r in json.loads(out.stdout or "{}").items()}
+    except ValueError:
+        return {}
+
+
 class Context:
     def __init__(self, binary, runtime, network="none"):
         self.binary = binary
+        # The runtime the run names (`--runtime`), or None for the server's default choice.
+        self.explicit = runtime
+        # The runtime the code really runs under: with no SANDBOX_RUNTIME the server chooses gVisor
+        # when the engine has it and it can serve the network policy (registered here with
+        # --network=none, so allowlist falls back to runc).
+        if runtime is None:
+            gvisor = registered_runtimes().get("runsc")
+            runtime = "runsc" if gvisor is not None and (network == "none" or "--network=none" not in gvisor) else "runc"
         self.runtime = runtime
         self.network = network
         # Under gVisor the pids limit bounds its kernel's host threads: it needs 256 of them.
@@ -1765,7 +1787,8 @@ async def run_cases(ctx, selected):
     results = []
     shared = [c for c in selected if c[1] == "attack"]
     others = [c for c in selected if c[1] != "attack"]
-    label = "".join(f" [{tag}]" for tag in (ctx.runtime, ctx.network if ctx.network != "none" else None) if tag)
+    runtime = ctx.runtime if ctx.explicit else f"default: {ctx.runtime}"
+    label = "".join(f" [{tag}]" for tag in (runtime, ctx.network if ctx.network != "none" else None) if tag)
 
     def report(name, verdict, detail=""):
         results.append(verdict)
@@ -1801,7 +1824,7 @@ async def run_cases(ctx, selected):
                     await s.call("sandbox_stop", {"container_id": session["container_id"]})
             await s.nothing_left()
     for name, kind, fn in others:
-        if kind == "fault" and ctx.runtime:
+        if kind == "fault" and ctx.explicit:
             continue
         await attempt(name, lambda fn=fn: fn(ctx))
     return results
@@ -1810,7 +1833,7 @@ async def run_cases(ctx, selected):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin", default=os.environ.get("PCS_BIN", os.path.join(ROOT, "target", "debug", "python-code-sandbox")))
-    parser.add_argument("--runtime", action="append", default=[], help="also run the attack list under this OCI runtime (e.g. runsc)")
+    parser.add_argument("--runtime", action="append", default=[], help="also run the attack list under this OCI runtime (e.g. runc, when the default is gVisor)")
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument("--no-faults", action="store_true", help="skip the fault cases (they restart dockerd)")
     parser.add_argument("--network", choices=["none", "allowlist"], default="none",

@@ -237,3 +237,15 @@ pub fn assert_no_network_left(engine: &Engine) {
         "networks left"
     );
 }
+
+/// The engine runs the code under gVisor (the default where the engine has it): the tests that
+/// read what the host kernel shows from inside (errno of a write, mount types, `/proc` fields
+/// gVisor does not have) expect gVisor's own answers then.
+pub async fn under_gvisor(engine: &Engine) -> bool {
+    engine
+        .platform()
+        .await
+        .expect("the engine is usable")
+        .code
+        .gvisor
+}
