@@ -30,6 +30,7 @@ HOST_IP=10.231.0.1
 REMOTE_IP=10.231.0.2
 IMAGE=${PCS_REMOTE_IMAGE:-python-code-sandbox:py3.11}
 MAIN_SOCK=unix:///var/run/docker.sock
+OWNER=/run/pcs-remote-engine.dir # which DIR the namespace belongs to (one engine at a time)
 MARKER=.pcs-remote-engine # stop removes DIR only when this file says the script made it
 
 usage() {
@@ -61,6 +62,7 @@ ensure_packages() {
     command -v ip >/dev/null || missing+=(iproute2)
     if (( ${#missing[@]} )); then
         log "installing ${missing[*]}"
+        apt-get update -qq >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
     fi
 }
@@ -263,7 +265,12 @@ kill_namespace_processes() {
 
 do_start() {
     ensure_packages
+    if [[ -f $OWNER && $(cat "$OWNER") != "$DIR" ]] && ip netns list | grep -qw "^$NETNS"; then
+        log "a remote engine from $(cat "$OWNER") holds $NETNS: stop it first ($0 stop $(cat "$OWNER"))"
+        exit 1
+    fi
     do_stop
+    echo "$DIR" >"$OWNER"
     mkdir -p "$DIR"
     chmod 700 "$DIR"
     touch "$DIR/$MARKER"
@@ -299,15 +306,21 @@ do_stop() {
         [[ -z $ids ]] || rdocker rm -f -v $ids >/dev/null 2>&1 || true
         kill_dockerd TERM || true
     fi
-    kill_namespace_processes
-    kill_container_processes
+    if [[ -f $OWNER && $(cat "$OWNER") != "$DIR" ]]; then
+        log "the namespace $NETNS belongs to $(cat "$OWNER"): leaving it"
+    else
+        kill_namespace_processes
+        kill_container_processes
+        ip link del "$HOST_IF" 2>/dev/null || true
+        ip netns del "$NETNS" 2>/dev/null || true
+        rm -f "$OWNER"
+    fi
     if [[ -f $DIR/sshd.pid ]] && pid_alive "$DIR/sshd.pid"; then kill "$(cat "$DIR/sshd.pid")" || true; fi
-    ip link del "$HOST_IF" 2>/dev/null || true
-    ip netns del "$NETNS" 2>/dev/null || true
-    # Its mounts lived in the private mount namespace of `ip netns exec`, gone with its processes;
-    # anything still mounted under DIR (should a kernel keep one) is unmounted before removal.
+    # A dockerd that was killed leaves its mounts (overlays, the namespaces' bind mounts) under
+    # DIR: unmount them, deepest first, before removing DIR.
     if [[ -d $DIR ]]; then
-        grep -o " $DIR/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+        awk -v d="$DIR/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r |
+            xargs -r -n1 umount -l 2>/dev/null || true
         rm -rf "$DIR"
     fi
     # The containers' cgroups (cgroup v1: one directory per controller).
@@ -322,6 +335,17 @@ do_restart() {
     # SIGKILL: the engine vanishes mid-call, as a remote machine's would (its containers die with
     # their shims only if the kernel takes them; the restarted engine finds and cleans them).
     kill_dockerd KILL
+    # Its containerd dies with it (the parent-death signal dockerd gives it), but not at once: a
+    # dockerd started meanwhile finds it "still running" and waits for a socket that never comes.
+    # Kill it too, as the machine's crash would, and wait until it is gone.
+    local pidfile=$DIR/exec/containerd/containerd.pid
+    if pid_alive "$pidfile"; then
+        local pid
+        pid=$(cat "$pidfile")
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_for 60 "containerd $pid to exit" bash -c "! kill -0 $pid"
+    fi
+    rm -f "$pidfile"
     start_dockerd
 }
 
