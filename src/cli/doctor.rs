@@ -88,7 +88,15 @@ pub async fn doctor(config: Config) -> ExitCode {
         }
         Err(e) => {
             report.line(false, "engine", e);
-            println!("     start one with: bash scripts/dev-env.sh");
+            if config.remote_engine {
+                println!(
+                    "     check that {} answers: the network, and the TLS certificates \
+                     (DOCKER_CERT_PATH) or the ssh login",
+                    crate::engine::docker::endpoint()
+                );
+            } else {
+                println!("     start one with: bash scripts/dev-env.sh");
+            }
             return ExitCode::FAILURE;
         }
     };

@@ -424,11 +424,13 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let env = Env(&lookup);
         validate::conflicts(&env)?;
-        let mut config = Config::default();
-        // Decides where host paths in other settings are checked, so it comes first.
-        config.remote_engine = env
-            .get(&settings::DOCKER_HOST)
-            .is_some_and(|host| settings::is_remote_endpoint(&host));
+        let mut config = Config {
+            // Decides where host paths in other settings are checked, so it comes first.
+            remote_engine: env
+                .get(&settings::DOCKER_HOST)
+                .is_some_and(|host| settings::is_remote_endpoint(&host)),
+            ..Config::default()
+        };
         for setting in SETTINGS {
             setting.apply(&mut config, &env)?;
         }

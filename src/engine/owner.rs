@@ -118,7 +118,7 @@ impl Owner {
         servers: &ServerContainers,
     ) -> bool {
         self.is_leftover_with(labels, servers, |pid, start| {
-            process_start_time(pid) == Some(start)
+            process_start_time(pid) == Some(start) && !process_has_ended(pid)
         })
     }
 
@@ -206,6 +206,22 @@ fn pid_namespace() -> Option<String> {
         .ok()
         .map(|target| target.to_string_lossy().into_owned())
         .filter(|name| !name.is_empty())
+}
+
+/// The process has ended but is not yet reaped (a zombie, state `Z` or `X` in `/proc/PID/stat`):
+/// a server killed with SIGKILL whose parent has not waited for it yet must count as gone, or
+/// the next server would leave its sandboxes running.
+pub fn process_has_ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            after_name
+                .split_whitespace()
+                .next()
+                .map(|state| state == "Z" || state == "X")
+        })
+        .unwrap_or(false)
 }
 
 /// Field 22 of `/proc/PID/stat`, read after the command name (which may hold spaces and parens).
@@ -358,6 +374,26 @@ mod tests {
             me.labels("session").get(LABEL_PID_NAMESPACE),
             me.pid_namespace.as_ref()
         );
+    }
+
+    #[test]
+    fn a_zombie_counts_as_ended_and_a_live_process_does_not() {
+        assert!(!process_has_ended(std::process::id()));
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("true runs");
+        let pid = child.id();
+        // Not waited for: once it exits it is a zombie until `wait` below.
+        let mut ended = false;
+        for _ in 0..500 {
+            if process_has_ended(pid) {
+                ended = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(ended, "the exited child was not seen as a zombie");
+        let _ = child.wait();
     }
 
     #[test]

@@ -40,15 +40,26 @@ impl ToolError {
     fn text(&self) -> String {
         match self {
             ToolError::Engine(e) => {
+                let endpoint = crate::engine::docker::endpoint();
                 let hint = match e {
+                    EngineError::Backend(BackendError::Unavailable { .. })
+                        if crate::config::settings::is_remote_endpoint(&endpoint) =>
+                    {
+                        format!(
+                            " The engine at {endpoint} must be reachable (the network, and the TLS \
+                             certificates in DOCKER_CERT_PATH or the ssh login); the server \
+                             reconnects on the next call."
+                        )
+                    }
                     EngineError::Backend(BackendError::Unavailable { .. }) => {
                         " The Docker engine must be running (start it, e.g. `systemctl start docker` or \
                          `bash scripts/dev-env.sh`); the server reconnects on the next call."
+                            .to_string()
                     }
                     EngineError::Backend(BackendError::ImageMissing { .. }) => {
-                        " Ask the operator to build or pull the image."
+                        " Ask the operator to build or pull the image.".to_string()
                     }
-                    _ => "",
+                    _ => String::new(),
                 };
                 format!("Error: {e}.{hint}")
             }

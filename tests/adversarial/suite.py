@@ -1777,7 +1777,7 @@ class Context:
         self.runtime = runtime
         self.network = network
         # Under gVisor the pids limit bounds its kernel's host threads: it needs 256 of them.
-        self.runtime_env = {"SANDBOX_RUNTIME": runtime, "SANDBOX_PIDS_LIMIT": "256"} if runtime else {}
+        self.runtime_env = {"SANDBOX_RUNTIME": self.explicit, "SANDBOX_PIDS_LIMIT": "256"} if self.explicit else {}
         # Every case's server gets these (they all take runtime_env).
         if network == "allowlist":
             self.runtime_env = {**self.runtime_env, **ALLOWLIST_ENV}
