@@ -408,7 +408,7 @@ async fn create_volume_if_missing(
 
 /// The volumes created for a sandbox on Podman: mounted by it, named after its container.
 async fn podman_own_volumes(docker: &Docker, id: &SandboxId) -> Vec<String> {
-    let Ok(inspected) = docker.inspect_container(&id.0, None).await else {
+    let Ok(inspected) = inspect(docker, &id.0).await else {
         return Vec::new();
     };
     let container = inspected.name.unwrap_or_default();
@@ -576,6 +576,35 @@ fn is_podman(version: &bollard::models::SystemVersion) -> bool {
         .iter()
         .flatten()
         .any(|component| component.name.to_ascii_lowercase().contains("podman"))
+}
+
+/// A container's inspection. Podman reports a state Docker does not have (`stopped`: ended, not
+/// yet cleaned up), which bollard cannot read; it is read here as `exited`, which it is.
+async fn inspect(
+    docker: &Docker,
+    id: &str,
+) -> Result<bollard::models::ContainerInspectResponse, DockerError> {
+    match docker.inspect_container(id, None).await {
+        Err(DockerError::JsonDataError { message, column }) => {
+            let unreadable = || DockerError::JsonDataError {
+                message: message.clone(),
+                column,
+            };
+            let Ok(text) = get_text(docker, format!("/containers/{id}/json")).await else {
+                return Err(unreadable());
+            };
+            let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&text) else {
+                return Err(unreadable());
+            };
+            if let Some(status) = value.pointer_mut("/State/Status") {
+                if status == "stopped" {
+                    *status = serde_json::Value::from("exited");
+                }
+            }
+            serde_json::from_value(value).map_err(|_| unreadable())
+        }
+        other => other,
+    }
 }
 
 /// The body of `GET path` as text, for answers bollard has no call for or reads only in part.
@@ -810,8 +839,7 @@ impl Backend for DockerBackend {
 
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
         let docker = self.client().await?;
-        let inspected = docker
-            .inspect_container(&id.0, None)
+        let inspected = inspect(&docker, &id.0)
             .await
             .map_err(|e| not_found_or(e, id))?;
         let state = inspected.state.unwrap_or_default();
@@ -969,8 +997,7 @@ impl Backend for DockerBackend {
 
     async fn address_on(&self, id: &SandboxId, network: &str) -> Result<String, BackendError> {
         let docker = self.client().await?;
-        let inspected = docker
-            .inspect_container(&id.0, None)
+        let inspected = inspect(&docker, &id.0)
             .await
             .map_err(|e| not_found_or(e, id))?;
         inspected
@@ -1052,7 +1079,7 @@ impl DockerBackend {
     /// Whether the container exists and runs (a failed inspection counts as running, so that
     /// the caller keeps the error it has).
     async fn is_running(&self, docker: &Docker, id: &SandboxId) -> bool {
-        match docker.inspect_container(&id.0, None).await {
+        match inspect(&docker, &id.0).await {
             Ok(inspected) => inspected
                 .state
                 .and_then(|state| state.running)
@@ -1064,7 +1091,7 @@ impl DockerBackend {
     /// Whether the container exists and is paused (a failed inspection counts as paused, so
     /// that the caller keeps the error it has).
     async fn is_paused(&self, docker: &Docker, id: &SandboxId) -> bool {
-        match docker.inspect_container(&id.0, None).await {
+        match inspect(&docker, &id.0).await {
             Ok(inspected) => inspected
                 .state
                 .and_then(|state| state.paused)
@@ -1095,10 +1122,12 @@ impl DockerBackend {
             Ok(()) => Ok(()),
             Err(e) if status_of(&e) == Some(404) => Ok(()),
             // 409: another caller is removing it already, or the engine is busy with it (a start
-            // in progress). Done when it is gone; ask again meanwhile.
-            Err(e) if status_of(&e) == Some(409) => {
+            // in progress). Podman answers 500 "container not running" when the container ends
+            // while its forced removal kills it (it stays, exited). Done when it is gone; ask
+            // again meanwhile.
+            Err(e) if status_of(&e) == Some(409) || status_of(&e) == Some(500) => {
                 for attempt in 0..200 {
-                    match docker.inspect_container(&id.0, None).await {
+                    match inspect(&docker, &id.0).await {
                         Err(e) if status_of(&e) == Some(404) => return Ok(()),
                         Err(e) => return Err(classify(e)),
                         Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
@@ -1113,7 +1142,8 @@ impl DockerBackend {
                     }
                 }
                 Err(BackendError::Unexpected(format!(
-                    "sandbox {id} is still being removed after 10s"
+                    "sandbox {id} is still there 10s after its removal was asked: {}",
+                    classify(e)
                 )))
             }
             Err(e) => Err(classify(e)),
