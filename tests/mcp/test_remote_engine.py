@@ -134,3 +134,21 @@ def test_an_ssh_host_whose_key_is_not_the_pinned_one_is_refused(tmp_path):
     # The mismatched key was not replaced by the engine's real one.
     assert other_key.with_suffix(".pub").read_text().split()[1] in known.read_text()
     assert shutil.which("ssh", path=env["PATH"]) == str(wrapper)
+
+
+async def test_host_paths_the_remote_engine_cannot_see_are_reported_not_ignored():
+    # Paths in SANDBOX_CA_BUNDLE and SANDBOX_MOUNTS are the engine's machine's: the server cannot
+    # check them itself (with a local engine this value stops start-up), so the engine is asked.
+    absent = "/nonexistent/pcs-remote-ca.pem"
+    env = {**engine_env("tls"), "SANDBOX_CA_BUNDLE": absent, "SANDBOX_POOL_SIZE": "0"}
+    async with connect(**env) as client:
+        refused = await client.call_tool("run_python_ephemeral", {"code": "print('must not run')"})
+        assert refused.is_error is True
+        message = text_of(refused)
+        assert "SANDBOX_CA_BUNDLE" in message and absent in message, message
+        assert "another machine" in message, message
+    done = doctor(env)
+    assert done.returncode != 0
+    assert "FAIL sandboxes: refusing" in done.stdout and "SANDBOX_CA_BUNDLE" in done.stdout, done.stdout
+    # The check's own containers are gone too.
+    assert docker_on(remote_socket(), "ps", "-aq", "--filter", "label=io.python-code-sandbox.managed=true") == ""
