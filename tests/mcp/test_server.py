@@ -116,8 +116,11 @@ async def test_a_timeout_is_an_error_and_says_so():
 
 async def test_foreign_and_malformed_container_ids_are_refused():
     image = os.environ.get("SANDBOX_IMAGE", "python-code-sandbox:py3.11")
+    # Explicit ulimits, as the server gives its sandboxes: Podman's defaults exceed this host's
+    # hard limits and runc then cannot start the container.
+    ulimits = ["--ulimit", "nofile=1024:4096", "--ulimit", "nproc=32768:32768"]
     foreign = subprocess.run(
-        ["docker", "run", "-d", "--rm", "--network", "none", image, "sleep", "300"],
+        ["docker", "run", "-d", "--rm", *ulimits, "--network", "none", image, "sleep", "300"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     try:
