@@ -42,6 +42,12 @@ part() {
     [ -z "$part_name" ] || echo "== podman: $part_name" >&2
 }
 
+# Every part runs even when one fails (each says something of its own); the stage fails at the end.
+FAILED=()
+check() {
+    "$@" || FAILED+=("$part_name")
+}
+
 cleanup() {
     local status=$?
     part ""
@@ -97,20 +103,20 @@ part "engine tests (cargo test --test engine)"
 # - a_live_sandbox_carries_every_hardening_field: Podman's inspect reports CapDrop expanded to the
 #   default set instead of ["ALL"] and IpcMode "shareable" for "private" (both a private IPC
 #   namespace and no capability: doctor's probe shows CapEff 0 from inside).
-cargo test --test engine -- \
+check cargo test --test engine -- \
     --skip a_used_sandbox_is_frozen_then_removed \
     --skip a_live_sandbox_carries_every_hardening_field
 
 part "MCP tests of the original tool set (tests/mcp/test_server.py)"
 # Left out: the unreachable-engine test proxies the local Docker socket itself.
-PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_server.py \
+PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 check "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_server.py \
     -k "not test_an_unreachable_engine_is_an_actionable_error_and_the_server_recovers"
 
 part "adversarial attack list (tests/adversarial/suite.py --no-faults)"
-"$PY" tests/adversarial/suite.py --bin "$BIN" --no-faults
+check "$PY" tests/adversarial/suite.py --bin "$BIN" --no-faults
 
 part "rootless Podman is refused (tests/mcp/test_podman_rootless.py)"
-PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_podman_rootless.py
+PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 check "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_podman_rootless.py
 
 part "nothing left on Podman"
 left=$(docker ps -aq --filter label=io.python-code-sandbox.managed=true)
@@ -120,3 +126,7 @@ if [ -n "$left" ] || [ -n "$left_volumes" ]; then
     exit 1
 fi
 docker volume rm "$SANDBOX_DEPS_VOLUME" >/dev/null 2>&1 || true
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "test-podman.sh: failed: ${FAILED[*]}" >&2
+    exit 1
+fi
