@@ -246,13 +246,11 @@ async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), ImageError>
         source: std::io::ErrorKind::BrokenPipe.into(),
     })?;
     let body = ReaderStream::new(stdout).filter_map(|chunk| async move { chunk.ok() });
-    let (repo, tag) = OFFLINE_BASE
-        .split_once(':')
-        .unwrap_or((OFFLINE_BASE, "latest"));
+    // The whole reference as `repo`, no `tag`: Podman ignores `tag` on an import (the image
+    // would be `:latest`); Docker reads a tagged `repo` the same way.
     let options = CreateImageOptions {
         from_src: Some("-".to_string()),
-        repo: Some(repo.to_string()),
-        tag: Some(tag.to_string()),
+        repo: Some(OFFLINE_BASE.to_string()),
         ..Default::default()
     };
     let mut progress = docker.create_image(Some(options), Some(bollard::body_stream(body)), None);

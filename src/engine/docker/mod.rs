@@ -1079,7 +1079,7 @@ impl DockerBackend {
     /// Whether the container exists and runs (a failed inspection counts as running, so that
     /// the caller keeps the error it has).
     async fn is_running(&self, docker: &Docker, id: &SandboxId) -> bool {
-        match inspect(&docker, &id.0).await {
+        match inspect(docker, &id.0).await {
             Ok(inspected) => inspected
                 .state
                 .and_then(|state| state.running)
@@ -1091,7 +1091,7 @@ impl DockerBackend {
     /// Whether the container exists and is paused (a failed inspection counts as paused, so
     /// that the caller keeps the error it has).
     async fn is_paused(&self, docker: &Docker, id: &SandboxId) -> bool {
-        match inspect(&docker, &id.0).await {
+        match inspect(docker, &id.0).await {
             Ok(inspected) => inspected
                 .state
                 .and_then(|state| state.paused)
@@ -1127,7 +1127,7 @@ impl DockerBackend {
             // again meanwhile.
             Err(e) if status_of(&e) == Some(409) || status_of(&e) == Some(500) => {
                 for attempt in 0..200 {
-                    match inspect(&docker, &id.0).await {
+                    match inspect(docker, &id.0).await {
                         Err(e) if status_of(&e) == Some(404) => return Ok(()),
                         Err(e) => return Err(classify(e)),
                         Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
