@@ -368,7 +368,9 @@ async def fill_disks(s, ctx):
     mounts = json.loads(docker("inspect", "--format", "{{json .Mounts}}", sid))
     volume = next(m["Name"] for m in mounts if m["Destination"] == "/workspace")
     options = json.loads(docker("volume", "inspect", "--format", "{{json .Options}}", volume))
-    check(options.get("type") == "tmpfs" and f"size={32 << 20}" in options.get("o", ""), f"the workspace volume is {options}")
+    # Podman takes the size as pages (`nr_blocks`): it reads `size=` as a disk quota.
+    sized = f"size={32 << 20}" in options.get("o", "") or f"nr_blocks={(32 << 20) // 4096}" in options.get("o", "")
+    check(options.get("type") == "tmpfs" and sized, f"the workspace volume is {options}")
     log_type = docker("inspect", "--format", "{{.HostConfig.LogConfig.Type}}", sid).strip()
     check(log_type == "none", f"container logs go to {log_type}")
     await s.call("sandbox_stop", {"container_id": sid})
@@ -1190,14 +1192,14 @@ async def deps_tampered_set(ctx):
             first = await run_with_deps(s, VICTIM, ["pcs-victim"])
             check(first.structured_content["stdout"] == "clean\n", text_of(first))
         image = os.environ.get("SANDBOX_IMAGE", "python-code-sandbox:py3.11")
-        docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/v", image,
+        docker("run", "--rm", *ULIMITS, "--network", "none", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/v", image,
                "-c", "for f in /v/s-*/pcs_victim.py; do echo \"VALUE = 'poisoned'\" >> $f; done; echo x > /v/stray")
         async with server(ctx.binary, **env) as s:
             second = await run_with_deps(s, VICTIM, ["pcs-victim"])
             check(second.structured_content["stdout"] == "clean\n", f"the changed set was mounted: {text_of(second)}")
             await s.answers_normally()
             await s.nothing_left()
-        listing = docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/v",
+        listing = docker("run", "--rm", *ULIMITS, "--network", "none", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/v",
                          image, "-c", "ls -A /v; grep -rl poisoned /v || true")
         check("stray" not in listing and "/v/" not in listing, f"left in the volume: {listing}")
 
@@ -1754,13 +1756,25 @@ class Skip(Exception):
     pass
 
 
+# Explicit ulimits for the suite's own containers, as the server gives its sandboxes: Podman's
+# defaults exceed this host's hard limits and runc then cannot start the container.
+ULIMITS = ("--ulimit", "nofile=1024:4096", "--ulimit", "nproc=32768:32768")
+
+
 def registered_runtimes():
     """The runtimes the engine has, each with the arguments it was registered with."""
     out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
     try:
-        return {name: r.get("runtimeArgs") or [] for name, r in json.loads(out.stdout or "{}").items()}
+        runtimes = {name: r.get("runtimeArgs") or [] for name, r in json.loads(out.stdout or "{}").items()}
     except ValueError:
         return {}
+    # Podman lists every runtime of its configuration, but its Docker-compatible API ignores a
+    # container's HostConfig.Runtime: only its default runtime can run a sandbox (as the server sees it).
+    version = subprocess.run(["docker", "version", "--format", "{{json .Server.Components}}"], capture_output=True, text=True)
+    if "Podman" in version.stdout:
+        default = subprocess.run(["docker", "info", "--format", "{{.DefaultRuntime}}"], capture_output=True, text=True)
+        return {name: args for name, args in runtimes.items() if name == default.stdout.strip()}
+    return runtimes
 
 
 class Context:
