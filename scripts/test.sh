@@ -15,7 +15,11 @@
 #      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
 #      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (runc: gVisor has no
 #      network here),
-#   7. a final check that no sandbox container or volume was left behind.
+#   7. the engines beside the local Docker: rootful Podman (scripts/test-podman.sh: engine tests,
+#      the original tool set's MCP tests and the attack list; the refusal under rootless Podman),
+#      and a second Docker engine in a network namespace reached over mutual TLS and over SSH
+#      (scripts/test-remote.sh),
+#   8. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -119,6 +123,12 @@ stage "adversarial attack list with SANDBOX_NETWORK=allowlist (runc)"
 # The attacks again, the code's sandboxes on the egress network (gVisor is registered with
 # --network=none here, so runc only); the faults ran above.
 "$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults
+
+stage "Podman: rootful (engine tests, MCP tests, attack list) and the rootless refusal (scripts/test-podman.sh)"
+bash scripts/test-podman.sh
+
+stage "a Docker engine on another machine, over mutual TLS and SSH (scripts/test-remote.sh)"
+bash scripts/test-remote.sh
 
 stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.

@@ -12,7 +12,7 @@
 
 use crate::config::{Config, NetworkPolicy, GVISOR_MIN_PIDS};
 
-use super::backend::{BackendInfo, Limit};
+use super::backend::{BackendInfo, EngineKind, Limit};
 
 /// The OCI runtime chosen for one kind of sandbox, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,14 @@ fn is_gvisor_name(name: &str) -> bool {
 /// Decides the runtimes, or refuses the engine.
 pub fn decide(config: &Config, engine: BackendInfo) -> Result<Platform, Refusal> {
     refuse_unenforced_limits(&engine)?;
+    if engine.kind == EngineKind::Podman && config.network == NetworkPolicy::Allowlist {
+        return Err(Refusal(format!(
+            "refusing to start sandboxes: SANDBOX_NETWORK=allowlist is not supported on {} yet \
+             (its egress networks and proxy are tested on Docker only); use Docker, or \
+             SANDBOX_NETWORK=none",
+            engine.name
+        )));
+    }
     let code_needs_network = config.network != NetworkPolicy::None;
     let code = match &config.runtime {
         Some(name) => explicit(config, &engine, name, code_needs_network)?,
@@ -221,7 +229,6 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::engine::backend::EngineKind;
 
     fn engine(runtimes: &[(&str, &[&str])]) -> BackendInfo {
         BackendInfo {
@@ -325,6 +332,12 @@ mod tests {
 
         rootless.cgroup_version = Some("2".into());
         assert!(decide(&Config::default(), rootless.clone()).is_ok());
+        let allowlist = Config {
+            network: NetworkPolicy::Allowlist,
+            ..Config::default()
+        };
+        let refusal = decide(&allowlist, rootless.clone()).expect_err("refused");
+        assert!(refusal.0.contains("allowlist") && refusal.0.contains("Podman"));
         rootless.unenforced = vec![Limit::Memory, Limit::Pids];
         let refusal = decide(&Config::default(), rootless).expect_err("refused");
         assert!(
