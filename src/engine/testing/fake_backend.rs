@@ -31,8 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::backend::{
-    Backend, BackendError, BackendInfo, EngineKind, ExitInfo, OutputChunk, RunnerStreams, SandboxId,
-    SandboxRecord, SandboxSpec,
+    Backend, BackendError, BackendInfo, EngineKind, ExitInfo, OutputChunk, RunnerStreams,
+    SandboxId, SandboxRecord, SandboxSpec,
 };
 
 /// The argument that puts the runner in its host test mode (see python/runner/host_test.py).
