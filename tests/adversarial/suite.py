@@ -1792,6 +1792,10 @@ class Context:
         self.network = network
         # Under gVisor the pids limit bounds its kernel's host threads: it needs 256 of them.
         self.runtime_env = {"SANDBOX_RUNTIME": self.explicit, "SANDBOX_PIDS_LIMIT": "256"} if self.explicit else {}
+        if not self.explicit and runtime == "runsc":
+            # The default chooses gVisor only with a pids limit it can run under (ATTACK_ENV's 64
+            # would make it fall back to runc): the default pass is then really gVisor's.
+            self.runtime_env = {"SANDBOX_PIDS_LIMIT": "256"}
         # Every case's server gets these (they all take runtime_env).
         if network == "allowlist":
             self.runtime_env = {**self.runtime_env, **ALLOWLIST_ENV}
