@@ -1079,25 +1079,13 @@ impl DockerBackend {
     /// Whether the container exists and runs (a failed inspection counts as running, so that
     /// the caller keeps the error it has).
     async fn is_running(&self, docker: &Docker, id: &SandboxId) -> bool {
-        match inspect(docker, &id.0).await {
-            Ok(inspected) => inspected
-                .state
-                .and_then(|state| state.running)
-                .unwrap_or(true),
-            Err(_) => true,
-        }
+        state_flag(docker, id, |state| state.running).await
     }
 
     /// Whether the container exists and is paused (a failed inspection counts as paused, so
     /// that the caller keeps the error it has).
     async fn is_paused(&self, docker: &Docker, id: &SandboxId) -> bool {
-        match inspect(docker, &id.0).await {
-            Ok(inspected) => inspected
-                .state
-                .and_then(|state| state.paused)
-                .unwrap_or(true),
-            Err(_) => true,
-        }
+        state_flag(docker, id, |state| state.paused).await
     }
 
     /// Whether the engine is Podman, from its `/version` (asked once per backend).
@@ -1172,6 +1160,18 @@ fn not_found_or(e: DockerError, id: &SandboxId) -> BackendError {
         BackendError::NotFound(id.clone())
     } else {
         classify(e)
+    }
+}
+
+/// One flag of a container's state; `true` when it cannot be read (see `is_running`).
+async fn state_flag(
+    docker: &Docker,
+    id: &SandboxId,
+    flag: impl Fn(bollard::models::ContainerState) -> Option<bool>,
+) -> bool {
+    match inspect(docker, &id.0).await {
+        Ok(inspected) => inspected.state.and_then(flag).unwrap_or(true),
+        Err(_) => true,
     }
 }
 
