@@ -34,6 +34,7 @@ pub mod outputs;
 mod oversize;
 pub mod params;
 mod priming;
+pub mod principals;
 mod prompts;
 mod render;
 pub mod resources;

@@ -1,0 +1,336 @@
+//! Who is calling: the principals of `serve --http`.
+//!
+//! A principal is a caller the server can tell apart from others: a line of the tokens file
+//! (`SANDBOX_HTTP_TOKENS_FILE`) or the subject of an OAuth access token ([`super::oauth`]). What
+//! a principal creates is its own, whichever MCP session (or none, in revision 2026-07-28) it
+//! came through: sandbox sessions, snapshots, saved files (a directory per principal),
+//! `sandbox_list`; quotas count per principal.
+//!
+//! Without principals (no authentication on loopback, or the one shared `SANDBOX_HTTP_TOKEN`)
+//! every MCP session is a client of its own, as before, and a sessionless 2026-07-28 request is
+//! the [`Principal::shared`] one.
+//!
+//! The gate identifies the caller of each request and runs the rest of the request inside
+//! [`with_current`]; the service factory and the tool handlers read it with [`current`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use sha2::{Digest, Sha256};
+
+/// The limits one principal may use; `None`: the server's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QuotaOverrides {
+    /// Live sandbox sessions at once.
+    pub sessions: Option<usize>,
+    /// Executions (code, commands, installs) running at once.
+    pub executions: Option<usize>,
+    /// CPU-seconds the principal's code may use per UTC day.
+    pub cpu_seconds_per_day: Option<u64>,
+}
+
+/// An identified caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Its name: the tokens file's first column, or `oauth:` and the token's subject.
+    pub name: String,
+    /// Sees and reaches every principal's sessions (`admin` in the tokens file, scope
+    /// `sandbox:admin` in an access token).
+    pub admin: bool,
+    pub quotas: QuotaOverrides,
+}
+
+/// The name of the principal every sessionless request shares when the server has no principals.
+pub const SHARED: &str = "shared";
+
+impl Principal {
+    pub fn new(name: impl Into<String>) -> Principal {
+        Principal {
+            name: name.into(),
+            admin: false,
+            quotas: QuotaOverrides::default(),
+        }
+    }
+
+    /// The one principal of a server without principals (its sessionless requests).
+    pub fn shared() -> Principal {
+        Principal::new(SHARED)
+    }
+
+    /// The directory, under the files directory, of this principal's saved files: its name when
+    /// that is a plain file name, otherwise a digest of it (an OAuth subject can be anything).
+    pub fn files_dir(&self, root: &Path) -> PathBuf {
+        let plain = is_plain_name(&self.name) && self.name.len() <= 64;
+        if plain {
+            root.join(&self.name)
+        } else {
+            let digest = Sha256::digest(self.name.as_bytes());
+            root.join(format!("p-{}", &hex(&digest)[..32]))
+        }
+    }
+}
+
+/// A name made only of ASCII letters, digits, `.`, `_` and `-`, not starting with `.`.
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+tokio::task_local! {
+    static CURRENT: Option<Arc<Principal>>;
+}
+
+/// Runs `future` (the rest of a request) with `principal` as its caller.
+pub async fn with_current<F: Future>(principal: Option<Arc<Principal>>, future: F) -> F::Output {
+    CURRENT.scope(principal, future).await
+}
+
+/// The caller of the request being handled on this task, when it was identified.
+pub fn current() -> Option<Arc<Principal>> {
+    CURRENT.try_with(Clone::clone).ok().flatten()
+}
+
+/// The SHA-256 of a token, as the tokens file holds it: `sha256:` and 64 hex digits.
+pub fn token_hash(token: &str) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(token.as_bytes())))
+}
+
+/// A new random token: 64 hex digits (256 bits, from the system's random source).
+pub fn new_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The principals of a tokens file, by the hash of their token.
+#[derive(Debug, Default)]
+pub struct TokenTable {
+    by_hash: HashMap<String, Arc<Principal>>,
+}
+
+impl TokenTable {
+    /// Parses a tokens file. Each line: `NAME sha256:HEX [admin] [sessions=N] [executions=N]
+    /// [cpu_seconds_per_day=N]`; blank lines and lines starting with `#` are skipped. An error
+    /// names the line and what is wrong with it.
+    pub fn parse(text: &str) -> Result<TokenTable, String> {
+        let mut by_hash = HashMap::new();
+        let mut names = std::collections::HashSet::new();
+        for (index, line) in text.lines().enumerate() {
+            let number = index + 1;
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut fields = line.split_whitespace();
+            let (Some(name), Some(hash)) = (fields.next(), fields.next()) else {
+                return Err(format!(
+                    "line {number}: expected `NAME sha256:HEX [OPTIONS]` (make one with `python-code-sandbox token NAME`)"
+                ));
+            };
+            if !is_plain_name(name) || name.len() > 64 {
+                return Err(format!(
+                    "line {number}: the name `{name}` must be 1 to 64 letters, digits, `.`, `_` or `-`"
+                ));
+            }
+            let valid_hash = hash
+                .strip_prefix("sha256:")
+                .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !valid_hash {
+                return Err(format!(
+                    "line {number}: `{name}`'s token hash must be `sha256:` and 64 hex digits (never the token itself)"
+                ));
+            }
+            let mut principal = Principal::new(name);
+            for option in fields {
+                parse_option(&mut principal, option)
+                    .map_err(|e| format!("line {number} (`{name}`): {e}"))?;
+            }
+            if !names.insert(name.to_string()) {
+                return Err(format!("line {number}: `{name}` appears twice"));
+            }
+            let hash = hash.to_ascii_lowercase();
+            if by_hash.insert(hash, Arc::new(principal)).is_some() {
+                return Err(format!(
+                    "line {number}: `{name}` has the same token as an earlier line"
+                ));
+            }
+        }
+        Ok(TokenTable { by_hash })
+    }
+
+    /// Reads and parses a tokens file.
+    pub fn load(path: &Path) -> Result<TokenTable, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        TokenTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The principal whose token this is.
+    pub fn identify(&self, token: &str) -> Option<Arc<Principal>> {
+        self.by_hash.get(&token_hash(token)).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+}
+
+fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
+    if option == "admin" {
+        principal.admin = true;
+        return Ok(());
+    }
+    let Some((key, value)) = option.split_once('=') else {
+        return Err(format!(
+            "unknown option `{option}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N)"
+        ));
+    };
+    let number = || {
+        value
+            .parse::<u64>()
+            .map_err(|_| format!("`{key}` takes a whole number, not `{value}`"))
+    };
+    let quotas = &mut principal.quotas;
+    match key {
+        "sessions" => quotas.sessions = Some(usize::try_from(number()?).unwrap_or(usize::MAX)),
+        "executions" => {
+            quotas.executions = Some(usize::try_from(number()?).unwrap_or(usize::MAX))
+        }
+        "cpu_seconds_per_day" => quotas.cpu_seconds_per_day = Some(number()?),
+        _ => {
+            return Err(format!(
+                "unknown option `{key}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N)"
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A tokens file, reloaded on demand (SIGHUP): a reload that fails keeps the table in force.
+#[derive(Debug)]
+pub struct TokensFile {
+    path: PathBuf,
+    table: RwLock<Arc<TokenTable>>,
+}
+
+impl TokensFile {
+    pub fn open(path: &Path) -> Result<TokensFile, String> {
+        let table = TokenTable::load(path)?;
+        Ok(TokensFile {
+            path: path.to_path_buf(),
+            table: RwLock::new(Arc::new(table)),
+        })
+    }
+
+    /// Reads the file again; on error the principals in force stay.
+    pub fn reload(&self) -> Result<usize, String> {
+        let table = TokenTable::load(&self.path)?;
+        let count = table.len();
+        match self.table.write() {
+            Ok(mut slot) => *slot = Arc::new(table),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(table),
+        }
+        Ok(count)
+    }
+
+    pub fn identify(&self, token: &str) -> Option<Arc<Principal>> {
+        let table = match self.table.read() {
+            Ok(table) => table.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        table.identify(token)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// The line of the tokens file for a new principal with `token`.
+pub fn tokens_file_line(name: &str, token: &str, options: &[String]) -> String {
+    let mut line = format!("{name} {}", token_hash(token));
+    for option in options {
+        line.push(' ');
+        line.push_str(option);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_identifies_its_principal_and_only_its_hash_is_stored() {
+        let alice = new_token();
+        let bob = new_token();
+        assert_eq!(alice.len(), 64);
+        assert_ne!(alice, bob);
+        let file = format!(
+            "# team\n{}\n\n{}\n",
+            tokens_file_line("alice", &alice, &["sessions=2".into()]),
+            tokens_file_line("bob", &bob, &["admin".into(), "cpu_seconds_per_day=60".into()]),
+        );
+        assert!(!file.contains(&alice));
+        let table = TokenTable::parse(&file).unwrap();
+        let a = table.identify(&alice).unwrap();
+        assert_eq!((a.name.as_str(), a.admin, a.quotas.sessions), ("alice", false, Some(2)));
+        let b = table.identify(&bob).unwrap();
+        assert!(b.admin);
+        assert_eq!(b.quotas.cpu_seconds_per_day, Some(60));
+        assert!(table.identify("not-a-token").is_none());
+        assert!(table.identify(&alice[1..]).is_none());
+    }
+
+    #[test]
+    fn a_bad_line_is_named() {
+        let hash = token_hash("x");
+        for (text, expected) in [
+            ("alice".to_string(), "line 1"),
+            ("alice secret".to_string(), "64 hex digits"),
+            (format!("../x {hash}"), "letters, digits"),
+            (format!("a {hash} sessions=two"), "whole number"),
+            (format!("a {hash} colour=red"), "unknown option"),
+            (format!("a {hash}\nb {hash}"), "same token"),
+            (format!("a {hash}\na {}", token_hash("y")), "twice"),
+        ] {
+            let error = TokenTable::parse(&text).unwrap_err();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn files_dirs_are_plain_names_or_digests() {
+        let root = Path::new("/files");
+        assert_eq!(Principal::new("alice").files_dir(root), root.join("alice"));
+        let odd = Principal::new("oauth:https://idp/../user");
+        let dir = odd.files_dir(root);
+        assert_eq!(dir.parent(), Some(root));
+        assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("p-"));
+        assert_ne!(dir, Principal::new("oauth:other").files_dir(root));
+    }
+
+    #[tokio::test]
+    async fn the_current_principal_is_the_one_of_the_request() {
+        assert!(current().is_none());
+        let alice = Arc::new(Principal::new("alice"));
+        let seen = with_current(Some(alice.clone()), async { current() }).await;
+        assert_eq!(seen, Some(alice));
+        assert!(current().is_none());
+    }
+}
