@@ -38,6 +38,7 @@ stage() {
 
 stage "engine and host tools (scripts/dev-env.sh)"
 bash scripts/dev-env.sh
+bash scripts/haproxy.sh  # HAProxy for tests/mcp/test_replicas.py (never started as a service)
 
 # PyPI is reachable from containers here only through the host's CA bundle (an intercepting
 # proxy); the tests configure it, the code never assumes it. The dependency cache of the tests is
