@@ -14,6 +14,7 @@
 //! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
+//! - [`stats`]: start-up times and bytes copied out, told to an observer (the server's metrics).
 //! - [`outcome`] and [`error`]: what an execution comes to, and what can go wrong; plain types
 //!   at the bottom, so the parts above never depend on each other for them.
 //! - [`service`]: the [`Engine`], at the top: it applies the configuration to every request and
@@ -38,6 +39,7 @@ pub mod sandbox;
 pub mod service;
 pub mod sessions;
 pub mod snapshots;
+pub mod stats;
 #[cfg(test)]
 mod testing;
 pub mod whole_output;

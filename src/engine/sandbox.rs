@@ -337,6 +337,7 @@ impl Sandbox {
         spec: &SandboxSpec,
         attachment: Option<super::egress::Attachment>,
     ) -> Result<Sandbox, EngineError> {
+        let started = std::time::Instant::now();
         let id = backend.create(spec).await?;
         let mut sandbox = Sandbox {
             id,
@@ -349,7 +350,10 @@ impl Sandbox {
             egress: None,
         };
         match sandbox.start_runner().await {
-            Ok(()) => Ok(sandbox),
+            Ok(()) => {
+                super::stats::sandbox_started(started.elapsed());
+                Ok(sandbox)
+            }
             Err(e) => {
                 sandbox.destroy().await;
                 Err(e)
@@ -759,6 +763,7 @@ impl Sandbox {
         let data = base64::engine::general_purpose::STANDARD.decode(&chunk.data);
         match data {
             Ok(data) if data.len() as u64 <= length && chunk.inode.len() <= 64 => {
+                super::stats::copied_out(data.len() as u64);
                 Ok(Ok(FileChunk {
                     data,
                     size_hint: chunk.size,

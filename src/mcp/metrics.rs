@@ -1,0 +1,349 @@
+//! The server's Prometheus metrics (`GET /metrics` of `serve --http`, text format 0.0.4).
+//!
+//! One registry per process ([`global`]): tool calls are counted where every call passes
+//! ([`super::audit`]), the engine's events (sandbox start-up times, bytes copied out) arrive
+//! through its observer ([`crate::engine::stats`]), and what the engine holds now (live sessions,
+//! the warm pool, installs it ran) is read from it when the metrics are scraped.
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `sandbox_tool_calls_total` | counter | `tool`, `outcome` (ok, error, timeout, out_of_memory, cancelled) |
+//! | `sandbox_tool_call_duration_seconds` | histogram | `tool` |
+//! | `sandbox_tool_calls_in_flight` | gauge | |
+//! | `sandbox_principal_tool_calls_total` | counter | `principal` (`anonymous` without one) |
+//! | `sandbox_startup_duration_seconds` | histogram | |
+//! | `sandbox_sessions_live` | gauge | |
+//! | `sandbox_pool_ready` | gauge | `set` (`default`: the plain pool; else the set's requirements) |
+//! | `sandbox_dependency_installs_total` | counter | |
+//! | `sandbox_dependency_cache_hits_total` | counter | |
+//! | `sandbox_copied_out_bytes_total` | counter | |
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::engine::sessions::Scope;
+use crate::engine::Engine;
+
+/// Where the metrics are served.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The `Content-Type` of `/metrics`.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// The principal label of a call with no principal.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// How a tool call ended, as the `outcome` label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Error,
+    Timeout,
+    OutOfMemory,
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::OutOfMemory => "out_of_memory",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+type Labels2 = [(&'static str, String); 2];
+type Labels1 = [(&'static str, String); 1];
+
+const CALL_BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+const STARTUP_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
+
+fn call_histogram() -> Histogram {
+    Histogram::new(CALL_BUCKETS)
+}
+
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<Labels2, Counter>,
+    call_seconds: Family<Labels1, Histogram, fn() -> Histogram>,
+    in_flight: Gauge,
+    by_principal: Family<Labels1, Counter>,
+    startup_seconds: Histogram,
+    sessions_live: Gauge,
+    pool_ready: Family<Labels1, Gauge>,
+    installs: Counter,
+    cache_hits: Counter,
+    copied_out: Counter,
+    /// Serializes scrapes: the values read from the engine are set, then encoded.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let calls = Family::<Labels2, Counter>::default();
+        registry.register(
+            "sandbox_tool_calls",
+            "Tool calls by tool and outcome (ok, error, timeout, out_of_memory, cancelled)",
+            calls.clone(),
+        );
+        let call_seconds = Family::<Labels1, Histogram, fn() -> Histogram>::new_with_constructor(
+            call_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "sandbox_tool_call_duration_seconds",
+            "How long tool calls took, by tool",
+            call_seconds.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "sandbox_tool_calls_in_flight",
+            "Tool calls in progress",
+            in_flight.clone(),
+        );
+        let by_principal = Family::<Labels1, Counter>::default();
+        registry.register(
+            "sandbox_principal_tool_calls",
+            "Tool calls by principal (anonymous: no principal)",
+            by_principal.clone(),
+        );
+        let startup_seconds = Histogram::new(STARTUP_BUCKETS);
+        registry.register(
+            "sandbox_startup_duration_seconds",
+            "How long sandboxes took from the request to create them until their runner answered",
+            startup_seconds.clone(),
+        );
+        let sessions_live = Gauge::default();
+        registry.register(
+            "sandbox_sessions_live",
+            "Live sandbox sessions",
+            sessions_live.clone(),
+        );
+        let pool_ready = Family::<Labels1, Gauge>::default();
+        registry.register(
+            "sandbox_pool_ready",
+            "Warm sandboxes waiting, by dependency set (default: the plain pool)",
+            pool_ready.clone(),
+        );
+        let installs = Counter::default();
+        registry.register(
+            "sandbox_dependency_installs",
+            "Dependency installers the engine ran",
+            installs.clone(),
+        );
+        let cache_hits = Counter::default();
+        registry.register(
+            "sandbox_dependency_cache_hits",
+            "Calls whose dependencies came from the cache without an install",
+            cache_hits.clone(),
+        );
+        let copied_out = Counter::default();
+        registry.register(
+            "sandbox_copied_out_bytes",
+            "Bytes of workspace files copied out of sandboxes",
+            copied_out.clone(),
+        );
+        Metrics {
+            registry,
+            calls,
+            call_seconds,
+            in_flight,
+            by_principal,
+            startup_seconds,
+            sessions_live,
+            pool_ready,
+            installs,
+            cache_hits,
+            copied_out,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// A tool call started; [`Metrics::call_ended`] follows.
+    pub fn call_started(&self) {
+        self.in_flight.inc();
+    }
+
+    /// A tool call ended: counted by tool, outcome and principal, its duration observed.
+    pub fn call_ended(&self, tool: &str, outcome: Outcome, principal: &str, took: Duration) {
+        self.in_flight.dec();
+        self.calls
+            .get_or_create(&[
+                ("tool", tool.to_string()),
+                ("outcome", outcome.as_str().to_string()),
+            ])
+            .inc();
+        self.call_seconds
+            .get_or_create(&[("tool", tool.to_string())])
+            .observe(took.as_secs_f64());
+        self.by_principal
+            .get_or_create(&[("principal", principal.to_string())])
+            .inc();
+    }
+
+    /// A call's dependencies came from the cache.
+    pub fn cache_hit(&self) {
+        self.cache_hits.inc();
+    }
+
+    /// Tool calls in progress now.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.get()
+    }
+
+    /// The metrics in Prometheus text format, with what the engine holds now.
+    pub fn render(&self, engine: &Engine) -> String {
+        let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.sessions_live
+            .set(engine.sessions(Scope::Server).len() as i64);
+        let installs = engine.installs_started();
+        self.installs
+            .inc_by(installs.saturating_sub(self.installs.get()));
+        let mut sets: BTreeMap<String, i64> = BTreeMap::new();
+        sets.insert("default".to_string(), engine.pool_ready() as i64);
+        for (requirements, _) in engine.prepared_sets() {
+            *sets.entry(requirements.join(" ")).or_default() += 1;
+        }
+        self.pool_ready.clear();
+        for (set, ready) in sets {
+            self.pool_ready.get_or_create(&[("set", set)]).set(ready);
+        }
+        self.encode()
+    }
+
+    fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+impl crate::engine::stats::Observer for Metrics {
+    fn sandbox_started(&self, took: Duration) {
+        self.startup_seconds.observe(took.as_secs_f64());
+    }
+
+    fn copied_out(&self, bytes: u64) {
+        self.copied_out.inc_by(bytes);
+    }
+}
+
+static GLOBAL: LazyLock<Arc<Metrics>> = LazyLock::new(|| {
+    let metrics = Arc::new(Metrics::new());
+    crate::engine::stats::observe(metrics.clone());
+    metrics
+});
+
+/// `GET /metrics`: the process's metrics, with what `engine` holds now.
+pub fn routes(engine: Arc<Engine>) -> axum::Router {
+    axum::Router::new()
+        .route(METRICS_PATH, axum::routing::get(scrape))
+        .with_state(engine)
+}
+
+async fn scrape(
+    axum::extract::State(engine): axum::extract::State<Arc<Engine>>,
+) -> axum::response::Response {
+    let mut response =
+        axum::response::Response::new(axum::body::Body::from(global().render(&engine)));
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static(CONTENT_TYPE),
+    );
+    response
+}
+
+/// The process's metrics (made, and made the engine's observer, at first use).
+pub fn global() -> &'static Metrics {
+    &GLOBAL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::stats::Observer;
+
+    #[test]
+    fn calls_are_counted_by_tool_outcome_and_principal() {
+        let metrics = Metrics::new();
+        metrics.call_started();
+        metrics.call_started();
+        assert_eq!(metrics.in_flight(), 2);
+        metrics.call_ended(
+            "run_python",
+            Outcome::Ok,
+            "alice",
+            Duration::from_millis(30),
+        );
+        metrics.call_ended(
+            "run_python",
+            Outcome::Timeout,
+            ANONYMOUS,
+            Duration::from_secs(2),
+        );
+        metrics.sandbox_started(Duration::from_millis(300));
+        metrics.copied_out(1234);
+        metrics.cache_hit();
+        assert_eq!(metrics.in_flight(), 0);
+        let text = metrics.encode();
+        for line in [
+            "sandbox_tool_calls_total{tool=\"run_python\",outcome=\"ok\"} 1",
+            "sandbox_tool_calls_total{tool=\"run_python\",outcome=\"timeout\"} 1",
+            "sandbox_principal_tool_calls_total{principal=\"alice\"} 1",
+            "sandbox_principal_tool_calls_total{principal=\"anonymous\"} 1",
+            "sandbox_tool_call_duration_seconds_count{tool=\"run_python\"} 2",
+            "sandbox_tool_call_duration_seconds_bucket{tool=\"run_python\",le=\"0.05\"} 1",
+            "sandbox_startup_duration_seconds_count 1",
+            "sandbox_copied_out_bytes_total 1234",
+            "sandbox_dependency_cache_hits_total 1",
+            "sandbox_tool_calls_in_flight 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in\n{text}"
+            );
+        }
+        assert!(
+            text.contains("# TYPE sandbox_tool_calls_total counter"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn outcome_labels_are_the_documented_ones() {
+        let labels: Vec<&str> = [
+            Outcome::Ok,
+            Outcome::Error,
+            Outcome::Timeout,
+            Outcome::OutOfMemory,
+            Outcome::Cancelled,
+        ]
+        .into_iter()
+        .map(Outcome::as_str)
+        .collect();
+        assert_eq!(
+            labels,
+            ["ok", "error", "timeout", "out_of_memory", "cancelled"]
+        );
+    }
+}
