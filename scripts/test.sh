@@ -9,8 +9,9 @@
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
 #      over stdio and streamable HTTP, and the server image driven the same way through `docker run`,
 #   5. a smoke call through the MCP Inspector CLI, a second real client, and MCP conformance
-#      (scripts/conformance.sh: the official server conformance suite over HTTP against
-#      tests/conformance/expected-failures.yml, and mcp-conform over stdio and HTTP),
+#      (scripts/conformance.sh: the official server conformance suite over HTTP, without
+#      authentication against tests/conformance/expected-failures.yml and with principals against
+#      tests/conformance/expected-failures-principals.yml, and mcp-conform over stdio and HTTP),
 #   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks and faults (one
 #      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
 #      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (runc: gVisor has no
