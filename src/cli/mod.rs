@@ -68,6 +68,24 @@ enum Command {
     },
     /// Remove sandboxes left behind by servers that are no longer running.
     Cleanup,
+    /// Make a new principal's token for SANDBOX_HTTP_TOKENS_FILE: prints the token (give it to
+    /// the principal; it is stored nowhere) and the file's line for it (only its hash).
+    Token {
+        /// The principal's name: letters, digits, `.`, `_`, `-` (up to 64).
+        name: String,
+        /// May see every principal's sessions and snapshots.
+        #[arg(long)]
+        admin: bool,
+        /// Live sandbox sessions at once (default: SANDBOX_MAX_SESSIONS).
+        #[arg(long)]
+        sessions: Option<u64>,
+        /// Executions at once (default: SANDBOX_MAX_CONCURRENT).
+        #[arg(long)]
+        executions: Option<u64>,
+        /// CPU-seconds per UTC day (default: SANDBOX_QUOTA_CPU_SECONDS).
+        #[arg(long)]
+        cpu_seconds_per_day: Option<u64>,
+    },
     /// Manage the cache of installed dependencies.
     Cache {
         #[command(subcommand)]
@@ -138,17 +156,40 @@ fn limit_malloc_arenas() {
     }
 }
 
-/// Logs to stderr at `LOG_LEVEL`, else `default_level`: stdout belongs to the code's output, the
+/// Logs to stderr at `LOG_LEVEL`, else `default_level`, as text or (`LOG_FORMAT=json`) JSON lines: stdout belongs to the code's output, the
 /// MCP protocol or the benchmark's figures.
 pub fn init_logging(config: &Config, default_level: &str) {
     let filter = config.log_level.as_deref().unwrap_or(default_level);
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Logs go to stderr: stdout is the code's output (run) or the MCP protocol (server).
-    let _ = tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // LOG_FORMAT=json: one JSON object per line, the event's fields at the top level.
+    let _ = if config.log_json {
+        logs.json().flatten_event(true).try_init()
+    } else {
+        logs.try_init()
+    };
+}
+
+/// Prints a new token and its tokens-file line; the line is checked the way the server reads it.
+fn new_principal_token(name: &str, options: &[String]) -> ExitCode {
+    use crate::mcp::principals::{new_token, tokens_file_line, TokenTable};
+    let token = new_token();
+    let line = tokens_file_line(name, &token, options);
+    if let Err(e) = TokenTable::parse(&line) {
+        eprintln!("error: {}", e.trim_start_matches("line 1: "));
+        return ExitCode::from(2);
+    }
+    println!("token: {token}");
+    println!("line: {line}");
+    eprintln!(
+        "Append the line to the file SANDBOX_HTTP_TOKENS_FILE names (then `kill -HUP` the server \
+         to reload it); give the token to {name}: it is stored nowhere."
+    );
+    ExitCode::SUCCESS
 }
 
 async fn dispatch(cli: Cli, config: Config) -> ExitCode {
@@ -169,6 +210,24 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
             command: ImageCommand::Build { offline, tag },
         }) => build_image(config, offline, tag).await,
         Some(Command::Cache { command }) => cache(config, command).await,
+        Some(Command::Token {
+            name,
+            admin,
+            sessions,
+            executions,
+            cpu_seconds_per_day,
+        }) => {
+            let options: Vec<String> = [
+                admin.then(|| "admin".to_string()),
+                sessions.map(|n| format!("sessions={n}")),
+                executions.map(|n| format!("executions={n}")),
+                cpu_seconds_per_day.map(|n| format!("cpu_seconds_per_day={n}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            new_principal_token(&name, &options)
+        }
         Some(Command::Cleanup) => {
             let engine = Engine::with_docker(config);
             match engine.remove_leftovers().await {

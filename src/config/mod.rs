@@ -213,6 +213,10 @@ impl HostPattern {
 pub struct HttpPolicy {
     /// The bearer token every request must carry; `None`: no authentication (loopback only).
     pub token: Option<Secret>,
+    /// The principals' tokens file (`mcp::principals`); `None`: no principals.
+    pub tokens_file: Option<PathBuf>,
+    /// CPU-seconds per UTC day each principal may use; `None`: unlimited.
+    pub quota_cpu_seconds_per_day: Option<u64>,
     /// Browser origins allowed to call the server (normalized by [`normalize_origin`]); requests
     /// without an `Origin` header are always allowed, any other origin is refused.
     pub allowed_origins: Vec<String>,
@@ -233,6 +237,40 @@ pub struct HttpPolicy {
     /// An MCP session that owns no sandbox session and has no request in progress ends after
     /// this long without a request (a longer expiry applies to the others).
     pub mcp_idle_timeout: Duration,
+    /// How long the tool calls in progress get to finish after SIGTERM.
+    pub drain_timeout: Duration,
+    /// Where `/metrics` is served without authentication; `None`: on the MCP port, behind the gate.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// OAuth access tokens (`mcp::oauth`); all unset: none accepted.
+    pub oauth: OAuthPolicy,
+}
+
+/// `serve --http` as an OAuth 2.1 resource server: set all three or none (checked in
+/// `validate`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OAuthPolicy {
+    /// The authorization server's issuer: the `iss` every access token must carry.
+    pub issuer: Option<String>,
+    /// Where the issuer's signing keys (its JWKS) are.
+    pub jwks: Option<JwksSource>,
+    /// This server's resource URL: the `aud` a token must name, and the metadata's `resource`.
+    pub resource_url: Option<String>,
+}
+
+impl OAuthPolicy {
+    /// Whether access tokens are accepted.
+    pub fn enabled(&self) -> bool {
+        self.issuer.is_some()
+    }
+}
+
+/// Where a JWKS is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    /// Fetched at start, and again when a token names a key it does not hold.
+    Url(String),
+    /// Read at start, and again when a token names a key it does not hold.
+    File(PathBuf),
 }
 
 /// The default request body limit: 4 MiB more than the largest code accepted (8 MiB), for the
@@ -307,6 +345,8 @@ pub struct Config {
     /// `tracing` filter directive (e.g. `info`, `debug`, `python_code_sandbox=trace`); unset, each
     /// command picks its own default (the server `info`, `run` only warnings).
     pub log_level: Option<String>,
+    /// `LOG_FORMAT=json`: log lines are JSON objects.
+    pub log_json: bool,
     /// The streamable HTTP transport's access rules.
     pub http: HttpPolicy,
 }
@@ -377,8 +417,11 @@ impl Default for Config {
             pypi_index_ttl: Duration::from_secs(24 * 60 * 60),
             cache_dir: default_cache_dir(),
             log_level: None,
+            log_json: false,
             http: HttpPolicy {
                 token: None,
+                tokens_file: None,
+                quota_cpu_seconds_per_day: None,
                 allowed_origins: Vec::new(),
                 allowed_hosts: None,
                 max_body_bytes: DEFAULT_HTTP_MAX_BODY,
@@ -387,6 +430,9 @@ impl Default for Config {
                 max_connections: 256,
                 max_mcp_sessions: 64,
                 mcp_idle_timeout: Duration::from_secs(5 * 60),
+                drain_timeout: Duration::from_secs(30),
+                metrics_addr: None,
+                oauth: OAuthPolicy::default(),
             },
         }
     }

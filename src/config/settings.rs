@@ -20,8 +20,8 @@ use super::parse::{
     parse_url,
 };
 use super::{
-    Config, DownloadCache, HostPattern, NetworkPolicy, DEFAULT_IMAGE, MAX_OUTPUT_CEILING,
-    MODEL_OUTPUT_RANGE, SSE_PING_INTERVAL,
+    Config, DownloadCache, HostPattern, JwksSource, NetworkPolicy, DEFAULT_IMAGE,
+    MAX_OUTPUT_CEILING, MODEL_OUTPUT_RANGE, SSE_PING_INTERVAL,
 };
 
 /// One environment variable the program reads.
@@ -949,6 +949,122 @@ pub const SANDBOX_HTTP_TOKEN_FILE: Setting = Setting {
     }),
 };
 
+/// Not together with `SANDBOX_HTTP_TOKEN`/`SANDBOX_HTTP_TOKEN_FILE`, checked in `validate`; the
+/// file's lines are checked when the server starts (`mcp::principals`).
+pub const SANDBOX_HTTP_TOKENS_FILE: Setting = Setting {
+    name: "SANDBOX_HTTP_TOKENS_FILE",
+    default: Shown::Prose("unset"),
+    doc: "`serve --http`: a file of principals, one per line: `NAME sha256:HASH [admin] [sessions=N] [executions=N] [cpu_seconds_per_day=N]` (`python-code-sandbox token NAME` prints a line and its new token); each caller is identified by its token and owns what it creates; reloaded on SIGHUP",
+    read: Read::Value(|config, var, v| {
+        let path = std::path::PathBuf::from(v);
+        if !path.is_file() {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "the path of a readable tokens file (make lines with `python-code-sandbox token NAME`)",
+            ));
+        }
+        config.http.tokens_file = Some(path);
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_QUOTA_CPU_SECONDS: Setting = Setting {
+    name: "SANDBOX_QUOTA_CPU_SECONDS",
+    default: Shown::Prose("unlimited"),
+    doc: "`serve --http` with principals: CPU-seconds each principal's code may use per UTC day (charged as execution time × `SANDBOX_CPU_LIMIT`, measured on the host); a principal's own `cpu_seconds_per_day` overrides it. Live sessions and concurrent executions per principal default to `SANDBOX_MAX_SESSIONS` and `SANDBOX_MAX_CONCURRENT`",
+    read: Read::Value(|config, var, v| {
+        let seconds = v.parse::<u64>().ok().filter(|s| *s > 0).ok_or_else(|| {
+            ConfigError::new(var, v, "a whole number of seconds, at least 1, such as 3600")
+        })?;
+        config.http.quota_cpu_seconds_per_day = Some(seconds);
+        Ok(())
+    }),
+};
+
+/// The three OAuth settings go together, checked in `validate`; the JWKS is loaded when the
+/// server starts (`mcp::oauth`).
+pub const SANDBOX_OAUTH_ISSUER: Setting = Setting {
+    name: "SANDBOX_OAUTH_ISSUER",
+    default: Shown::Prose("unset"),
+    doc: "`serve --http`: the OAuth authorization server whose JWT access tokens are accepted (its issuer URL, exactly as the tokens' `iss`); needs `SANDBOX_OAUTH_JWKS` and `SANDBOX_HTTP_RESOURCE_URL`; a token needs the scope `sandbox:run` (`sandbox:admin`: an admin) and its caller is the principal `oauth:` + `sub`",
+    read: Read::Value(|config, var, v| {
+        config.http.oauth.issuer = Some(oauth_url(var, v, "https://auth.example.com")?);
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_OAUTH_JWKS: Setting = Setting {
+    name: "SANDBOX_OAUTH_JWKS",
+    default: Shown::Prose("unset"),
+    doc: "the issuer's signing keys: its `jwks_uri` (fetched at start, and again at most once a minute when a token names an unknown key) or the path of a JWKS file",
+    read: Read::Value(|config, var, v| {
+        let source = if v.starts_with("https://") || v.starts_with("http://") {
+            JwksSource::Url(oauth_url(var, v, "https://auth.example.com/.well-known/jwks.json")?)
+        } else {
+            let path = PathBuf::from(v);
+            if !path.is_absolute() || !path.is_file() {
+                return Err(ConfigError::new(
+                    var,
+                    v,
+                    "the issuer's jwks_uri (https://...) or the absolute path of a JWKS file",
+                ));
+            }
+            JwksSource::File(path)
+        };
+        config.http.oauth.jwks = Some(source);
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_HTTP_RESOURCE_URL: Setting = Setting {
+    name: "SANDBOX_HTTP_RESOURCE_URL",
+    default: Shown::Prose("unset"),
+    doc: "with OAuth: this server's MCP endpoint as clients reach it, such as `https://sandbox.example.com/mcp`: the audience (`aud`) a token must name, and the `resource` of the metadata at `/.well-known/oauth-protected-resource`",
+    read: Read::Value(|config, var, v| {
+        let url = oauth_url(var, v, "https://sandbox.example.com/mcp")?;
+        if url.contains('?') {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "a URL without a query, such as https://sandbox.example.com/mcp",
+            ));
+        }
+        config.http.oauth.resource_url = Some(url);
+        Ok(())
+    }),
+};
+
+/// A URL of the OAuth settings: https, or http to a loopback host (an issuer on this machine);
+/// no credentials, no fragment.
+fn oauth_url(var: &'static str, v: &str, example: &str) -> Result<String, ConfigError> {
+    let refuse = || {
+        ConfigError::new(
+            var,
+            v,
+            format!(
+                "an https URL such as {example} (http only to localhost or a loopback address), \
+                 without credentials or a fragment"
+            ),
+        )
+    };
+    let url = parse_url(var, v).map_err(|_| refuse())?;
+    let (scheme, rest) = url.split_once("://").ok_or_else(refuse)?;
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.contains('@') || url.contains('#') {
+        return Err(refuse());
+    }
+    let (host, _) = parse_host(authority).ok_or_else(refuse)?;
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if scheme == "http" && !loopback {
+        return Err(refuse());
+    }
+    Ok(url)
+}
+
 pub const SANDBOX_HTTP_ALLOWED_ORIGINS: Setting = Setting {
     name: "SANDBOX_HTTP_ALLOWED_ORIGINS",
     default: Shown::Prose("none"),
@@ -1084,6 +1200,40 @@ pub const SANDBOX_HTTP_MCP_IDLE_TIMEOUT: Setting = Setting {
     }),
 };
 
+pub const SANDBOX_DRAIN_TIMEOUT: Setting = Setting {
+    name: "SANDBOX_DRAIN_TIMEOUT",
+    default: Shown::Value("30s"),
+    doc: "`serve --http`: on SIGTERM, `/readyz` fails at once, requests that would open a new MCP session get 503, and the tool calls in progress get this long to finish before every MCP session ends (0s to 1h)",
+    read: Read::Value(|config, var, v| {
+        config.http.drain_timeout = parse_duration_within(
+            var,
+            v,
+            Duration::ZERO..=Duration::from_secs(3600),
+            "a duration from 0s to 1h, such as 30s",
+        )?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_METRICS_ADDR: Setting = Setting {
+    name: "SANDBOX_METRICS_ADDR",
+    default: Shown::Prose("unset: `/metrics` on the MCP port, behind its authentication"),
+    doc: "`serve --http`: serve the Prometheus metrics at `http://ADDR/metrics` (IP:PORT) instead, **without authentication**: bind a loopback or otherwise private address",
+    read: Read::Value(|config, var, v| {
+        let addr = match v.strip_prefix("localhost:") {
+            Some(port) => port
+                .parse::<u16>()
+                .ok()
+                .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+            None => v.parse::<std::net::SocketAddr>().ok(),
+        };
+        config.http.metrics_addr = Some(addr.ok_or_else(|| {
+            ConfigError::new(var, v, "IP:PORT, such as 127.0.0.1:9090 or [::1]:9090")
+        })?);
+        Ok(())
+    }),
+};
+
 // The process itself.
 
 pub const LOG_LEVEL: Setting = Setting {
@@ -1100,6 +1250,20 @@ pub const LOG_LEVEL: Setting = Setting {
             .because(e));
         }
         config.log_level = Some(v.to_string());
+        Ok(())
+    }),
+};
+
+pub const LOG_FORMAT: Setting = Setting {
+    name: "LOG_FORMAT",
+    default: Shown::Value("text"),
+    doc: "`text`, or `json`: one JSON object per log line (the audit lines of tool calls, target `audit`, too)",
+    read: Read::Value(|config, var, v| {
+        config.log_json = match v {
+            "text" => false,
+            "json" => true,
+            _ => return Err(ConfigError::new(var, v, "text or json")),
+        };
         Ok(())
     }),
 };
@@ -1211,6 +1375,11 @@ pub const SETTINGS: &[Setting] = &[
     ENABLE_PIP_CACHE,
     SANDBOX_HTTP_TOKEN,
     SANDBOX_HTTP_TOKEN_FILE,
+    SANDBOX_HTTP_TOKENS_FILE,
+    SANDBOX_QUOTA_CPU_SECONDS,
+    SANDBOX_OAUTH_ISSUER,
+    SANDBOX_OAUTH_JWKS,
+    SANDBOX_HTTP_RESOURCE_URL,
     SANDBOX_HTTP_ALLOWED_ORIGINS,
     SANDBOX_HTTP_ALLOWED_HOSTS,
     SANDBOX_HTTP_MAX_BODY,
@@ -1219,7 +1388,10 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_HTTP_MAX_CONNECTIONS,
     SANDBOX_HTTP_MAX_MCP_SESSIONS,
     SANDBOX_HTTP_MCP_IDLE_TIMEOUT,
+    SANDBOX_DRAIN_TIMEOUT,
+    SANDBOX_METRICS_ADDR,
     LOG_LEVEL,
+    LOG_FORMAT,
     DOCKER_HOST,
     DOCKER_TLS_VERIFY,
     DOCKER_CERT_PATH,
@@ -1375,6 +1547,133 @@ mod tests {
         })
         .expect("values read elsewhere are not checked here");
         assert_eq!(everything_set, Config::from_lookup(|_| None).unwrap());
+    }
+
+    #[test]
+    fn the_oauth_settings_go_together_with_urls_that_are_safe() {
+        let dir = std::env::temp_dir().join(format!("pcs-oauth-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let jwks = dir.join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys": []}"#).expect("written");
+        let jwks = jwks.display().to_string();
+        let config = |vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::from_lookup(move |name| vars.get(name).cloned())
+        };
+        let issuer = (SANDBOX_OAUTH_ISSUER.name, "https://auth.example.com");
+        let resource = (
+            SANDBOX_HTTP_RESOURCE_URL.name,
+            "https://sandbox.example.com/mcp",
+        );
+        let file = (SANDBOX_OAUTH_JWKS.name, jwks.as_str());
+        let all = config(&[issuer, resource, file]).expect("all three");
+        assert!(all.http.oauth.enabled());
+        assert_eq!(
+            all.http.oauth.jwks,
+            Some(JwksSource::File(jwks.clone().into()))
+        );
+        let url = (SANDBOX_OAUTH_JWKS.name, "https://auth.example.com/jwks");
+        assert_eq!(
+            config(&[issuer, resource, url])
+                .expect("a URL")
+                .http
+                .oauth
+                .jwks,
+            Some(JwksSource::Url("https://auth.example.com/jwks".into()))
+        );
+        // A local issuer may speak http; nothing else may.
+        let local = config(&[
+            (SANDBOX_OAUTH_ISSUER.name, "http://127.0.0.1:9000"),
+            (SANDBOX_OAUTH_JWKS.name, "http://localhost:9000/jwks"),
+            (SANDBOX_HTTP_RESOURCE_URL.name, "http://127.0.0.1:8080/mcp"),
+        ]);
+        assert!(local.is_ok(), "{local:?}");
+
+        for (vars, var, expected) in [
+            (
+                vec![issuer, resource],
+                SANDBOX_OAUTH_ISSUER.name,
+                "SANDBOX_OAUTH_JWKS",
+            ),
+            (
+                vec![file, resource],
+                SANDBOX_OAUTH_JWKS.name,
+                "SANDBOX_OAUTH_ISSUER",
+            ),
+            (
+                vec![issuer, file],
+                SANDBOX_OAUTH_ISSUER.name,
+                "SANDBOX_HTTP_RESOURCE_URL",
+            ),
+            (
+                vec![resource],
+                SANDBOX_HTTP_RESOURCE_URL.name,
+                "SANDBOX_OAUTH_ISSUER",
+            ),
+            (
+                vec![issuer, resource, (SANDBOX_OAUTH_JWKS.name, "jwks.json")],
+                SANDBOX_OAUTH_JWKS.name,
+                "absolute path",
+            ),
+            (
+                vec![
+                    issuer,
+                    resource,
+                    (SANDBOX_OAUTH_JWKS.name, "http://auth.example.com/jwks"),
+                ],
+                SANDBOX_OAUTH_JWKS.name,
+                "https URL",
+            ),
+            (
+                vec![
+                    (SANDBOX_OAUTH_ISSUER.name, "http://auth.example.com"),
+                    resource,
+                    file,
+                ],
+                SANDBOX_OAUTH_ISSUER.name,
+                "https URL",
+            ),
+            (
+                vec![
+                    issuer,
+                    file,
+                    (SANDBOX_HTTP_RESOURCE_URL.name, "https://u:p@h.example/mcp"),
+                ],
+                SANDBOX_HTTP_RESOURCE_URL.name,
+                "without credentials",
+            ),
+            (
+                vec![
+                    issuer,
+                    file,
+                    (SANDBOX_HTTP_RESOURCE_URL.name, "https://h.example/mcp#x"),
+                ],
+                SANDBOX_HTTP_RESOURCE_URL.name,
+                "fragment",
+            ),
+            (
+                vec![
+                    issuer,
+                    resource,
+                    file,
+                    (SANDBOX_HTTP_TOKEN.name, "0123456789abcdef0123"),
+                ],
+                SANDBOX_HTTP_TOKEN.name,
+                "OAuth callers are principals",
+            ),
+        ] {
+            let error = config(&vars).expect_err("refused");
+            assert_eq!(error.var, var, "{vars:?}: {error}");
+            assert!(error.to_string().contains(expected), "{vars:?}: {error}");
+            assert!(
+                !error.to_string().contains("0123456789abcdef0123"),
+                "{error}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

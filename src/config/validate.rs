@@ -7,8 +7,9 @@ use super::error::ConfigError;
 use super::settings::{
     Env, DOCKER_CERT_PATH, DOCKER_HOST, DOCKER_TLS_VERIFY, SANDBOX_ALLOW_SOURCE_BUILDS,
     SANDBOX_EGRESS_ALLOW, SANDBOX_EGRESS_ALLOW_ALL, SANDBOX_EGRESS_ASK, SANDBOX_EGRESS_RESOLVE,
-    SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_TOKEN, SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK,
-    SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_SNAPSHOT_MAX_TOTAL,
+    SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_RESOURCE_URL, SANDBOX_HTTP_TOKEN,
+    SANDBOX_HTTP_TOKENS_FILE, SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK, SANDBOX_OAUTH_ISSUER,
+    SANDBOX_OAUTH_JWKS, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_SNAPSHOT_MAX_TOTAL,
     SANDBOX_WORKSPACE_SIZE,
 };
 use super::{Config, NetworkPolicy, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
@@ -24,6 +25,17 @@ pub(super) fn conflicts(env: &Env) -> Result<(), ConfigError> {
             SANDBOX_HTTP_TOKEN_FILE.name,
             file,
             "either SANDBOX_HTTP_TOKEN or SANDBOX_HTTP_TOKEN_FILE, not both",
+        ));
+    }
+    let shared = env
+        .get(&SANDBOX_HTTP_TOKEN)
+        .or_else(|| env.get(&SANDBOX_HTTP_TOKEN_FILE));
+    if let (Some(_), Some(file)) = (shared, env.get(&SANDBOX_HTTP_TOKENS_FILE)) {
+        return Err(ConfigError::new(
+            SANDBOX_HTTP_TOKENS_FILE.name,
+            file,
+            "either one shared token (SANDBOX_HTTP_TOKEN or SANDBOX_HTTP_TOKEN_FILE) or a tokens \
+             file of principals, not both: give the shared token's holder a line of its own",
         ));
     }
     Ok(())
@@ -92,6 +104,7 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
     }
 
     egress(config, env)?;
+    oauth(config, env)?;
 
     let deps = &config.deps;
     if deps.allow_source_builds {
@@ -107,6 +120,45 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
                 "false while PIP_INDEX_URL or PIP_EXTRA_INDEX_URL carry credentials: \
                  a source build runs the package's own code in the installer, which \
                  could read them; use wheels only, or an index without credentials",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The OAuth settings: all three or none, and not with the one shared token (OAuth callers are
+/// principals; a tokens file may sit beside it).
+fn oauth(config: &Config, env: &Env) -> Result<(), ConfigError> {
+    let oauth = &config.http.oauth;
+    let set = [
+        (&SANDBOX_OAUTH_ISSUER, oauth.issuer.is_some()),
+        (&SANDBOX_OAUTH_JWKS, oauth.jwks.is_some()),
+        (&SANDBOX_HTTP_RESOURCE_URL, oauth.resource_url.is_some()),
+    ];
+    if let Some((given, _)) = set.iter().find(|(_, on)| *on) {
+        if let Some((missing, _)) = set.iter().find(|(_, on)| !*on) {
+            return Err(ConfigError::new(
+                given.name,
+                env.get(given).unwrap_or_default(),
+                format!(
+                    "to be set together with {} (OAuth needs the issuer, its keys and this \
+                     server's resource URL: SANDBOX_OAUTH_ISSUER, SANDBOX_OAUTH_JWKS and \
+                     SANDBOX_HTTP_RESOURCE_URL)",
+                    missing.name
+                ),
+            ));
+        }
+        let shared = [&SANDBOX_HTTP_TOKEN, &SANDBOX_HTTP_TOKEN_FILE]
+            .into_iter()
+            .find(|s| env.get(s).is_some());
+        if let Some(shared) = shared {
+            return Err(ConfigError::new(
+                shared.name,
+                env.get(shared)
+                    .map(|_| "(set)".to_string())
+                    .unwrap_or_default(),
+                "unset with SANDBOX_OAUTH_ISSUER: OAuth callers are principals, and the one \
+                 shared token names none; use SANDBOX_HTTP_TOKENS_FILE for token holders",
             ));
         }
     }

@@ -472,13 +472,19 @@ fn create_saved(
     relative: &str,
 ) -> std::io::Result<(fs::File, PathBuf)> {
     use std::io::{Error, ErrorKind};
-    if !is_safe_relative_path(run_dir) || run_dir.contains('/') || !is_safe_relative_path(relative)
+    // A run's directory, or an owner's directory and a run's in it.
+    if !is_safe_relative_path(run_dir)
+        || run_dir.split('/').count() > 2
+        || !is_safe_relative_path(relative)
     {
         return Err(Error::new(ErrorKind::InvalidInput, "unsafe path"));
     }
     prepare_root(root)?;
-    let mut dir = root.join(run_dir);
-    ensure_real_dir(&dir)?;
+    let mut dir = root.to_path_buf();
+    for part in run_dir.split('/') {
+        dir.push(part);
+        ensure_real_dir(&dir)?;
+    }
     let components: Vec<&str> = relative.split('/').collect();
     let (file_name, parents) = components
         .split_last()

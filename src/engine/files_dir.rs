@@ -29,6 +29,30 @@ use crate::config::FilePolicy;
 
 /// Prefix of a directory being deleted (left over if the server died meanwhile; removed later).
 const TRASH_PREFIX: &str = ".trash-";
+/// The start of an owner's directory: a principal's runs are saved in one of their own.
+const OWNER_PREFIX: &str = "principal-";
+
+/// The directory of an owner's (a principal's) runs under the files directory: its name when
+/// that is a plain file name of at most 64 characters, else a digest of it (an OAuth subject can
+/// be anything); never the name of a run, a session or trash.
+pub fn owner_dir_name(owner: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let plain = !owner.is_empty()
+        && owner.len() <= 64
+        && owner
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if plain {
+        format!("{OWNER_PREFIX}{owner}")
+    } else {
+        let digest: String = Sha256::digest(owner.as_bytes())
+            .iter()
+            .take(16)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{OWNER_PREFIX}~{digest}")
+    }
+}
 /// The shortest pause between two sweeps.
 const MIN_PAUSE: Duration = Duration::from_secs(2);
 /// A sweep happens at least this often, saves or not (for the age limit).
@@ -348,36 +372,10 @@ impl Retention {
     }
 
     /// One pass: removes expired directories, then the oldest while the total is over the limit.
+    /// Runs in an owner's directory ([`owner_dir_name`]) count like the others.
     pub fn sweep(&self, now: SystemTime) -> io::Result<Swept> {
         let mut found = Vec::new();
-        for entry in fs::read_dir(&self.root)? {
-            let Ok(entry) = entry else { continue };
-            // The entry's own type: a link is never followed.
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            if !kind.is_dir() {
-                continue;
-            }
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            if name.starts_with(TRASH_PREFIX) {
-                if let Err(e) = fs::remove_dir_all(entry.path()) {
-                    tracing::warn!("could not remove {}: {e}", entry.path().display());
-                }
-                continue;
-            }
-            if !(name.starts_with("run-") || name.starts_with("session-")) {
-                continue;
-            }
-            let (bytes, newest) = measure(&entry.path());
-            found.push(Measured {
-                name,
-                bytes,
-                newest,
-            });
-        }
+        self.measure_runs(&self.root, None, &mut found)?;
         found.sort_by(|a, b| a.newest.cmp(&b.newest).then_with(|| a.name.cmp(&b.name)));
         let mut swept = Swept {
             total_bytes: found.iter().map(|m| m.bytes).sum(),
@@ -399,10 +397,59 @@ impl Retention {
         Ok(swept)
     }
 
+    /// The run and session directories in `dir` (the root, or the owner's directory `owner` in
+    /// it), named relative to the root; trash left by an interrupted removal is removed.
+    fn measure_runs(
+        &self,
+        dir: &Path,
+        owner: Option<&str>,
+        found: &mut Vec<Measured>,
+    ) -> io::Result<()> {
+        for entry in fs::read_dir(dir)? {
+            let Ok(entry) = entry else { continue };
+            // The entry's own type: a link is never followed.
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if !kind.is_dir() {
+                continue;
+            }
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if name.starts_with(TRASH_PREFIX) && owner.is_none() {
+                if let Err(e) = fs::remove_dir_all(entry.path()) {
+                    tracing::warn!("could not remove {}: {e}", entry.path().display());
+                }
+                continue;
+            }
+            if owner.is_none() && name.starts_with(OWNER_PREFIX) {
+                if let Err(e) = self.measure_runs(&entry.path(), Some(&name), found) {
+                    tracing::warn!("could not sweep {}: {e}", entry.path().display());
+                }
+                continue;
+            }
+            if !(name.starts_with("run-") || name.starts_with("session-")) {
+                continue;
+            }
+            let (bytes, newest) = measure(&entry.path());
+            found.push(Measured {
+                name: match owner {
+                    Some(owner) => format!("{owner}/{name}"),
+                    None => name,
+                },
+                bytes,
+                newest,
+            });
+        }
+        Ok(())
+    }
+
     /// Removes one run/session directory unless a save into it is under way.
     fn remove(&self, name: &str) -> bool {
         let trash = self.root.join(format!(
-            "{TRASH_PREFIX}{name}-{}",
+            "{TRASH_PREFIX}{}-{}",
+            name.replace('/', "-"),
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         ));
         {
@@ -496,6 +543,49 @@ mod tests {
             set_age(&entry.path(), age);
         }
         set_age(dir, age);
+    }
+
+    #[test]
+    fn runs_in_an_owners_directory_are_swept_like_the_others() {
+        let root = scratch();
+        let owner = owner_dir_name("alice");
+        assert_eq!(owner, "principal-alice");
+        write(&root.join(&owner).join("run-old/a.txt"), 10);
+        aged(
+            &root.join(&owner).join("run-old"),
+            Duration::from_secs(7200),
+        );
+        write(&root.join(&owner).join("session-new/b.txt"), 10);
+        write(&root.join("run-top/c.txt"), 10);
+        let swept = retention(&root, Duration::from_secs(3600), u64::MAX)
+            .sweep(SystemTime::now())
+            .unwrap();
+        assert_eq!(swept.removed, vec![format!("{owner}/run-old")]);
+        assert!(!root.join(&owner).join("run-old").exists());
+        assert!(root.join(&owner).join("session-new/b.txt").exists());
+        assert!(root.join("run-top/c.txt").exists());
+        // Over the size limit the oldest go first, wherever they are.
+        let swept = retention(&root, Duration::from_secs(3600), 10)
+            .sweep(SystemTime::now())
+            .unwrap();
+        assert_eq!(swept.removed.len(), 1, "{:?}", swept.removed);
+        // No trash is left in an owner's directory.
+        let left: Vec<_> = fs::read_dir(root.join(&owner))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            left.iter()
+                .all(|n| !n.to_string_lossy().starts_with(TRASH_PREFIX)),
+            "{left:?}"
+        );
+        assert_ne!(
+            owner_dir_name("oauth:x/../y"),
+            owner_dir_name("oauth:x/../z")
+        );
+        assert!(owner_dir_name("oauth:x/../y").starts_with("principal-~"));
+        fs::remove_dir_all(root).unwrap();
     }
 
     #[test]

@@ -33,6 +33,15 @@ impl ClientId {
     }
 }
 
+impl ClientId {
+    /// The client that is a principal (named `name`): the same id on every request, so it
+    /// reaches its sessions whichever MCP session, or none, it comes through. Never equal to a
+    /// [`ClientId::new`] (hex digits only).
+    pub fn of_principal(name: &str) -> ClientId {
+        ClientId(format!("principal:{name}").into())
+    }
+}
+
 impl Default for ClientId {
     fn default() -> Self {
         Self::new()

@@ -30,6 +30,12 @@ pub enum ServeError {
     /// `SANDBOX_NETWORK=allowlist`, and the egress proxy cannot start.
     #[error("SANDBOX_NETWORK=allowlist: {0}")]
     Egress(#[source] crate::engine::EngineError),
+    /// The tokens file (`SANDBOX_HTTP_TOKENS_FILE`) is unusable.
+    #[error("SANDBOX_HTTP_TOKENS_FILE: {0}")]
+    Principals(String),
+    /// OAuth is configured, and the issuer's keys cannot be loaded (`SANDBOX_OAUTH_JWKS`).
+    #[error("{0}")]
+    OAuth(String),
     /// The stdio client's `initialize` failed.
     #[error("MCP session failed to start: {0}")]
     Handshake(#[source] Box<rmcp::service::ServerInitializeError>),
@@ -46,6 +52,8 @@ impl ServeError {
                 | ServeError::Address(_)
                 | ServeError::Preload(_)
                 | ServeError::Egress(_)
+                | ServeError::Principals(_)
+                | ServeError::OAuth(_)
         )
     }
 }

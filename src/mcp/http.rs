@@ -40,10 +40,15 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::connections::{self, ConnectionLimits};
+use super::health::{self, Health};
 use super::mcp_sessions::{self, McpSessions, SESSION_HEADER};
+use super::oauth::{self, OAuth, OAuthRefusal};
+use super::principals::{self, Principal, TokensFile};
+use super::quotas::Quotas;
 use super::running::Running;
 use super::{priming, SandboxServer, ServeError};
 use crate::config::{normalize_origin, parse_host, Config, HostPattern, Secret};
+use crate::engine::sessions::ClientId;
 
 /// The path the MCP endpoint is served at.
 pub const MCP_PATH: &str = "/mcp";
@@ -85,6 +90,10 @@ const SINGLE_HEADERS: &[&str] = &[
 #[derive(Debug)]
 pub struct Gate {
     token: Option<Secret>,
+    /// The principals' tokens (`SANDBOX_HTTP_TOKENS_FILE`), when callers are told apart.
+    tokens: Option<Arc<TokensFile>>,
+    /// OAuth access tokens (`SANDBOX_OAUTH_ISSUER`), tried after the tokens file.
+    oauth: Option<Arc<OAuth>>,
     hosts: Vec<HostPattern>,
     origins: Vec<String>,
     /// The port the server listens on: an `Origin` naming an allowed host on it is the server's
@@ -103,11 +112,98 @@ impl Gate {
             .unwrap_or_else(|| default_hosts(bound.ip()));
         Gate {
             token: http.token.clone(),
+            tokens: None,
+            oauth: None,
             hosts,
             origins: http.allowed_origins.clone(),
             bound_port: bound.port(),
             max_body: http.max_body_bytes,
         }
+    }
+
+    /// The gate that identifies callers by the principals of a tokens file.
+    pub fn with_tokens(mut self, tokens: Arc<TokensFile>) -> Gate {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// The gate that identifies callers by OAuth access tokens too.
+    pub fn with_oauth(mut self, oauth: Arc<OAuth>) -> Gate {
+        self.oauth = Some(oauth);
+        self
+    }
+
+    /// Whether callers are told apart (principals), rather than all being one.
+    pub fn has_principals(&self) -> bool {
+        self.tokens.is_some() || self.oauth.is_some()
+    }
+
+    /// Who sends a request that passed [`Gate::check`]: `None` when the server has no
+    /// principals (or for a CORS preflight, which carries no credentials).
+    pub async fn identify(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<Principal>>, Refusal> {
+        if !self.has_principals() {
+            return Ok(None);
+        }
+        if method == Method::OPTIONS && headers.contains_key(header::ORIGIN) {
+            return Ok(None);
+        }
+        let presented = bearer(headers);
+        if let Some(principal) =
+            presented.and_then(|token| self.tokens.as_ref().and_then(|t| t.identify(token)))
+        {
+            return Ok(Some(principal));
+        }
+        if let Some(oauth) = &self.oauth {
+            let refusal = match presented {
+                Some(token) => match oauth.identify(token).await {
+                    Ok(principal) => return Ok(Some(Arc::new(principal))),
+                    Err(refusal) => Some(refusal),
+                },
+                None => None,
+            };
+            let message = match &refusal {
+                Some(refusal) => format!(
+                    "{}: {}",
+                    match refusal.status() {
+                        StatusCode::FORBIDDEN => "Forbidden",
+                        _ => "Unauthorized",
+                    },
+                    refusal.description()
+                ),
+                None => format!(
+                    "Unauthorized: send `Authorization: Bearer <access token>` from {} (see {})",
+                    oauth.issuer(),
+                    oauth.metadata_url()
+                ),
+            };
+            return Err(Refusal {
+                challenge: Some(oauth.challenge(refusal.as_ref())),
+                ..Refusal::new(
+                    refusal
+                        .as_ref()
+                        .map_or(StatusCode::UNAUTHORIZED, OAuthRefusal::status),
+                    &message,
+                )
+            });
+        }
+        let challenge = if presented.is_some() {
+            "Bearer realm=\"python-code-sandbox\", error=\"invalid_token\""
+        } else {
+            "Bearer realm=\"python-code-sandbox\""
+        };
+        Err(Refusal {
+            challenge: Some(challenge.to_string()),
+            ..Refusal::new(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized: send `Authorization: Bearer <token>` with your own token (a line of \
+                 the server's SANDBOX_HTTP_TOKENS_FILE; the operator makes one with \
+                 `python-code-sandbox token NAME`)",
+            )
+        })
     }
 
     /// Checks a request's head; `Err` says why it is refused.
@@ -179,7 +275,7 @@ impl Gate {
                         "Bearer realm=\"python-code-sandbox\""
                     };
                     return Err(Refusal {
-                        challenge: Some(challenge),
+                        challenge: Some(challenge.to_string()),
                         ..Refusal::new(
                             StatusCode::UNAUTHORIZED,
                             "Unauthorized: send `Authorization: Bearer <token>` with the server's SANDBOX_HTTP_TOKEN",
@@ -348,8 +444,8 @@ fn same_secret(presented: &str, expected: &str) -> bool {
 pub struct Refusal {
     pub status: StatusCode,
     pub message: String,
-    /// The `WWW-Authenticate` challenge of a 401.
-    pub challenge: Option<&'static str>,
+    /// The `WWW-Authenticate` challenge of a 401 or 403.
+    pub challenge: Option<String>,
 }
 
 impl Refusal {
@@ -369,11 +465,8 @@ impl Refusal {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        if let Some(challenge) = self.challenge {
-            headers.insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(challenge),
-            );
+        if let Some(challenge) = self.challenge.and_then(|c| HeaderValue::from_str(&c).ok()) {
+            headers.insert(header::WWW_AUTHENTICATE, challenge);
         }
         response
     }
@@ -387,6 +480,10 @@ async fn gatekeeper(
     if let Err(refusal) = gate.check(request.method(), request.uri(), request.headers()) {
         return refusal.into_response();
     }
+    let principal = match gate.identify(request.method(), request.headers()).await {
+        Ok(principal) => principal,
+        Err(refusal) => return refusal.into_response(),
+    };
     let origin = request
         .headers()
         .get(header::ORIGIN)
@@ -398,7 +495,7 @@ async fn gatekeeper(
         *response.status_mut() = StatusCode::NO_CONTENT;
         response
     } else {
-        match gate.forward(&sessions, request, next).await {
+        match gate.forward(&sessions, principal, request, next).await {
             Ok(response) | Err(response) => response,
         }
     };
@@ -413,9 +510,12 @@ impl Gate {
     /// clients of some revisions cannot read: JSON-RPC errors for unparsable bodies (rmcp says
     /// 415 in text), no SSE priming events before 2025-11-25, 204 for a session's DELETE.
     /// A request that may open an MCP session goes through the session cap ([`McpSessions`]).
+    /// The rest runs with its caller, when it is a principal, as the current one; a session
+    /// opened by a principal serves only that principal.
     async fn forward(
         &self,
         sessions: &Arc<McpSessions>,
+        principal: Option<Arc<Principal>>,
         request: Request,
         next: Next,
     ) -> Result<Response, Response> {
@@ -468,11 +568,26 @@ impl Gate {
         );
         let post = parts.method == Method::POST;
         let request = Request::from_parts(parts, body);
-        let mut response = match &session_id {
-            _ if opening => sessions.open(request_id, next.run(request)).await,
-            Some(id) => sessions.track(id, post, next.run(request).await),
-            None => next.run(request).await,
-        };
+        let caller_name = principal.as_ref().map(|p| p.name.clone());
+        if let Some(id) = &session_id {
+            if !sessions.admits(id, caller_name.as_deref()) {
+                // Another principal's session looks like no session at all.
+                tracing::warn!("refused a request to an MCP session of another principal");
+                return Err(Refusal::new(
+                    StatusCode::NOT_FOUND,
+                    "Not Found: no such MCP session; start a new one (initialize)",
+                )
+                .into_response());
+            }
+        }
+        let mut response = principals::with_current(principal, async {
+            match &session_id {
+                _ if opening => sessions.open(request_id, next.run(request)).await,
+                Some(id) => sessions.track(id, post, next.run(request).await),
+                None => next.run(request).await,
+            }
+        })
+        .await;
         // rmcp checks the Content-Type first: a 415 for a JSON body means it is no JSON-RPC message.
         if json_post && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
             return Err(json_rpc_error(
@@ -555,13 +670,17 @@ pub fn parse_bind(addr: &str) -> Result<SocketAddr, String> {
 
 /// Why a bind address is refused before anything starts, if it is.
 pub fn refuse_bind(addr: SocketAddr, config: &Config) -> Option<String> {
-    if addr.ip().is_loopback() || config.http.token.is_some() {
+    if addr.ip().is_loopback()
+        || config.http.token.is_some()
+        || config.http.tokens_file.is_some()
+        || config.http.oauth.enabled()
+    {
         return None;
     }
     Some(format!(
         "refusing to serve on {addr} without a token: whoever reaches it could run code and, \
          through the server, use its Docker engine. Set SANDBOX_HTTP_TOKEN (or \
-         SANDBOX_HTTP_TOKEN_FILE), or bind a loopback address such as {DEFAULT_ADDR}"
+         SANDBOX_HTTP_TOKEN_FILE), SANDBOX_HTTP_TOKENS_FILE or OAuth (SANDBOX_OAUTH_ISSUER), or bind a loopback address such as {DEFAULT_ADDR}"
     ))
 }
 
@@ -581,7 +700,25 @@ pub async fn serve_http(
         .await
         .map_err(|source| ServeError::Listen { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
-    let gate = Arc::new(Gate::new(&config, bound));
+    let mut gate = Gate::new(&config, bound);
+    if let Some(path) = &config.http.tokens_file {
+        let tokens = Arc::new(TokensFile::open(path).map_err(ServeError::Principals)?);
+        reload_on_sighup(tokens.clone())?;
+        gate = gate.with_tokens(tokens);
+    }
+    let oauth = match OAuth::from_config(&config)
+        .await
+        .map_err(ServeError::OAuth)?
+    {
+        Some(oauth) => {
+            let oauth = Arc::new(oauth);
+            gate = gate.with_oauth(oauth.clone());
+            Some(oauth)
+        }
+        None => None,
+    };
+    let gate = Arc::new(gate);
+    let quotas = Arc::new(Quotas::new(&config));
     // An MCP session with no request for this long ends (and with it its sandbox sessions): the
     // idle limit of a sandbox session, but never shorter than the longest call (an install, then
     // an execution), during which the MCP session sees no traffic.
@@ -592,7 +729,12 @@ pub async fn serve_http(
     let max_body = usize::try_from(config.http.max_body_bytes).unwrap_or(usize::MAX);
     let limits = ConnectionLimits::from_config(&config.http);
     let (max_sessions, unowned_idle) = (config.http.max_mcp_sessions, config.http.mcp_idle_timeout);
-    let running = Running::start(config)?.ready().await?;
+    let (drain_timeout, metrics_addr) = (config.http.drain_timeout, config.http.metrics_addr);
+    // From here on the engine's start-ups and copies are counted.
+    let _ = super::metrics::global();
+    let running = Running::start(config)?;
+    let health = Health::new();
+    health.engine_made(running.engine.clone());
 
     let stop = CancellationToken::new();
     let mut sessions = LocalSessionManager::default();
@@ -612,20 +754,70 @@ pub async fn serve_http(
     let (engine, pypi) = (running.engine.clone(), running.pypi.clone());
     let service = StreamableHttpService::new(
         move || {
-            let server = SandboxServer::for_client(engine.clone(), pypi.clone());
+            let server = SandboxServer::for_client(engine.clone(), pypi.clone(), quotas.clone());
             if let Some(client) = &server.client {
-                mcp_sessions::note_client(&client.id);
+                // A principal's sandbox sessions do not hang on the MCP session: it owns
+                // nothing, so an idle one ends early.
+                let owner = match client.principal {
+                    Some(_) => ClientId::new(),
+                    None => client.id.clone(),
+                };
+                mcp_sessions::note_client(&owner);
             }
             Ok(server)
         },
         sessions,
         rmcp_config,
     );
-    let app = axum::Router::new().route_service(MCP_PATH, service).layer(
-        axum::middleware::from_fn_with_state((gate, mcp_sessions), gatekeeper),
+    let mut app = axum::Router::new().route_service(MCP_PATH, service);
+    if metrics_addr.is_none() {
+        app = app.merge(super::metrics::routes(running.engine.clone()));
+    }
+    // Health answers from now on, outside the gate; MCP requests wait for the end of start-up.
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            (gate.clone(), mcp_sessions),
+            gatekeeper,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            health.clone(),
+            health::admit,
+        ))
+        .merge(health::routes(health.clone()));
+    // The OAuth metadata is public too (clients read it to find where to log in).
+    let app = match oauth {
+        Some(oauth) => app.merge(oauth::routes(oauth)),
+        None => app,
+    };
+    let serving = tokio::spawn(connections::serve(listener, app, limits, stop.clone()));
+    tracing::info!(
+        "listening on http://{bound}: {} and {} answer now, MCP once start-up is done",
+        health::HEALTH_PATH,
+        health::READY_PATH
     );
+    if let Some(addr) = metrics_addr {
+        let metrics = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Listen { addr, source })?;
+        tracing::info!(
+            "serving metrics at http://{}/metrics (no authentication: SANDBOX_METRICS_ADDR)",
+            metrics.local_addr().unwrap_or(addr)
+        );
+        let routes = super::metrics::routes(running.engine.clone());
+        tokio::spawn(connections::serve(metrics, routes, limits, stop.clone()));
+    }
+    let running = match running.ready().await {
+        Ok(running) => running,
+        Err(e) => {
+            stop.cancel();
+            return Err(e);
+        }
+    };
+    health.serving();
 
-    let authentication = if running.engine.config().http.token.is_some() {
+    let authentication = if gate.has_principals() {
+        "a principal's bearer token required"
+    } else if running.engine.config().http.token.is_some() {
         "bearer token required"
     } else {
         "no authentication (loopback only)"
@@ -637,18 +829,50 @@ pub async fn serve_http(
         let stop = stop.clone();
         async move {
             let reason = shutdown.await;
+            if reason == "SIGTERM" {
+                tracing::info!(
+                    "{reason}: draining: not ready, new MCP sessions refused, up to {}s for the calls in progress (SANDBOX_DRAIN_TIMEOUT)",
+                    drain_timeout.as_secs()
+                );
+                let left = health::drain(&health, drain_timeout).await;
+                if left > 0 {
+                    tracing::warn!("{left} tool call(s) still running after SANDBOX_DRAIN_TIMEOUT: ending them");
+                }
+            }
             tracing::info!("{reason}: shutting down");
             stop.cancel();
         }
     };
     tokio::spawn(shutdown);
     tokio::select! {
-        () = connections::serve(listener, app, limits, stop.clone()) => {}
+        _ = serving => {}
         () = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             tracing::warn!("connections still open {}s after the signal: closing them", SHUTDOWN_GRACE.as_secs());
         }
     };
     running.stop().await;
+    Ok(())
+}
+
+/// Reloads the tokens file on SIGHUP, without touching connections or sessions; a file that no
+/// longer parses leaves the principals in force (and says why).
+fn reload_on_sighup(tokens: Arc<TokensFile>) -> Result<(), ServeError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup())
+        .map_err(|e| ServeError::Principals(format!("cannot listen for SIGHUP: {e}")))?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match tokens.reload() {
+                Ok(count) => tracing::info!(
+                    "SIGHUP: reloaded {} ({count} principals)",
+                    tokens.path().display()
+                ),
+                Err(e) => tracing::error!(
+                    "SIGHUP: the tokens file was not reloaded, the previous principals stay: {e}"
+                ),
+            }
+        }
+    });
     Ok(())
 }
 
@@ -715,7 +939,7 @@ mod tests {
         let uri: Uri = "/mcp".parse().unwrap();
         let refused = g.check(&Method::POST, &uri, &headers(&[host])).unwrap_err();
         assert_eq!(
-            refused.challenge,
+            refused.challenge.as_deref(),
             Some("Bearer realm=\"python-code-sandbox\"")
         );
         let response = refused.into_response();

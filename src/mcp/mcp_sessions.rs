@@ -63,6 +63,8 @@ pub struct McpSessions {
 struct Tracked {
     /// The client of the session's server; `None` (not learnt): it never expires early.
     client: Option<ClientId>,
+    /// The principal that opened it, when the server tells callers apart: only it may use it.
+    principal: Option<String>,
     last_request: Instant,
     in_progress: usize,
 }
@@ -114,12 +116,21 @@ impl McpSessions {
                 id.to_string(),
                 Tracked {
                     client,
+                    principal: super::principals::current().map(|p| p.name.clone()),
                     last_request: Instant::now(),
                     in_progress: 0,
                 },
             );
         }
         response
+    }
+
+    /// Whether `principal` may use session `id`: the one that opened it (a session this gate
+    /// does not know is rmcp's to answer).
+    pub fn admits(&self, id: &str, principal: Option<&str>) -> bool {
+        self.lock_live()
+            .get(id)
+            .is_none_or(|tracked| tracked.principal.as_deref() == principal)
     }
 
     /// Notes a request to session `id`; a POST's response counts as in progress until its body

@@ -264,6 +264,16 @@ pub fn routes(engine: Arc<Engine>) -> axum::Router {
 async fn scrape(
     axum::extract::State(engine): axum::extract::State<Arc<Engine>>,
 ) -> axum::response::Response {
+    // The metrics name every principal: with principals, only an admin reads them here.
+    if super::principals::current().is_some_and(|caller| !caller.admin) {
+        let mut refused = axum::response::Response::new(axum::body::Body::from(
+            "Forbidden: /metrics names every principal; it needs an admin principal (`admin` in \
+             the tokens file, scope sandbox:admin), or the operator serves it on \
+             SANDBOX_METRICS_ADDR\n",
+        ));
+        *refused.status_mut() = axum::http::StatusCode::FORBIDDEN;
+        return refused;
+    }
     let mut response =
         axum::response::Response::new(axum::body::Body::from(global().render(&engine)));
     response.headers_mut().insert(

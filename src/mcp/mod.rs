@@ -18,17 +18,23 @@
 //! - `notices`: a call's progress and log notifications (its steps, the code's live output);
 //! - `server`: the [`SandboxServer`] (capabilities, resources, prompts, completions);
 //! - `running`: the engine's background tasks while a server runs;
+//! - `audit`: where every tool call passes once: its audit line and its metrics;
+//! - `metrics`: the Prometheus metrics; `health`: `/healthz`, `/readyz` and the drain on SIGTERM;
 //! - [`stdio`], [`http`]: the transports; [`ServeError`]: why serving stopped or never started.
 
+mod audit;
 mod connections;
 mod consent;
 mod descriptions;
 mod error;
+mod health;
 pub mod http;
 mod logging;
 mod mcp_sessions;
+pub mod metrics;
 mod notebook;
 mod notices;
+pub mod oauth;
 mod outcome;
 pub mod outputs;
 mod oversize;
@@ -36,6 +42,7 @@ pub mod params;
 mod priming;
 pub mod principals;
 mod prompts;
+mod quotas;
 mod render;
 pub mod resources;
 mod running;

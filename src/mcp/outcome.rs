@@ -29,6 +29,12 @@ pub enum ToolError {
     Refused(String),
 }
 
+impl From<crate::mcp::quotas::OverQuota> for ToolError {
+    fn from(over: crate::mcp::quotas::OverQuota) -> Self {
+        ToolError::Refused(over.0)
+    }
+}
+
 impl ToolError {
     /// A refusal of the request, in words the model can act on.
     pub fn refused(message: impl Into<String>) -> Self {

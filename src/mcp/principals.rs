@@ -7,8 +7,8 @@
 //! `sandbox_list`; quotas count per principal.
 //!
 //! Without principals (no authentication on loopback, or the one shared `SANDBOX_HTTP_TOKEN`)
-//! every MCP session is a client of its own, as before, and a sessionless 2026-07-28 request is
-//! the [`Principal::shared`] one.
+//! every MCP session is a client of its own, as before; the sessionless revision 2026-07-28,
+//! which has no MCP session to own sandboxes, is then not offered over HTTP.
 //!
 //! The gate identifies the caller of each request and runs the rest of the request inside
 //! [`with_current`]; the service factory and the tool handlers read it with [`current`].
@@ -42,9 +42,6 @@ pub struct Principal {
     pub quotas: QuotaOverrides,
 }
 
-/// The name of the principal every sessionless request shares when the server has no principals.
-pub const SHARED: &str = "shared";
-
 impl Principal {
     pub fn new(name: impl Into<String>) -> Principal {
         Principal {
@@ -54,21 +51,9 @@ impl Principal {
         }
     }
 
-    /// The one principal of a server without principals (its sessionless requests).
-    pub fn shared() -> Principal {
-        Principal::new(SHARED)
-    }
-
-    /// The directory, under the files directory, of this principal's saved files: its name when
-    /// that is a plain file name, otherwise a digest of it (an OAuth subject can be anything).
-    pub fn files_dir(&self, root: &Path) -> PathBuf {
-        let plain = is_plain_name(&self.name) && self.name.len() <= 64;
-        if plain {
-            root.join(&self.name)
-        } else {
-            let digest = Sha256::digest(self.name.as_bytes());
-            root.join(format!("p-{}", &hex(&digest)[..32]))
-        }
+    /// The directory, under the files directory, of this principal's saved files.
+    pub fn files_dir_name(&self) -> String {
+        crate::engine::files_dir::owner_dir_name(&self.name)
     }
 }
 
@@ -284,12 +269,19 @@ mod tests {
         let file = format!(
             "# team\n{}\n\n{}\n",
             tokens_file_line("alice", &alice, &["sessions=2".into()]),
-            tokens_file_line("bob", &bob, &["admin".into(), "cpu_seconds_per_day=60".into()]),
+            tokens_file_line(
+                "bob",
+                &bob,
+                &["admin".into(), "cpu_seconds_per_day=60".into()]
+            ),
         );
         assert!(!file.contains(&alice));
         let table = TokenTable::parse(&file).unwrap();
         let a = table.identify(&alice).unwrap();
-        assert_eq!((a.name.as_str(), a.admin, a.quotas.sessions), ("alice", false, Some(2)));
+        assert_eq!(
+            (a.name.as_str(), a.admin, a.quotas.sessions),
+            ("alice", false, Some(2))
+        );
         let b = table.identify(&bob).unwrap();
         assert!(b.admin);
         assert_eq!(b.quotas.cpu_seconds_per_day, Some(60));
@@ -316,13 +308,13 @@ mod tests {
 
     #[test]
     fn files_dirs_are_plain_names_or_digests() {
-        let root = Path::new("/files");
-        assert_eq!(Principal::new("alice").files_dir(root), root.join("alice"));
-        let odd = Principal::new("oauth:https://idp/../user");
-        let dir = odd.files_dir(root);
-        assert_eq!(dir.parent(), Some(root));
-        assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("p-"));
-        assert_ne!(dir, Principal::new("oauth:other").files_dir(root));
+        assert_eq!(Principal::new("alice").files_dir_name(), "principal-alice");
+        let odd = Principal::new("oauth:https://idp/../user").files_dir_name();
+        assert!(
+            odd.starts_with("principal-~") && !odd.contains('/'),
+            "{odd}"
+        );
+        assert_ne!(odd, Principal::new("oauth:other").files_dir_name());
     }
 
     #[tokio::test]

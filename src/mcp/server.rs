@@ -17,6 +17,8 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
+use super::principals::{self, Principal};
+use super::quotas::{ExecutionPermit, OverQuota, Quotas};
 use super::{descriptions, logging, prompts, resources};
 use crate::engine::sessions::{ClientId, Scope};
 use crate::engine::Engine;
@@ -32,19 +34,24 @@ pub struct SandboxServer {
     pub(super) client: Option<Arc<Client>>,
     /// The log level the client set.
     pub(super) log: Arc<logging::ClientLog>,
+    /// What each principal may use (applies only to a client that is a principal).
+    pub(super) quotas: Arc<Quotas>,
 }
 
-/// One client of a server with several: an MCP session over HTTP. Dropped when the MCP session
-/// has ended and its last call has returned; its sandbox sessions are stopped then.
+/// One client of a server with several: an MCP session over HTTP, or a principal. A client that
+/// is an MCP session is dropped when the session has ended and its last call has returned; its
+/// sandbox sessions are stopped then. A principal's sessions outlive any MCP session (and the
+/// sessionless requests of revision 2026-07-28): they end when stopped or idle.
 pub(super) struct Client {
     engine: Arc<Engine>,
     pub(super) id: ClientId,
+    pub(super) principal: Option<Arc<Principal>>,
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
         // Without a runtime the process is ending: the engine's shutdown removes everything.
-        if tokio::runtime::Handle::try_current().is_ok() {
+        if self.principal.is_none() && tokio::runtime::Handle::try_current().is_ok() {
             let stopped = self.engine.end_client(&self.id);
             if stopped > 0 {
                 tracing::info!("an MCP session ended: stopping its {stopped} sandbox session(s)");
@@ -56,6 +63,7 @@ impl Drop for Client {
 impl SandboxServer {
     /// The server of a single client (stdio): every session is its own.
     pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
+        let engine_config = &engine.config().clone();
         let mut tool_router = Self::tools();
         descriptions::describe(&mut tool_router, engine.config());
         SandboxServer {
@@ -64,20 +72,43 @@ impl SandboxServer {
             tool_router,
             client: None,
             log: Arc::default(),
+            quotas: Arc::new(Quotas::new(engine_config)),
         }
     }
 
-    /// The server of one client among several (an MCP session over HTTP): it reaches only the
+    /// The server of one client among several, made for each MCP session and each sessionless
+    /// request over HTTP. The caller being served ([`principals::current`]) is the client when
+    /// it is a principal: it reaches its own sessions (an admin: every session), whichever MCP
+    /// session it comes through. Otherwise the MCP session is the client: it reaches only the
     /// sessions it creates, and they are stopped when it is dropped.
-    pub fn for_client(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
+    pub fn for_client(engine: Arc<Engine>, pypi: Arc<PypiSearch>, quotas: Arc<Quotas>) -> Self {
+        let principal = principals::current();
+        let id = match &principal {
+            Some(principal) => ClientId::of_principal(&principal.name),
+            None => ClientId::new(),
+        };
         let client = Arc::new(Client {
             engine: engine.clone(),
-            id: ClientId::new(),
+            id,
+            principal,
         });
         SandboxServer {
             client: Some(client),
+            quotas,
             ..Self::new(engine, pypi)
         }
+    }
+
+    /// The principal this server speaks for, when the caller is one.
+    pub(super) fn principal(&self) -> Option<&Principal> {
+        self.client.as_ref()?.principal.as_deref()
+    }
+
+    /// Starts an execution against the principal's quotas (none without a principal).
+    pub(super) fn start_execution(&self) -> Result<Option<ExecutionPermit>, OverQuota> {
+        self.principal()
+            .map(|principal| self.quotas.start_execution(principal))
+            .transpose()
     }
 
     /// Every tool, as its group declares it (descriptions not yet filled in).
@@ -96,13 +127,50 @@ impl SandboxServer {
             None => Scope::Server,
         }
     }
+
+    /// The sessions and snapshots this server's listings show: an admin principal sees every
+    /// principal's (and acts only on its own).
+    pub(super) fn visible_scope(&self) -> Scope<'_> {
+        if self.principal().is_some_and(|p| p.admin) {
+            Scope::Server
+        } else {
+            self.scope()
+        }
+    }
+
+    /// Holds the principal's session creation while its live sessions are counted against its
+    /// quota and one is created (nothing without a principal).
+    pub(super) async fn session_slot(
+        &self,
+    ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, OverQuota> {
+        let Some(client) = &self.client else {
+            return Ok(None);
+        };
+        let Some(principal) = &client.principal else {
+            return Ok(None);
+        };
+        let own = || self.engine.sessions(Scope::Client(&client.id)).len();
+        self.quotas.session_slot(principal, own).await.map(Some)
+    }
 }
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
+    /// Every tool call, through the router, passes the audit log and the metrics once.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let audit = super::audit::begin(&request, self.principal().map(|p| p.name.as_str()));
+        let cancel = context.ct.clone();
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        audit.run(&cancel, self.tool_router.call(call)).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         #[allow(deprecated)]
-        // logging: deprecated from revision 2026-07-28, which HTTP does not offer
+        // logging: deprecated from revision 2026-07-28; its clients opt in per request instead
         let capabilities = ServerCapabilities::builder()
             .enable_logging()
             .enable_completions()
@@ -186,16 +254,16 @@ impl ServerHandler for SandboxServer {
         prompts::get(&request.name, request.arguments.as_ref()).map(GetPromptResponse::Complete)
     }
 
-    /// A client of a server with several keeps its sessions through an MCP session, so it must
-    /// speak a revision that has one: up to 2025-11-25 (2026-07-28 is sessionless). Clients that
-    /// probe for 2026-07-28 are told so and fall back to the handshake.
+    /// A client that is an MCP session keeps its sandbox sessions through it, so it must speak a
+    /// revision that has one: up to 2025-11-25 (clients that probe for 2026-07-28 are told so
+    /// and fall back to the handshake). A principal, and the one client of stdio, keep them
+    /// without: every revision, the sessionless 2026-07-28 too.
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        if self.client.is_some() {
-            Cow::Borrowed(ProtocolVersion::known_up_to(
-                &ProtocolVersion::LATEST_WITH_INITIALIZE,
-            ))
-        } else {
-            Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        match &self.client {
+            Some(client) if client.principal.is_none() => Cow::Borrowed(
+                ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE),
+            ),
+            _ => Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
         }
     }
 }

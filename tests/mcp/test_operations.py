@@ -348,9 +348,9 @@ async def test_metrics_count_the_calls_and_the_audit_log_has_one_line_per_call()
         assert not any(marker in line for line in server.log), "".join(server.log)
 
 
-def principal_token(name):
+def principal_token(name, *options):
     """A new token for `name` and its tokens-file line, as `python-code-sandbox token` makes them."""
-    made = subprocess.run([os.path.abspath(BIN), "token", name], capture_output=True, text=True, check=True, timeout=60)
+    made = subprocess.run([os.path.abspath(BIN), "token", name, *options], capture_output=True, text=True, check=True, timeout=60)
     fields = dict(line.split(": ", 1) for line in made.stdout.splitlines())
     return fields["token"], fields["line"]
 
@@ -358,8 +358,9 @@ def principal_token(name):
 async def test_calls_are_counted_and_audited_by_principal(tmp_path):
     alice, alice_line = principal_token("alice")
     bob, bob_line = principal_token("bob")
+    ops, ops_line = principal_token("ops", "--admin")
     tokens = tmp_path / "tokens"
-    tokens.write_text(alice_line + "\n" + bob_line + "\n")
+    tokens.write_text(alice_line + "\n" + bob_line + "\n" + ops_line + "\n")
     with http_server(LOG_FORMAT="json", SANDBOX_HTTP_TOKEN=None, SANDBOX_HTTP_TOKENS_FILE=tokens) as server:
         async with mcp_client(server.url, token=alice) as client:
             for _ in range(2):
@@ -369,7 +370,9 @@ async def test_calls_are_counted_and_audited_by_principal(tmp_path):
             listed = await client.call_tool("sandbox_list", {})
             assert listed.is_error is False, text_of(listed)
         assert server.get("/metrics", token=TOKEN).status_code == 401
-        metrics = server.metrics(token=bob)
+        # The metrics name every principal: only an admin reads them.
+        assert server.get("/metrics", token=bob).status_code == 403
+        metrics = server.metrics(token=ops)
         assert value(metrics, "sandbox_principal_tool_calls_total", principal="alice") == 2
         assert value(metrics, "sandbox_principal_tool_calls_total", principal="bob") == 1
         assert value(metrics, "sandbox_principal_tool_calls_total", principal="anonymous") == 0

@@ -79,9 +79,20 @@ pub struct RunOptions {
     /// Asks the user about hosts that need consent (`SANDBOX_EGRESS_ASK`), for a session this call
     /// creates: the MCP client's elicitation.
     pub consent: Option<Arc<dyn super::egress::ConsentAsker>>,
+    /// The caller's own directory under `SANDBOX_FILES_DIR` (a principal's, see
+    /// [`super::files_dir::owner_dir_name`]); `None`: runs are saved at its top.
+    pub files_owner: Option<String>,
 }
 
 impl RunOptions {
+    /// Where a run's files are saved under `SANDBOX_FILES_DIR`: `run` in the caller's directory.
+    pub(crate) fn run_dir(&self, run: String) -> String {
+        match &self.files_owner {
+            Some(owner) => format!("{owner}/{run}"),
+            None => run,
+        }
+    }
+
     fn report(&self, message: &str) {
         if let Some(progress) = &self.progress {
             progress(message);

@@ -176,7 +176,7 @@ impl Engine {
         self.end_if_lost(&full_id, &mut result);
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
-            let run_dir = session_run_dir(sandbox.id());
+            let run_dir = options.run_dir(session_run_dir(sandbox.id()));
             self.collect_files(&mut sandbox, execution, &run_dir).await;
             self.keep_whole_output(Some(&mut sandbox), execution, &run_dir, options)
                 .await;

@@ -32,6 +32,7 @@ impl SandboxServer {
         Parameters(params): Parameters<RunEphemeralParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
+        let _running = self.start_execution()?;
         let (options, notices) =
             self.options_for(&context, params.image, params.dependencies, true);
         let execution = self
@@ -57,6 +58,7 @@ impl SandboxServer {
         Parameters(params): Parameters<RunPythonParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
+        let _running = self.start_execution()?;
         let (options, notices) = self.options_for(&context, None, params.dependencies, true);
         let task = Task::Python(&params.code);
         let result = self
@@ -78,6 +80,7 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
+        let _running = self.start_execution()?;
         let (options, notices) = self.options_for(&context, None, None, true);
         let task = Task::Shell(&params.command);
         let result = self
@@ -118,6 +121,7 @@ impl SandboxServer {
             // The result shows a model the head and tail of long output: keep the whole.
             keep_whole_output: true,
             consent: None,
+            files_owner: self.principal().map(|p| p.files_dir_name()),
         };
         (options, notices)
     }

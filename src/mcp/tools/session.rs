@@ -44,6 +44,13 @@ impl SandboxServer {
         let (mut options, notices) =
             self.options_for(&context, params.image, params.dependencies, false);
         options.consent = Some(crate::mcp::consent::ElicitingAsker::for_client(&context));
+        let slot = match self.session_slot().await {
+            Ok(slot) => slot,
+            Err(over) => {
+                super::run::finish(notices).await;
+                return Err(over.into());
+            }
+        };
         let started = match &snapshot_id {
             Some(snapshot_id) => self
                 .engine
@@ -56,6 +63,7 @@ impl SandboxServer {
                 .await
                 .map(|id| (id, None)),
         };
+        drop(slot);
         super::run::finish(notices).await;
         let (id, restored) = started?;
         let network = if hosts.is_empty() {
@@ -160,7 +168,7 @@ impl SandboxServer {
         let config = self.engine.config();
         let sessions: Vec<SessionEntry> = self
             .engine
-            .sessions(self.scope())
+            .sessions(self.visible_scope())
             .into_iter()
             .map(|s| SessionEntry {
                 container_id: s.id,

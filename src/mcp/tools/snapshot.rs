@@ -140,10 +140,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<StopParams>,
     ) -> Result<CallToolResult, ToolError> {
+        let slot = self.session_slot().await?;
         let forked = self
             .engine
             .fork_session(self.scope(), &params.container_id)
             .await?;
+        drop(slot);
         let source = params.container_id.trim().to_string();
         let mut text = format!(
             "Session forked.\ncontainer_id: {}\nforked from: {source}\nimage: {}",
@@ -178,7 +180,7 @@ impl SandboxServer {
     )]
     async fn sandbox_snapshots(&self) -> Result<CallToolResult, ToolError> {
         let now = std::time::SystemTime::now();
-        let list = self.engine.snapshots(self.scope())?;
+        let list = self.engine.snapshots(self.visible_scope())?;
         let policy = &self.engine.config().snapshots;
         let snapshots: Vec<SnapshotEntry> = list
             .into_iter()

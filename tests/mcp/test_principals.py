@@ -1,0 +1,222 @@
+"""Principals of `serve --http` (SANDBOX_HTTP_TOKENS_FILE): each caller is told apart by its
+own token, owns what it creates whichever MCP session (or none, in revision 2026-07-28) it comes
+through, and has its own quotas. Driven by the official Python SDK over streamable HTTP against
+the real binary on a loopback port; every request goes to 127.0.0.1."""
+
+import os
+import signal
+import subprocess
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from conftest import BIN, sandboxes, text_of
+from test_http import http_server, mcp_client, post
+
+pytestmark = pytest.mark.anyio
+
+
+def new_principal(name, *options):
+    """A token and its tokens-file line, made by the binary's own `token` command."""
+    out = subprocess.run([os.path.abspath(BIN), "token", name, *options], capture_output=True, text=True, check=True)
+    fields = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert fields["token"] not in fields["line"], "the file must hold only the token's hash"
+    return fields["token"], fields["line"]
+
+
+@pytest.fixture
+def team(tmp_path):
+    """A tokens file with alice (one session at most, one execution at once), bob, and root (admin)."""
+    alice, alice_line = new_principal("alice", "--sessions", "1", "--executions", "1")
+    bob, bob_line = new_principal("bob")
+    root, root_line = new_principal("root", "--admin")
+    path = tmp_path / "tokens"
+    path.write_text(f"# the team\n{alice_line}\n{bob_line}\n{root_line}\n")
+    return {"alice": alice, "bob": bob, "root": root, "file": path}
+
+
+def served(team, **env):
+    return http_server(SANDBOX_HTTP_TOKENS_FILE=team["file"], **env)
+
+
+async def session_ids(client):
+    listed = await client.call_tool("sandbox_list", {})
+    return sorted(s["container_id"] for s in listed.structured_content["sessions"])
+
+
+async def test_each_principal_sees_only_its_own_and_a_quota_stops_only_its_owner(team):
+    with served(team) as server:
+        async with mcp_client(server.url, token=team["alice"]) as alice, mcp_client(server.url, token=team["bob"]) as bob:
+            a = (await alice.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            await alice.call_tool("run_python", {"container_id": a, "code": "secret = 'alice'"})
+            # Alice is at her quota of one session: refused, saying which quota and how it frees.
+            over = await alice.call_tool("sandbox_initialize", {})
+            assert over.is_error, text_of(over)
+            assert "Over quota" in text_of(over) and "live sandbox sessions" in text_of(over), text_of(over)
+            assert "sandbox_stop" in text_of(over)
+            # Bob is not: his sessions are his, and he cannot reach hers.
+            b = (await bob.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            assert await bob.call_tool("sandbox_list", {}) and await session_ids(bob) == [b]
+            assert await session_ids(alice) == [a]
+            stolen = await bob.call_tool("run_python", {"container_id": a, "code": "print(secret)"})
+            assert stolen.is_error and "alice" not in text_of(stolen), text_of(stolen)
+            assert {a, b} <= set(sandboxes())
+        # The admin sees every principal's sessions.
+        async with mcp_client(server.url, token=team["root"]) as root:
+            assert await session_ids(root) == sorted([a, b])
+        # Alice's session outlives her MCP session: a new one reaches it, state and all.
+        async with mcp_client(server.url, token=team["alice"]) as alice:
+            assert await session_ids(alice) == [a]
+            again = await alice.call_tool("run_python", {"container_id": a, "code": "print(secret)"})
+            assert again.structured_content["stdout"] == "alice\n", text_of(again)
+            await alice.call_tool("sandbox_stop", {"container_id": a})
+            assert not (await alice.call_tool("sandbox_initialize", {})).is_error
+
+
+async def test_saved_files_go_to_a_directory_per_principal(team, tmp_path):
+    files = tmp_path / "files"
+    with served(team, SANDBOX_FILES_DIR=files) as server:
+        for name in ("alice", "bob"):
+            async with mcp_client(server.url, token=team[name]) as client:
+                result = await client.call_tool("run_python_ephemeral", {"code": f"open('out.txt', 'w').write('{name}')"})
+                [saved] = [f["saved_to"] for f in result.structured_content["files"] if f["path"] == "out.txt"]
+                assert saved.startswith(str(files / f"principal-{name}") + "/"), saved
+                with open(saved) as f:
+                    assert f.read() == name
+
+
+async def test_snapshots_belong_to_their_principal_and_outlive_the_server(team, tmp_path):
+    snapshots = tmp_path / "snapshots"
+    with served(team, SANDBOX_SNAPSHOT_DIR=snapshots) as server:
+        async with mcp_client(server.url, token=team["alice"]) as alice, mcp_client(server.url, token=team["bob"]) as bob:
+            cid = (await alice.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            await alice.call_tool("run_python", {"container_id": cid, "code": "kept = 7"})
+            made = await alice.call_tool("sandbox_snapshot", {"container_id": cid, "name": "mine"})
+            assert not made.is_error, text_of(made)
+            snap = made.structured_content["snapshot_id"]
+            assert (await bob.call_tool("sandbox_snapshots", {})).structured_content["snapshots"] == []
+            taken = await bob.call_tool("sandbox_initialize", {"snapshot_id": snap})
+            assert taken.is_error, text_of(taken)
+    # A new server: alice's snapshot is still hers, restored with its state.
+    with served(team, SANDBOX_SNAPSHOT_DIR=snapshots) as server:
+        async with mcp_client(server.url, token=team["alice"]) as alice:
+            listed = (await alice.call_tool("sandbox_snapshots", {})).structured_content["snapshots"]
+            assert [s["snapshot_id"] for s in listed] == [snap]
+            restored = await alice.call_tool("sandbox_initialize", {"snapshot_id": snap})
+            cid = restored.structured_content["container_id"]
+            seen = await alice.call_tool("run_python", {"container_id": cid, "code": "print(kept)"})
+            assert seen.structured_content["stdout"] == "7\n", text_of(seen)
+
+
+async def test_a_2026_07_28_client_keeps_a_session_across_calls(team):
+    with served(team) as server:
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {team['bob']}"}) as http:
+            async with Client(streamable_http_client(server.url, http_client=http), mode="2026-07-28", read_timeout_seconds=180) as client:
+                assert client.protocol_version == "2026-07-28"
+                cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+                await client.call_tool("run_python", {"container_id": cid, "code": "x = 41"})
+                result = await client.call_tool("run_python", {"container_id": cid, "code": "print(x + 1)"})
+                assert result.structured_content["stdout"] == "42\n", text_of(result)
+        # The session belongs to bob, not to a request: a 2025-11-25 client of his sees it.
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            assert await session_ids(bob) == [cid]
+
+
+async def test_an_mcp_session_serves_only_the_principal_that_opened_it(team):
+    with served(team) as server:
+        opened = post(server.url, token=team["alice"])
+        assert opened.status_code == 200, opened.text
+        sid = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        other = post(server.url, listing, token=team["bob"], **{"mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"})
+        assert other.status_code == 404, other.text
+        nobody = post(server.url, listing, token="x" * 64, **{"mcp-session-id": sid})
+        assert nobody.status_code == 401
+        assert nobody.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_an_execution_quota_is_per_principal_and_frees_when_the_call_returns(team):
+    with served(team) as server:
+        async with mcp_client(server.url, token=team["alice"]) as alice, mcp_client(server.url, token=team["bob"]) as bob:
+            results = []
+            first_result = anyio.Event()
+
+            async def long_call():
+                results.append(await alice.call_tool("run_python_ephemeral", {"code": "import time\ntime.sleep(60)"}))
+                first_result.set()
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tasks:
+                    # Two at once with a quota of one: one runs, the other is refused at once.
+                    tasks.start_soon(long_call)
+                    tasks.start_soon(long_call)
+                    await first_result.wait()
+                    [refused] = results
+                    assert refused.is_error and "executions running" in text_of(refused), text_of(refused)
+                    # Bob runs code meanwhile.
+                    theirs = await bob.call_tool("run_python_ephemeral", {"code": "print('bob')"})
+                    assert theirs.structured_content["stdout"] == "bob\n", text_of(theirs)
+                    # Cancelling the long call (the client sends notifications/cancelled) frees it.
+                    tasks.cancel_scope.cancel()
+                while True:
+                    after = await alice.call_tool("run_python_ephemeral", {"code": "print(2)"})
+                    if not after.is_error:
+                        break
+                    assert "executions running" in text_of(after), text_of(after)
+                    await anyio.sleep(0.1)
+            assert after.structured_content["stdout"] == "2\n", text_of(after)
+
+
+async def test_cpu_seconds_per_day_are_charged_and_refused_past_the_quota(team):
+    with served(team, SANDBOX_QUOTA_CPU_SECONDS="1", SANDBOX_CPU_LIMIT="1") as server:
+        async with mcp_client(server.url, token=team["bob"]) as bob, mcp_client(server.url, token=team["root"]) as root:
+            burn = await bob.call_tool("run_python_ephemeral", {"code": "import time\ntime.sleep(1.2)"})
+            assert not burn.is_error, text_of(burn)
+            over = await bob.call_tool("run_python_ephemeral", {"code": "print(1)"})
+            assert over.is_error, text_of(over)
+            assert "CPU-seconds" in text_of(over) and "00:00 UTC" in text_of(over), text_of(over)
+            fine = await root.call_tool("run_python_ephemeral", {"code": "print(1)"})
+            assert fine.structured_content["stdout"] == "1\n", text_of(fine)
+
+
+async def test_the_tokens_file_is_reloaded_on_sighup_and_a_broken_one_keeps_the_principals(team):
+    carol, carol_line = new_principal("carol")
+    with served(team) as server:
+        assert post(server.url, token=carol).status_code == 401
+        team["file"].write_text(team["file"].read_text() + carol_line + "\n")
+        server.proc.send_signal(signal.SIGHUP)
+        with anyio.fail_after(30):
+            while not any("SIGHUP: reloaded" in line for line in server.log):
+                await anyio.sleep(0.05)
+        async with mcp_client(server.url, token=carol) as client:
+            result = await client.call_tool("run_python_ephemeral", {"code": "print('carol')"})
+            assert result.structured_content["stdout"] == "carol\n"
+            # A file that no longer parses is not applied: everyone keeps working, the log says why.
+            team["file"].write_text("carol not-a-hash\n")
+            server.proc.send_signal(signal.SIGHUP)
+            with anyio.fail_after(30):
+                while not any("not reloaded" in line for line in server.log):
+                    await anyio.sleep(0.05)
+            still = await client.call_tool("run_python_ephemeral", {"code": "print('still')"})
+            assert still.structured_content["stdout"] == "still\n"
+        assert post(server.url, token=team["alice"]).status_code == 200
+
+
+def test_a_bad_tokens_file_stops_the_start_with_the_line(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text("alice secret-token-in-clear\n")
+    proc = subprocess.run(
+        [os.path.abspath(BIN), "serve", "--http", "127.0.0.1:0"],
+        env={**os.environ, "SANDBOX_HTTP_TOKENS_FILE": str(path)}, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "line 1" in proc.stderr and "never the token itself" in proc.stderr, proc.stderr
+    both = subprocess.run(
+        [os.path.abspath(BIN), "serve", "--http", "127.0.0.1:0"],
+        env={**os.environ, "SANDBOX_HTTP_TOKENS_FILE": str(path), "SANDBOX_HTTP_TOKEN": "t" * 32},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert both.returncode != 0 and "not both" in both.stderr, both.stderr
