@@ -42,29 +42,18 @@ impl Call {
         metrics.call_ended(&self.tool, outcome, &self.principal, took);
         let session = self.session.as_deref().unwrap_or("-");
         let duration_ms = took.as_millis() as u64;
-        match &self.arguments {
-            Some(arguments) => tracing::info!(
-                target: TARGET,
-                principal = %self.principal,
-                tool = %self.tool,
-                session,
-                outcome = outcome.as_str(),
-                duration_ms,
-                bytes_out,
-                arguments = %arguments,
-                "tool call"
-            ),
-            None => tracing::info!(
-                target: TARGET,
-                principal = %self.principal,
-                tool = %self.tool,
-                session,
-                outcome = outcome.as_str(),
-                duration_ms,
-                bytes_out,
-                "tool call"
-            ),
-        }
+        // `arguments` is recorded only when present (LOG_LEVEL=debug for the audit target).
+        tracing::info!(
+            target: TARGET,
+            principal = %self.principal,
+            tool = %self.tool,
+            session,
+            outcome = outcome.as_str(),
+            duration_ms,
+            bytes_out,
+            arguments = self.arguments.as_deref(),
+            "tool call"
+        );
     }
 }
 
