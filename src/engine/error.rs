@@ -18,6 +18,10 @@ pub enum EngineError {
     Protocol(#[from] ProtocolError),
     #[error("the sandbox has been removed")]
     SandboxGone,
+    /// A sandbox taken from the warm pool was dead before the code reached it: the code never
+    /// ran (the caller takes another sandbox).
+    #[error("the sandbox died while it waited in the pool, before the code started")]
+    DiedBeforeUse,
     #[error("the sandbox was lost: {0}")]
     SandboxLost(String),
     #[error("no session {0}: it was stopped or never created by this server; start one with sandbox_initialize")]

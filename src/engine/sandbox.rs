@@ -259,6 +259,9 @@ pub struct Sandbox {
     /// restart gives it another address).
     attachment: Option<super::egress::Attachment>,
     egress: Option<super::egress::Lease>,
+    /// Not known to be alive (it waited in the pool): the next execution checks it on the way,
+    /// in the same round trip ([`Sandbox::check_on_first_execution`]).
+    unverified: bool,
 }
 
 /// Why an execution was interrupted, if it was.
@@ -316,6 +319,8 @@ fn unresponsive(
 
 /// How an execution's wait for its reply ended.
 enum Waited {
+    /// The runner did not answer the liveness check sent ahead of the code: it never read it.
+    DiedBeforeUse(RunnerFailure),
     Replied(Result<Reply, RunnerFailure>),
     Interrupted(Result<Reply, RunnerFailure>),
     Unresponsive,
@@ -348,6 +353,7 @@ impl Sandbox {
             python_version: String::new(),
             attachment,
             egress: None,
+            unverified: false,
         };
         match sandbox.start_runner().await {
             Ok(()) => {
@@ -500,6 +506,13 @@ impl Sandbox {
         self.start_runner().await
     }
 
+    /// The sandbox waited (in the pool) and may have died meanwhile: the next execution checks
+    /// it in the same round trip as the code, and fails with [`EngineError::DiedBeforeUse`] (the
+    /// code not run) when it was dead.
+    pub fn check_on_first_execution(&mut self) {
+        self.unverified = true;
+    }
+
     /// Executes a task with a wall-clock limit; interrupts, then kills, when it expires or when
     /// `cancel` fires.
     ///
@@ -527,6 +540,10 @@ impl Sandbox {
         live: Option<&LiveOutputSink>,
     ) -> Result<Execution, EngineError> {
         let (mut runner, restarted) = self.take_runner("an execution was abandoned").await?;
+        let probe = std::mem::take(&mut self.unverified).then(|| {
+            self.next_request += 1;
+            self.next_request
+        });
         self.next_request += 1;
         let id = self.next_request;
         runner
@@ -543,6 +560,7 @@ impl Sandbox {
             .await_result(
                 &mut runner,
                 &request_for(task, id, max_output, live.is_some()),
+                probe,
                 timeout,
                 cancel,
             )
@@ -566,6 +584,17 @@ impl Sandbox {
             Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
                 self.runner_died(runner, failure, elapsed).await?
             }
+            Waited::DiedBeforeUse(failure) => {
+                let why = match failure {
+                    RunnerFailure::Exited(_) => "its runner had exited",
+                    RunnerFailure::Ended => "its processes were gone",
+                    RunnerFailure::Protocol(_) => "its runner broke the protocol",
+                    RunnerFailure::Backend(_) => "the engine lost its streams",
+                };
+                tracing::info!(sandbox = %self.id, "a pool sandbox was dead before use ({why})");
+                self.state = State::Down(format!("dead before use: {why}"));
+                return Err(EngineError::DiedBeforeUse);
+            }
             Waited::Unresponsive => {
                 tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing its processes");
                 let workspace_lost = !self.kill_processes(runner).await?;
@@ -583,16 +612,41 @@ impl Sandbox {
 
     /// Sends the request and waits for its result, interrupting the code when the time is up or
     /// the caller cancels, and giving it [`INTERRUPT_GRACE`] to stop.
+    ///
+    /// With `probe` (the id of a liveness check), the check goes first in the same write: the
+    /// runner answers it before it reads the code, so no answer means the code never ran.
     async fn await_result(
         &mut self,
         runner: &mut Runner,
         request: &Request<'_>,
+        probe: Option<u64>,
         timeout: Duration,
         cancel: Option<&CancellationToken>,
     ) -> (Waited, Stop) {
         let started = Instant::now();
-        if let Err(failure) = runner.send(&request.to_frame()).await {
-            return (Waited::Replied(Err(failure)), Stop::None);
+        let mut frames = match probe {
+            Some(id) => Request::Paths {
+                id,
+                add: &[],
+                remove: &[],
+            }
+            .to_frame(),
+            None => Vec::new(),
+        };
+        frames.extend_from_slice(&request.to_frame());
+        if let Err(failure) = runner.send(&frames).await {
+            return match probe {
+                Some(_) => (Waited::DiedBeforeUse(failure), Stop::None),
+                None => (Waited::Replied(Err(failure)), Stop::None),
+            };
+        }
+        if let Some(probe) = probe {
+            match tokio::time::timeout(CONTROL_TIMEOUT, runner.next_reply()).await {
+                Ok(Ok(Reply::Paths { id, .. })) if id == probe => {}
+                Ok(Ok(other)) => return (Waited::Replied(Ok(other)), Stop::None),
+                Ok(Err(failure)) => return (Waited::DiedBeforeUse(failure), Stop::None),
+                Err(_) => return (Waited::DiedBeforeUse(RunnerFailure::Ended), Stop::None),
+            }
         }
         let sent = started.elapsed();
         let never = CancellationToken::new();

@@ -370,7 +370,8 @@ impl Engine {
     }
 
     /// A sandbox for a request, with its dependencies on `sys.path`: from the warm pool when the
-    /// request uses the default image, else started now.
+    /// request uses the default image, else started now. An ephemeral run's pooled sandbox is
+    /// checked by its execution ([`Sandbox::check_on_first_execution`]).
     async fn launch(
         &self,
         kind: &str,
@@ -382,7 +383,8 @@ impl Engine {
         if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
             return Ok((sandbox, Some(report)));
         }
-        let mut sandbox = match self.take_pooled(&spec.image).await {
+        let execute_next = kind == "ephemeral" && requirements.is_empty();
+        let mut sandbox = match self.take_pooled(&spec.image, execute_next).await {
             Some(sandbox) => sandbox,
             None => {
                 options.report(&format!("preparing image {}", spec.image));

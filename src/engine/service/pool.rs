@@ -11,11 +11,19 @@ use crate::engine::EngineError;
 
 impl Engine {
     /// A live pooled sandbox for `image`, if the pool serves it and has one.
-    pub(super) async fn take_pooled(&self, image: &str) -> Option<Sandbox> {
+    ///
+    /// With `execute_next`, the caller's next step is an execution: the check rides on it
+    /// ([`Sandbox::check_on_first_execution`]) instead of costing a round trip of its own, and
+    /// the caller takes another sandbox on [`EngineError::DiedBeforeUse`].
+    pub(super) async fn take_pooled(&self, image: &str, execute_next: bool) -> Option<Sandbox> {
         if image != self.config.image {
             return None;
         }
         while let Some(mut sandbox) = self.pool.take(Instant::now()) {
+            if execute_next {
+                sandbox.check_on_first_execution();
+                return Some(sandbox);
+            }
             // A round trip to the runner: a sandbox that died while waiting is not handed out.
             match sandbox.add_paths(&[], &[]).await {
                 Ok(_) => return Some(sandbox),

@@ -36,10 +36,18 @@ impl Engine {
         let requirements = self.requirements(&options.dependencies)?;
         let _permit = self.permit().await;
         let started = Instant::now();
-        let (mut sandbox, report) = self.launch("ephemeral", options, &requirements).await?;
-        let acquired = started.elapsed();
+        let (mut sandbox, mut report) = self.launch("ephemeral", options, &requirements).await?;
+        let mut acquired = started.elapsed();
         options.report("running");
         let mut result = self.execute_in(&mut sandbox, task, options).await;
+        // A pooled sandbox that died while it waited: the code never ran; take another (the pool
+        // empties, then a sandbox is started for the call).
+        while matches!(result, Err(EngineError::DiedBeforeUse)) {
+            self.retire(sandbox);
+            (sandbox, report) = self.launch("ephemeral", options, &requirements).await?;
+            acquired = started.elapsed();
+            result = self.execute_in(&mut sandbox, task, options).await;
+        }
         let executed = started.elapsed();
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
