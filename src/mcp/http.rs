@@ -46,6 +46,7 @@ use super::oauth::{self, OAuth, OAuthRefusal};
 use super::principals::{self, Principal, TokensFile};
 use super::quotas::Quotas;
 use super::running::Running;
+use super::tasks::Tasks;
 use super::{priming, SandboxServer, ServeError};
 use crate::config::{normalize_origin, parse_host, Config, HostPattern, Secret};
 use crate::engine::sessions::ClientId;
@@ -719,6 +720,10 @@ pub async fn serve_http(
     };
     let gate = Arc::new(gate);
     let quotas = Arc::new(Quotas::new(&config));
+    // A principal's task lives as long as its call can take (an install, then an execution).
+    let tasks = Arc::new(Tasks::new(
+        config.limits.timeout + config.deps.install_timeout + Duration::from_secs(60),
+    ));
     // An MCP session with no request for this long ends (and with it its sandbox sessions): the
     // idle limit of a sandbox session, but never shorter than the longest call (an install, then
     // an execution), during which the MCP session sees no traffic.
@@ -752,9 +757,11 @@ pub async fn serve_http(
     );
     mcp_sessions.spawn_reaper(stop.child_token());
     let (engine, pypi) = (running.engine.clone(), running.pypi.clone());
+    let server_tasks = tasks.clone();
     let service = StreamableHttpService::new(
         move || {
-            let server = SandboxServer::for_client(engine.clone(), pypi.clone(), quotas.clone());
+            let server = SandboxServer::for_client(engine.clone(), pypi.clone(), quotas.clone())
+                .with_tasks(server_tasks.clone());
             if let Some(client) = &server.client {
                 // A principal's sandbox sessions do not hang on the MCP session: it owns
                 // nothing, so an idle one ends early.
@@ -850,6 +857,7 @@ pub async fn serve_http(
             tracing::warn!("connections still open {}s after the signal: closing them", SHUTDOWN_GRACE.as_secs());
         }
     };
+    tasks.shutdown();
     running.stop().await;
     Ok(())
 }

@@ -18,6 +18,7 @@
 //! - `notices`: a call's progress and log notifications (its steps, the code's live output);
 //! - `server`: the [`SandboxServer`] (capabilities, resources, prompts, completions);
 //! - `running`: the engine's background tasks while a server runs;
+//! - `tasks`: a principal's long calls as tasks (the tasks extension of revision 2026-07-28);
 //! - `audit`: where every tool call passes once: its audit line and its metrics;
 //! - `metrics`: the Prometheus metrics; `health`: `/healthz`, `/readyz` and the drain on SIGTERM;
 //! - [`stdio`], [`http`]: the transports; [`ServeError`]: why serving stopped or never started.
@@ -49,6 +50,7 @@ mod running;
 mod schema;
 mod server;
 pub mod stdio;
+mod tasks;
 mod tools;
 
 pub use error::ServeError;

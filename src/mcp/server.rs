@@ -9,16 +9,18 @@ use rmcp::handler::server::router::tool::ToolRouter;
 #[allow(deprecated)] // see `logging`
 use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
-    CompleteRequestParams, CompleteResult, GetPromptRequestParams, GetPromptResponse,
-    Implementation, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    Reference, ServerCapabilities, ServerConfig,
+    CancelTaskParams, CompleteRequestParams, CompleteResult, GetPromptRequestParams,
+    GetPromptResponse, GetTaskParams, GetTaskResult, Implementation, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, Reference, ServerCapabilities, ServerConfig,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
 use super::principals::{self, Principal};
 use super::quotas::{ExecutionPermit, OverQuota, Quotas};
+use super::tasks::Tasks;
 use super::{descriptions, logging, prompts, resources};
 use crate::engine::sessions::{ClientId, Scope};
 use crate::engine::Engine;
@@ -28,7 +30,7 @@ use crate::pypi::PypiSearch;
 pub struct SandboxServer {
     pub(super) engine: Arc<Engine>,
     pub(super) pypi: Arc<PypiSearch>,
-    tool_router: ToolRouter<Self>,
+    pub(super) tool_router: ToolRouter<Self>,
     /// The client this server speaks for, when the engine has several (HTTP); `None`: the only
     /// client (stdio), which reaches every session.
     pub(super) client: Option<Arc<Client>>,
@@ -36,6 +38,8 @@ pub struct SandboxServer {
     pub(super) log: Arc<logging::ClientLog>,
     /// What each principal may use (applies only to a client that is a principal).
     pub(super) quotas: Arc<Quotas>,
+    /// The task stores (HTTP): a principal's long calls run as tasks (see `tasks`).
+    pub(super) tasks: Option<Arc<Tasks>>,
 }
 
 /// One client of a server with several: an MCP session over HTTP, or a principal. A client that
@@ -73,7 +77,26 @@ impl SandboxServer {
             client: None,
             log: Arc::default(),
             quotas: Arc::new(Quotas::new(engine_config)),
+            tasks: None,
         }
+    }
+
+    /// Runs a principal's long calls as tasks in `tasks` (for a client that takes them).
+    pub fn with_tasks(mut self, tasks: Arc<Tasks>) -> Self {
+        self.tasks = Some(tasks);
+        self
+    }
+
+    /// The task stores and the principal whose tasks this server reaches (tasks are on).
+    fn task_store(&self) -> Option<(&Arc<Tasks>, &Principal)> {
+        Some((self.tasks.as_ref()?, self.principal()?))
+    }
+
+    /// The store of this server's tasks, for `tasks/*`.
+    fn task_manager(&self) -> Result<rmcp::task_manager::TaskManager, ErrorData> {
+        self.task_store()
+            .map(|(tasks, principal)| tasks.of(&principal.name))
+            .ok_or_else(|| ErrorData::invalid_request("this client has no tasks", None))
     }
 
     /// The server of one client among several, made for each MCP session and each sessionless
@@ -162,6 +185,14 @@ impl ServerHandler for SandboxServer {
         request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        if let Some((tasks, principal)) = self.task_store() {
+            if super::tasks::runs_as_task(&request, &context) {
+                let principal = principal.name.clone();
+                return Ok(super::tasks::start(
+                    tasks, self, &principal, request, context,
+                ));
+            }
+        }
         let audit = super::audit::begin(&request, self.principal().map(|p| p.name.as_str()));
         let cancel = context.ct.clone();
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
@@ -176,8 +207,12 @@ impl ServerHandler for SandboxServer {
             .enable_completions()
             .enable_prompts()
             .enable_resources()
-            .enable_tools()
-            .build();
+            .enable_tools();
+        // Tasks (revision 2026-07-28): a principal's, over HTTP.
+        let capabilities = match self.task_store() {
+            Some(_) => capabilities.enable_tasks().build(),
+            None => capabilities.build(),
+        };
         ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
@@ -188,6 +223,33 @@ impl ServerHandler for SandboxServer {
                  one-off code; sandbox_initialize + run_python to keep variables across calls \
                  (stop it with sandbox_stop when done).",
             )
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let task = self.task_manager()?.get_task(&request.task_id)?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        // Tasks here never ask for input: there is nothing to deliver.
+        let none: [(String, serde_json::Value); 0] = [];
+        self.task_manager()?.update_task(&request.task_id, none)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.task_manager()?.cancel_task(&request.task_id)
     }
 
     #[allow(deprecated)] // see `logging`
