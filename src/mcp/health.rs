@@ -28,6 +28,9 @@ pub const READY_PATH: &str = "/readyz";
 const ENGINE_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a drain looks whether the calls in progress have finished.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
+/// After the last call, a drain waits until the MCP endpoint has been quiet this long: a client
+/// that just got its result may still list the tools to check it, then end its session.
+const DRAIN_LINGER: Duration = Duration::from_secs(1);
 
 const STARTING: u8 = 0;
 const SERVING: u8 = 1;
@@ -37,6 +40,8 @@ const DRAINING: u8 = 2;
 pub struct Health {
     phase: tokio::sync::watch::Sender<u8>,
     engine: OnceLock<Arc<Engine>>,
+    /// When the MCP endpoint last received a request.
+    last_request: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Health {
@@ -44,6 +49,7 @@ impl Health {
         Arc::new(Health {
             phase: tokio::sync::watch::Sender::new(STARTING),
             engine: OnceLock::new(),
+            last_request: std::sync::Mutex::new(None),
         })
     }
 
@@ -74,6 +80,21 @@ impl Health {
 
     pub fn is_draining(&self) -> bool {
         self.phase() == DRAINING
+    }
+
+    fn note_request(&self) {
+        *self
+            .last_request
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
+    }
+
+    /// Whether the MCP endpoint has had no request for `quiet`.
+    fn quiet_for(&self, quiet: Duration) -> bool {
+        self.last_request
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none_or(|last| last.elapsed() >= quiet)
     }
 
     /// Waits until start-up is over (served or draining).
@@ -134,6 +155,7 @@ async fn readyz(State(health): State<Arc<Health>>) -> Response {
 /// call may list the tools to check the result, then close its session.
 pub async fn admit(State(health): State<Arc<Health>>, request: Request, next: Next) -> Response {
     health.started().await;
+    health.note_request();
     if health.is_draining() && !request.headers().contains_key(SESSION_HEADER) {
         let mut response = plain(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -147,13 +169,14 @@ pub async fn admit(State(health): State<Arc<Health>>, request: Request, next: Ne
     next.run(request).await
 }
 
-/// Drains: marks the server draining, then waits until no tool call is in progress, or `limit`.
-/// Returns how many calls were still running when it stopped waiting.
+/// Drains: marks the server draining, then waits until no tool call is in progress and the MCP
+/// endpoint has been quiet for [`DRAIN_LINGER`], or `limit`. Returns how many calls were still
+/// running when it stopped waiting.
 pub async fn drain(health: &Health, limit: Duration) -> i64 {
     health.drain();
     let in_flight = || super::metrics::global().in_flight();
     let waited = tokio::time::timeout(limit, async {
-        while in_flight() > 0 {
+        while in_flight() > 0 || !health.quiet_for(DRAIN_LINGER) {
             tokio::time::sleep(DRAIN_POLL).await;
         }
     })
