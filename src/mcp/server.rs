@@ -67,7 +67,7 @@ impl Drop for Client {
 impl SandboxServer {
     /// The server of a single client (stdio): every session is its own.
     pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
-        let engine_config = &engine.config().clone();
+        let quotas = Arc::new(Quotas::new(engine.config()));
         let mut tool_router = Self::tools();
         descriptions::describe(&mut tool_router, engine.config());
         SandboxServer {
@@ -76,7 +76,7 @@ impl SandboxServer {
             tool_router,
             client: None,
             log: Arc::default(),
-            quotas: Arc::new(Quotas::new(engine_config)),
+            quotas,
             tasks: None,
         }
     }
