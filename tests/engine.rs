@@ -1050,6 +1050,11 @@ async fn a_used_sandbox_is_frozen_then_removed() {
         while engine.pool_ready() < 1 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+            .saturating_sub(1);
         // The code leaves a process behind and says which container it ran in.
         let result = run(
             &engine,
@@ -1063,29 +1068,35 @@ async fn a_used_sandbox_is_frozen_then_removed() {
             .find(|part| part.len() == 64)
             .unwrap_or_else(|| panic!("no container id in {out:?}"))
             .to_string();
-        // Before it is gone, the used sandbox is seen frozen (the engine's pause).
+        // Before it is gone, the used sandbox was frozen (the engine's pause): the engine's own
+        // record of the container's events says so, however short the pause was.
         let docker = docker().await;
-        let mut seen_paused = false;
-        loop {
-            match docker
-                .inspect_container(
-                    &id,
-                    None::<bollard::query_parameters::InspectContainerOptions>,
-                )
-                .await
-            {
-                Ok(info) => {
-                    if info.state.unwrap_or_default().paused == Some(true) {
-                        seen_paused = true;
-                    }
-                }
-                Err(_) => break, // removed
+        let filters = std::collections::HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            ("container".to_string(), vec![id.clone()]),
+        ]);
+        let mut events = std::pin::pin!(docker.events(Some(
+            bollard::query_parameters::EventsOptions {
+                since: Some(since.to_string()),
+                until: None,
+                filters: Some(filters),
             }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        )));
+        let mut actions = Vec::new();
+        while let Some(event) = futures_util::StreamExt::next(&mut events).await {
+            let action = event.expect("an event").action.unwrap_or_default();
+            let gone = action == "destroy";
+            actions.push(action);
+            if gone {
+                break;
+            }
         }
+        let paused = actions.iter().position(|a| a == "pause");
+        let destroyed = actions.iter().position(|a| a == "destroy");
+        let seen_paused = matches!((paused, destroyed), (Some(p), Some(d)) if p < d);
         assert!(
             seen_paused,
-            "the used sandbox was removed without being frozen first"
+            "the used sandbox was removed without being frozen first: {actions:?}"
         );
     })
     .await;
