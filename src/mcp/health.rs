@@ -169,14 +169,24 @@ pub async fn admit(State(health): State<Arc<Health>>, request: Request, next: Ne
     next.run(request).await
 }
 
-/// Drains: marks the server draining, then waits until no tool call is in progress and the MCP
-/// endpoint has been quiet for [`DRAIN_LINGER`], or `limit`. Returns how many calls were still
+/// Drains: marks the server draining, then waits until no tool call is in progress and, since
+/// the last one ended, the MCP endpoint has been quiet for [`DRAIN_LINGER`], or `limit`. Returns how many calls were still
 /// running when it stopped waiting.
 pub async fn drain(health: &Health, limit: Duration) -> i64 {
     health.drain();
     let in_flight = || super::metrics::global().in_flight();
     let waited = tokio::time::timeout(limit, async {
-        while in_flight() > 0 || !health.quiet_for(DRAIN_LINGER) {
+        // The linger counts from the end of the last call, and again from each later request.
+        let mut calls_ended: Option<std::time::Instant> = None;
+        loop {
+            if in_flight() > 0 {
+                calls_ended = None;
+            } else {
+                let ended = *calls_ended.get_or_insert_with(std::time::Instant::now);
+                if ended.elapsed() >= DRAIN_LINGER && health.quiet_for(DRAIN_LINGER) {
+                    return;
+                }
+            }
             tokio::time::sleep(DRAIN_POLL).await;
         }
     })
@@ -220,7 +230,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_drain_with_no_call_in_progress_ends_at_once() {
+    async fn a_drain_with_no_call_in_progress_ends_after_the_linger() {
         let health = Health::new();
         let left = tokio::time::timeout(
             Duration::from_secs(60),
