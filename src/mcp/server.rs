@@ -68,6 +68,11 @@ impl SandboxServer {
     /// The server of a single client (stdio): every session is its own.
     pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
         let quotas = Arc::new(Quotas::new(engine.config()));
+        Self::with_quotas(engine, pypi, quotas)
+    }
+
+    /// A server whose principals' quotas are `quotas` (shared by every server of an HTTP listener).
+    fn with_quotas(engine: Arc<Engine>, pypi: Arc<PypiSearch>, quotas: Arc<Quotas>) -> Self {
         let mut tool_router = Self::tools();
         descriptions::describe(&mut tool_router, engine.config());
         SandboxServer {
@@ -117,8 +122,7 @@ impl SandboxServer {
         });
         SandboxServer {
             client: Some(client),
-            quotas,
-            ..Self::new(engine, pypi)
+            ..Self::with_quotas(engine, pypi, quotas)
         }
     }
 
