@@ -1,6 +1,7 @@
 //! The command line: thin translations from arguments to engine calls and back.
 
 mod doctor;
+mod progress;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -306,7 +307,17 @@ async fn build_image(config: Config, offline: bool, tag: Option<String>) -> Exit
     } else {
         image::BuildMode::Auto
     };
-    match image::build(&docker, &tag, mode, config.ca_bundle.as_deref()).await {
+    let progress = progress::Progress::start(&format!("building {tag}"));
+    let built = image::build(
+        &docker,
+        &tag,
+        mode,
+        config.ca_bundle.as_deref(),
+        &progress.sink(),
+    )
+    .await;
+    progress.finish(if built.is_ok() { "done" } else { "failed" });
+    match built {
         Ok(()) => {
             println!("built {tag}");
             ExitCode::SUCCESS

@@ -15,6 +15,7 @@
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
 //! - [`stats`]: start-up times and bytes copied out, told to an observer (the server's metrics).
+//! - [`progress`]: the sink long steps report to (a client, a terminal or the log).
 //! - [`outcome`] and [`error`]: what an execution comes to, and what can go wrong; plain types
 //!   at the bottom, so the parts above never depend on each other for them.
 //! - [`service`]: the [`Engine`], at the top: it applies the configuration to every request and
@@ -34,6 +35,7 @@ pub mod owner;
 pub mod platform;
 pub mod pool;
 pub mod prepared;
+pub mod progress;
 pub mod protocol;
 pub mod sandbox;
 pub mod service;

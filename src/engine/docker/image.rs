@@ -17,6 +17,7 @@ use tokio_util::io::ReaderStream;
 
 use crate::config::DEFAULT_IMAGE;
 use crate::engine::backend::BackendError;
+use crate::engine::progress::{self, ProgressSink};
 
 /// The recipe applied on top of either base.
 pub const RECIPE: &str = include_str!("Dockerfile");
@@ -111,7 +112,8 @@ pub async fn ensure(
     }
     if image == DEFAULT_IMAGE {
         tracing::info!(image, "sandbox image missing: building it (one time)");
-        return build(docker, image, BuildMode::Auto, ca_bundle)
+        let progress = progress::logged("image build");
+        return build(docker, image, BuildMode::Auto, ca_bundle, &progress)
             .await
             .map_err(|e| BackendError::ImageMissing {
                 image: image.to_string(),
@@ -119,7 +121,7 @@ pub async fn ensure(
             });
     }
     tracing::info!(image, "sandbox image missing: pulling it");
-    pull(docker, image)
+    pull(docker, image, &progress::logged("image pull"))
         .await
         .map_err(|e| BackendError::ImageMissing {
             image: image.to_string(),
@@ -127,59 +129,63 @@ pub async fn ensure(
         })
 }
 
-async fn pull(docker: &Docker, image: &str) -> Result<(), ImageError> {
+async fn pull(docker: &Docker, image: &str, progress: &ProgressSink) -> Result<(), ImageError> {
+    progress(&format!("pulling {image}"));
     let options = CreateImageOptions {
         from_image: Some(image.to_string()),
         ..Default::default()
     };
-    let mut progress = docker.create_image(Some(options), None, None);
-    while let Some(step) = progress.next().await {
+    let mut stream = docker.create_image(Some(options), None, None);
+    while let Some(step) = stream.next().await {
         let step = step?;
         if let Some(status) = step.status {
             tracing::debug!(image, "{status}");
+            if let Some(layer) = step.id {
+                progress(&format!("pulling {image}: {layer} {status}"));
+            }
         }
     }
     Ok(())
 }
 
-/// Builds the sandbox image and tags it `tag`.
+/// Builds the sandbox image and tags it `tag`, telling `progress` each step.
 pub async fn build(
     docker: &Docker,
     tag: &str,
     mode: BuildMode,
     ca_bundle: Option<&Path>,
+    progress: &ProgressSink,
 ) -> Result<(), ImageError> {
     let base = match mode {
         BuildMode::Auto => {
             if docker.inspect_image(ONLINE_BASE).await.is_ok() {
                 ONLINE_BASE.to_string()
             } else {
-                tracing::info!("pulling {ONLINE_BASE}");
-                match pull(docker, ONLINE_BASE).await {
+                match pull(docker, ONLINE_BASE, progress).await {
                     Ok(()) => ONLINE_BASE.to_string(),
                     Err(e) => {
                         tracing::warn!("cannot pull {ONLINE_BASE} ({e}); building offline instead");
-                        offline_base(docker).await?
+                        offline_base(docker, progress).await?
                     }
                 }
             }
         }
-        BuildMode::Offline => offline_base(docker).await?,
+        BuildMode::Offline => offline_base(docker, progress).await?,
     };
-    build_recipe(docker, &base, tag, ca_bundle).await
+    build_recipe(docker, &base, tag, ca_bundle, progress).await
 }
 
 /// The imported debootstrap rootfs, made when it does not exist yet.
-async fn offline_base(docker: &Docker) -> Result<String, ImageError> {
+async fn offline_base(docker: &Docker, progress: &ProgressSink) -> Result<String, ImageError> {
     if docker.inspect_image(OFFLINE_BASE).await.is_ok() {
-        tracing::info!("using the existing offline base {OFFLINE_BASE}");
+        progress(&format!("using the existing offline base {OFFLINE_BASE}"));
         return Ok(OFFLINE_BASE.to_string());
     }
     let workdir = tempdir()?;
     let rootfs = workdir.join("rootfs");
     let result = async {
-        debootstrap(&rootfs).await?;
-        import_rootfs(docker, &rootfs).await
+        debootstrap(&rootfs, progress).await?;
+        import_rootfs(docker, &rootfs, progress).await
     }
     .await;
     if let Err(e) = std::fs::remove_dir_all(&workdir) {
@@ -199,12 +205,12 @@ fn tempdir() -> Result<std::path::PathBuf, ImageError> {
     Ok(dir)
 }
 
-async fn debootstrap(rootfs: &Path) -> Result<(), ImageError> {
+async fn debootstrap(rootfs: &Path, progress: &ProgressSink) -> Result<(), ImageError> {
     let mirror = crate::config::settings::DEBOOTSTRAP_MIRROR.read_process_env();
-    tracing::info!(
+    progress(&format!(
         "debootstrap bookworm into {} (about a minute)",
         rootfs.display()
-    );
+    ));
     let mut command = tokio::process::Command::new("debootstrap");
     command
         .arg("--variant=minbase")
@@ -230,8 +236,12 @@ async fn debootstrap(rootfs: &Path) -> Result<(), ImageError> {
     Ok(())
 }
 
-async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), ImageError> {
-    tracing::info!("importing the rootfs as {OFFLINE_BASE}");
+async fn import_rootfs(
+    docker: &Docker,
+    rootfs: &Path,
+    progress: &ProgressSink,
+) -> Result<(), ImageError> {
+    progress(&format!("importing the rootfs as {OFFLINE_BASE}"));
     // The system tar handles every file type a rootfs has (device nodes included).
     let mut tar = tokio::process::Command::new("tar")
         .arg("-C")
@@ -253,8 +263,8 @@ async fn import_rootfs(docker: &Docker, rootfs: &Path) -> Result<(), ImageError>
         repo: Some(OFFLINE_BASE.to_string()),
         ..Default::default()
     };
-    let mut progress = docker.create_image(Some(options), Some(bollard::body_stream(body)), None);
-    while let Some(step) = progress.next().await {
+    let mut stream = docker.create_image(Some(options), Some(bollard::body_stream(body)), None);
+    while let Some(step) = stream.next().await {
         let step = step.map_err(|source| ImageError::Step {
             what: "import failed",
             source,
@@ -281,8 +291,9 @@ async fn build_recipe(
     base: &str,
     tag: &str,
     ca_bundle: Option<&Path>,
+    progress: &ProgressSink,
 ) -> Result<(), ImageError> {
-    tracing::info!("building {tag} from {base}");
+    progress(&format!("building {tag} from {base}"));
     // The CA bundle lets the build reach PyPI for uv where TLS is intercepted; empty otherwise.
     let ca = match ca_bundle {
         Some(path) => std::fs::read(path)
@@ -316,14 +327,16 @@ async fn build_recipe(
         labels: Some(HashMap::from([(RECIPE_LABEL.to_string(), recipe_hash())])),
         ..Default::default()
     };
-    let progress = docker.build_image(options, None, Some(bollard::body_full(context.into())));
-    follow_build(progress).await
+    let stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
+    follow_build(stream, progress).await
 }
 
+/// Follows the engine's build output: each `Step N/M : …` line is a step, the rest is logged.
 async fn follow_build(
-    mut progress: impl Stream<Item = Result<BuildInfo, bollard::errors::Error>> + Unpin,
+    mut stream: impl Stream<Item = Result<BuildInfo, bollard::errors::Error>> + Unpin,
+    progress: &ProgressSink,
 ) -> Result<(), ImageError> {
-    while let Some(step) = progress.next().await {
+    while let Some(step) = stream.next().await {
         let step = step.map_err(|source| ImageError::Step {
             what: "build failed",
             source,
@@ -336,8 +349,10 @@ async fn follow_build(
         }
         if let Some(line) = step.stream {
             let line = line.trim();
-            if !line.is_empty() {
-                tracing::info!("build: {line}");
+            if line.starts_with("Step ") {
+                progress(line);
+            } else if !line.is_empty() {
+                tracing::debug!("build: {line}");
             }
         }
     }

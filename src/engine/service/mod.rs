@@ -56,8 +56,7 @@ use crate::config::{glob_matches, Config, NetworkPolicy};
 /// The largest code (or shell command) accepted for one execution.
 pub const MAX_CODE_BYTES: usize = 8 << 20;
 
-/// Receives short progress messages ("starting the sandbox", ...).
-pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
+pub use super::progress::ProgressSink;
 
 /// Per-call options that override the configuration.
 #[derive(Clone, Default)]
