@@ -95,6 +95,19 @@ struct Cli {
     only_runtimes: bool,
 }
 
+/// The step under way, shown as a spinner on a terminal and as plain lines otherwise.
+static PROGRESS: std::sync::OnceLock<python_code_sandbox::engine::ProgressSink> =
+    std::sync::OnceLock::new();
+
+macro_rules! step {
+    ($($arg:tt)*) => {
+        match PROGRESS.get() {
+            Some(progress) => progress(&format!($($arg)*)),
+            None => eprintln!("bench: {}", format!($($arg)*)),
+        }
+    };
+}
+
 fn main() -> ExitCode {
     if std::env::var_os(SERVER_ROLE).is_some() {
         return python_code_sandbox::cli::main();
@@ -166,6 +179,8 @@ fn main() -> ExitCode {
     let json_out = cli.json;
     let (only_egress, egress_runs) = (cli.only_egress, cli.egress_runs.max(1));
     let only_runtimes = cli.only_runtimes;
+    let progress = python_code_sandbox::cli::progress::Progress::start("bench");
+    let _ = PROGRESS.set(progress.sink());
     let measured = runtime.block_on(async move {
         if only_runtimes {
             return runtimes(&options).await;
@@ -182,6 +197,7 @@ fn main() -> ExitCode {
         plot_prompt(config, plot).await?;
         snapshots(snapshot_runs, json_out).await
     });
+    progress.finish(if measured.is_ok() { "done" } else { "failed" });
     match measured {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -332,8 +348,8 @@ where
 
 async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     let image = config.image.clone();
-    eprintln!(
-        "bench: floors ({} docker run --rm lifecycles, attached round trips)",
+    step!(
+        "floors ({} docker run --rm lifecycles, attached round trips)",
         options.floor_runs
     );
     docker_run(&image).await?;
@@ -367,8 +383,8 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     }
     engine.shutdown().await;
 
-    eprintln!(
-        "bench: lifecycle rate, 4 in parallel for {}s",
+    step!(
+        "lifecycle rate, 4 in parallel for {}s",
         options.throughput.as_secs()
     );
     let image_for_rate = image.clone();
@@ -379,10 +395,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     .await;
     let lifecycle_rate = lifecycles as f64 / options.throughput.as_secs_f64();
 
-    eprintln!(
-        "bench: the MCP server over stdio (pool of {})",
-        options.pool_size
-    );
+    step!("the MCP server over stdio (pool of {})", options.pool_size);
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let pool_size = options.pool_size.to_string();
     let spawned = Instant::now();
@@ -408,8 +421,8 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         call(&client, "run_python_ephemeral", hello.clone()).await?;
         calls += 1;
     }
-    eprintln!(
-        "bench: ephemeral hello, {} calls, {} ms apart",
+    step!(
+        "ephemeral hello, {} calls, {} ms apart",
         options.ephemeral_runs,
         options.think.as_millis()
     );
@@ -424,8 +437,8 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
             return Err(format!("unexpected output {:?}", stdout_of(&result)));
         }
     }
-    eprintln!(
-        "bench: ephemeral hello, {} calls back to back",
+    step!(
+        "ephemeral hello, {} calls back to back",
         options.ephemeral_runs
     );
     let mut back_to_back = Vec::new();
@@ -439,10 +452,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     // After the first hundred calls: connection pools and buffers exist; growth past this is a leak.
     let (warm_calls, rss_warm) = (calls, rss_kib(server_pid).unwrap_or(0));
 
-    eprintln!(
-        "bench: session run_python hello, {} calls",
-        options.session_runs
-    );
+    step!("session run_python hello, {} calls", options.session_runs);
     let session = call(&client, "sandbox_initialize", json!({})).await?;
     let container_id = session
         .structured_content
@@ -458,7 +468,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         call(&client, "run_python", session_call.clone()).await?;
         in_session.push(started.elapsed());
     }
-    eprintln!("bench: session run_python, a 1000-row DataFrame as the last value");
+    step!("session run_python, a 1000-row DataFrame as the last value");
     let make_frame = json!({
         "container_id": container_id,
         "dependencies": ["pandas"],
@@ -492,9 +502,10 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     let frame_above_hello = ms(percentile(&frames, 50.0)) - ms(percentile(&in_session, 50.0));
 
     let output = if options.output_lines > 0 {
-        eprintln!(
-            "bench: output throughput, {} lines, against docker run --cpus {}",
-            options.output_lines, config.limits.cpus
+        step!(
+            "output throughput, {} lines, against docker run --cpus {}",
+            options.output_lines,
+            config.limits.cpus
         );
         Some(
             output_throughput(
@@ -510,7 +521,7 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         None
     };
 
-    eprintln!("bench: ephemeral with one cached dependency");
+    step!("ephemeral with one cached dependency");
     let with_dep = json!({"code": "import six\nprint('hello')", "dependencies": ["six"]});
     call(&client, "run_python_ephemeral", with_dep.clone()).await?;
     let mut cached_dep = Vec::new();
@@ -529,8 +540,8 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
         }
     }
 
-    eprintln!(
-        "bench: sustained ephemeral throughput, 4 concurrent calls for {}s",
+    step!(
+        "sustained ephemeral throughput, 4 concurrent calls for {}s",
         options.throughput.as_secs()
     );
     let client = Arc::new(client);
@@ -552,8 +563,8 @@ async fn run(config: Config, options: BenchOptions) -> Result<(), String> {
     let throughput = completed as f64 / options.throughput.as_secs_f64();
 
     if calls < options.rss_runs {
-        eprintln!(
-            "bench: {} more runs for the memory figure",
+        step!(
+            "{} more runs for the memory figure",
             options.rss_runs - calls
         );
         let shared = client.clone();
@@ -805,8 +816,8 @@ async fn prepared_series(
 /// plain hello of the same server, and the memory of prepared sandboxes.
 async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String> {
     let runs = options.runs;
-    eprintln!(
-        "bench: plot prompt, pool prepared for matplotlib+numpy, {runs} calls {} ms apart",
+    step!(
+        "plot prompt, pool prepared for matplotlib+numpy, {runs} calls {} ms apart",
         options.pause.as_millis()
     );
     // The default pool size, so that the same server's hello has its usual pool.
@@ -829,7 +840,7 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     };
     analysis(1, Duration::ZERO).await?;
     let (with_pool, hits) = plot_series(&prepared_server, runs, options.pause).await?;
-    eprintln!("bench: data analysis (pandas, 100k rows, group-by, bar chart), pool prepared");
+    step!("data analysis (pandas, 100k rows, group-by, bar chart), pool prepared");
     let (analysis_samples, analysis_hits) = analysis(runs, options.pause).await?;
     let hello = json!({"code": "print('hello')"});
     let mut hellos = Vec::new();
@@ -841,12 +852,15 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     }
     let _ = prepared_server.cancel().await;
 
-    eprintln!("bench: plot prompt, every pool disabled, {runs} calls back to back");
+    step!("plot prompt, every pool disabled, {runs} calls back to back");
     let cold_server = plot_server(&[("SANDBOX_POOL_SIZE", "0")]).await?;
     let (without_pool, _) = plot_series(&cold_server, runs, Duration::ZERO).await?;
     let _ = cold_server.cancel().await;
 
-    eprintln!("bench: ephemeral hello back to back at default settings, 3 bursts of {BURST} calls, {} s apart", BURST_PAUSE.as_secs());
+    step!(
+        "ephemeral hello back to back at default settings, 3 bursts of {BURST} calls, {} s apart",
+        BURST_PAUSE.as_secs()
+    );
     let default_server = plot_server(&[]).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut bursts = Vec::new();
@@ -864,7 +878,7 @@ async fn plot_prompt(config: Config, options: PlotOptions) -> Result<(), String>
     }
     let _ = default_server.cancel().await;
 
-    eprintln!("bench: memory of the pool (Docker's measure), default size, two sets prepared");
+    step!("memory of the pool (Docker's measure), default size, two sets prepared");
     let engine = Arc::new(Engine::with_docker(Config {
         pool_size: Config::default().pool_size,
         preload: vec![
@@ -1115,7 +1129,7 @@ fn field_str(result: &CallToolResult, name: &str) -> Result<String, String> {
 /// Snapshot and restore of a session holding a 100 MB numpy array and 1,000 small files, and a
 /// fork of a session holding 10 MB: time (p50 of `runs`) and size.
 async fn snapshots(runs: usize, json_out: bool) -> Result<(), String> {
-    eprintln!("bench: snapshots, {runs} runs each");
+    step!("snapshots, {runs} runs each");
     let dir = std::env::temp_dir().join(format!("pcs-bench-snapshots-{}", std::process::id()));
     let dir_text = dir.to_string_lossy().to_string();
     let client = plot_server(&[("SANDBOX_SNAPSHOT_DIR", &dir_text)]).await?;
@@ -1227,7 +1241,7 @@ fn egress_probe(url: &str, runs: usize) -> String {
 /// address): p50 of `runs` with `SANDBOX_NETWORK=bridge` (direct) and with `allowlist` (through
 /// the egress proxy, which asks the server about each connection).
 async fn egress(runs: usize, json_out: bool) -> Result<(), String> {
-    eprintln!("bench: egress proxy, {runs} requests each");
+    step!("egress proxy, {runs} requests each");
     let address = bridge_address()?;
     let dir = std::env::temp_dir().join(format!("pcs-bench-egress-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -1440,12 +1454,14 @@ async fn runtimes(options: &BenchOptions) -> Result<(), String> {
     let mut figures = Vec::new();
     for runtime in ["runc", "runsc"] {
         if !registered.contains_key(runtime) {
-            eprintln!("bench: {runtime} is not registered with the engine; skipped");
+            step!("{runtime} is not registered with the engine; skipped");
             continue;
         }
-        eprintln!(
-            "bench: {runtime}: {} pooled ephemeral, {} session, {} cold ephemeral calls",
-            options.ephemeral_runs, options.session_runs, options.floor_runs
+        step!(
+            "{runtime}: {} pooled ephemeral, {} session, {} cold ephemeral calls",
+            options.ephemeral_runs,
+            options.session_runs,
+            options.floor_runs
         );
         figures.push(runtime_figures(runtime, options).await?);
     }

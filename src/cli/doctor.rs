@@ -95,7 +95,9 @@ pub async fn doctor(config: Config) -> ExitCode {
                     crate::engine::docker::endpoint()
                 );
             } else {
-                println!("     start one with: bash scripts/dev-env.sh");
+                for line in super::setup::how_to_get_an_engine().lines() {
+                    println!("     {line}");
+                }
             }
             return ExitCode::FAILURE;
         }

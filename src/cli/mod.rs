@@ -1,14 +1,16 @@
 //! The command line: thin translations from arguments to engine calls and back.
 
+mod client_config;
 mod doctor;
-mod progress;
+pub mod progress;
+mod setup;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{self, Config};
 use crate::engine::docker::{image, DockerBackend};
@@ -92,6 +94,35 @@ enum Command {
         #[command(subcommand)]
         command: CacheCommand,
     },
+    /// Set up for a first result: check the engine (how to get one if there is none), build the
+    /// image, run the doctor and a hello world, then print or write a client's configuration.
+    Setup {
+        /// The MCP client to configure.
+        #[arg(long, value_enum)]
+        client: Option<client_config::Client>,
+        /// Merge the entry into the client's configuration file (other servers are kept, the old
+        /// file is backed up) instead of printing it.
+        #[arg(long, requires = "client")]
+        write: bool,
+        /// The name the client lists the server under.
+        #[arg(long, default_value = setup::DEFAULT_SERVER_NAME)]
+        name: String,
+        /// Only the client's configuration: skip the engine, image, doctor and hello world.
+        #[arg(long)]
+        config_only: bool,
+        /// How the client starts the server (default: this program's path; uvx when this program
+        /// runs from uv's cache).
+        #[arg(long, value_enum)]
+        via: Option<setup::Via>,
+    },
+    /// Print a shell completion script (e.g. `python-code-sandbox completions bash >
+    /// /etc/bash_completion.d/python-code-sandbox`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `python-code-sandbox man | man -l -`.
+    Man,
 }
 
 #[derive(Subcommand, Debug)]
@@ -112,15 +143,41 @@ enum ImageCommand {
         /// Build without any registry: debootstrap a Debian bookworm rootfs (needs root).
         #[arg(long)]
         offline: bool,
-        /// Tag to build (default: SANDBOX_IMAGE).
+        /// Tag to build (default: SANDBOX_IMAGE; with --flavour, python-code-sandbox:py3.11-NAME).
         #[arg(long)]
         tag: Option<String>,
+        /// Build a flavour: the sandbox image with a pinned set of packages baked in, installed
+        /// through PIP_INDEX_URL / PIP_EXTRA_INDEX_URL with SANDBOX_CA_BUNDLE.
+        #[arg(long, value_name = "NAME")]
+        flavour: Option<FlavourArg>,
     },
+}
+
+/// A flavour's name on the command line: any entry of `image::flavour::FLAVOURS`.
+#[derive(Debug, Clone, Copy)]
+struct FlavourArg(&'static image::flavour::Flavour);
+
+impl clap::ValueEnum for FlavourArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        static VARIANTS: std::sync::LazyLock<Vec<FlavourArg>> =
+            std::sync::LazyLock::new(|| image::flavour::FLAVOURS.iter().map(FlavourArg).collect());
+        &VARIANTS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.0.name).help(self.0.summary))
+    }
 }
 
 pub fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
+    // Generated from the definition above: no configuration, engine or runtime needed.
+    match cli.command {
+        Some(Command::Completions { shell }) => return completions(shell),
+        Some(Command::Man) => return manual(),
+        _ => {}
+    }
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(e) => {
@@ -129,7 +186,8 @@ pub fn main() -> ExitCode {
         }
     };
     let default_level = match cli.command {
-        Some(Command::Run { .. }) => "warn",
+        // Progress and results are printed; the log says only what went wrong.
+        Some(Command::Run { .. } | Command::Setup { .. } | Command::Image { .. }) => "warn",
         _ => "info",
     };
     init_logging(&config, default_level);
@@ -208,9 +266,32 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
         }) => run(config, file, deps, timeout).await,
         Some(Command::Doctor) => doctor::doctor(config).await,
         Some(Command::Image {
-            command: ImageCommand::Build { offline, tag },
-        }) => build_image(config, offline, tag).await,
+            command:
+                ImageCommand::Build {
+                    offline,
+                    tag,
+                    flavour,
+                },
+        }) => build_image(config, offline, tag, flavour).await,
         Some(Command::Cache { command }) => cache(config, command).await,
+        Some(Command::Setup {
+            client,
+            write,
+            name,
+            config_only,
+            via,
+        }) => {
+            let request = setup::SetupRequest {
+                client,
+                write,
+                name,
+                config_only,
+                via,
+            };
+            setup::setup(config, request).await
+        }
+        Some(Command::Completions { shell }) => completions(shell),
+        Some(Command::Man) => manual(),
         Some(Command::Token {
             name,
             admin,
@@ -269,6 +350,29 @@ async fn cache(config: Config, command: CacheCommand) -> ExitCode {
     }
 }
 
+/// Writes the completion script for `shell` to stdout.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut command = Cli::command();
+    let name = command.get_name().to_string();
+    clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
+/// Writes the manual page (roff) to stdout.
+fn manual() -> ExitCode {
+    let page = clap_mangen::Man::new(Cli::command());
+    let mut out = std::io::stdout().lock();
+    match page.render(&mut out).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        // `… man | head`: the reader had enough.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("python-code-sandbox: cannot write the manual page: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// The exit status of a server that has stopped: success once it served, `EXIT_CONFIG` when the
 /// settings or arguments kept it from starting, failure otherwise.
 fn served(outcome: Result<(), ServeError>) -> ExitCode {
@@ -295,27 +399,55 @@ fn infra_error(e: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_INFRA)
 }
 
-async fn build_image(config: Config, offline: bool, tag: Option<String>) -> ExitCode {
+/// Builds the sandbox image, or a flavour of it (also when the tag is a flavour's default tag).
+async fn build_image(
+    config: Config,
+    offline: bool,
+    tag: Option<String>,
+    flavour: Option<FlavourArg>,
+) -> ExitCode {
     let backend = DockerBackend::new();
     let docker = match backend.client().await {
         Ok(docker) => docker,
         Err(e) => return infra_error(&e),
     };
-    let tag = tag.unwrap_or(config.image.clone());
+    let tag = match (tag, flavour) {
+        (Some(tag), _) => tag,
+        (None, Some(FlavourArg(flavour))) => flavour.default_tag(),
+        (None, None) => config.image.clone(),
+    };
+    let flavour = flavour
+        .map(|f| f.0)
+        .or_else(|| image::flavour::for_tag(&tag));
     let mode = if offline {
         image::BuildMode::Offline
     } else {
         image::BuildMode::Auto
     };
-    let progress = progress::Progress::start(&format!("building {tag}"));
-    let built = image::build(
-        &docker,
-        &tag,
-        mode,
-        config.ca_bundle.as_deref(),
-        &progress.sink(),
-    )
-    .await;
+    let progress = progress::Progress::start(&match flavour {
+        Some(flavour) => format!("building {tag} (flavour {})", flavour.name),
+        None => format!("building {tag}"),
+    });
+    let built = match flavour {
+        Some(flavour) => {
+            let index = image::flavour::Index {
+                index_url: config.deps.index_url.as_deref(),
+                extra_index_urls: &config.deps.extra_index_urls,
+                ca_bundle: config.ca_bundle.as_deref(),
+            };
+            image::flavour::build(&docker, flavour, &tag, mode, index, &progress.sink()).await
+        }
+        None => {
+            image::build(
+                &docker,
+                &tag,
+                mode,
+                config.ca_bundle.as_deref(),
+                &progress.sink(),
+            )
+            .await
+        }
+    };
     progress.finish(if built.is_ok() { "done" } else { "failed" });
     match built {
         Ok(()) => {
@@ -367,9 +499,13 @@ async fn run(
     let engine = Engine::with_docker(config);
     // A sweep of the saved files now, and after this run's save (cut short at exit, harmlessly).
     let retention = engine.spawn_file_retention();
+    // Installing dependencies takes long enough to show its steps (the code's own output is
+    // written after, whole).
+    let progress = (!deps.is_empty()).then(|| progress::Progress::start("preparing the sandbox"));
     let options = RunOptions {
         timeout,
         dependencies: deps,
+        progress: progress.as_ref().map(progress::Progress::sink),
         ..Default::default()
     };
     let outcome = tokio::select! {
@@ -379,6 +515,10 @@ async fn run(
             None
         }
     };
+    if let Some(progress) = progress {
+        let ran = matches!(outcome, Some(Ok(_)));
+        progress.finish(if ran { "done" } else { "failed" });
+    }
     // The sandbox is removed in the background once the result is in: wait for it, then remove
     // the egress proxy (when `allowlist` or an install started it).
     engine.settle().await;

@@ -1,0 +1,330 @@
+//! `setup`: from nothing to a first result, then the client wired up. Each step says what it
+//! does; the first that fails stops with what to do about it.
+//!
+//! 1. an engine answers (else: how to get one, exit [`EXIT_INFRA`]);
+//! 2. the sandbox image is there (else it is built, or pulled, with progress shown);
+//! 3. the doctor's checks pass;
+//! 4. a hello world runs in a sandbox;
+//! 5. the client's configuration: printed, or merged into its file with `--write`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::client_config::{self, Client, Home, Launch, Merged};
+use super::{doctor, progress::Progress, EXIT_CONFIG, EXIT_INFRA};
+use crate::config::{Config, DEFAULT_IMAGE};
+use crate::engine::docker::{image, DockerBackend};
+use crate::engine::{Engine, RunOptions, Task};
+
+/// The name the server is listed under in a client's configuration (the seed's).
+pub const DEFAULT_SERVER_NAME: &str = "python-sandbox";
+
+/// What `setup` was asked to do.
+#[derive(Debug, Clone)]
+pub struct SetupRequest {
+    pub client: Option<Client>,
+    pub write: bool,
+    pub name: String,
+    /// Only the client's configuration (the engine, image and checks are skipped).
+    pub config_only: bool,
+    /// How the client starts the server; `None`: as this program was started (see [`launch`]).
+    pub via: Option<Via>,
+}
+
+/// How a client's configuration starts the server.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The absolute path of this program.
+    Path,
+    /// `uvx python-code-sandbox-mcp` (the published wheel; uv fetches it on first use).
+    Uvx,
+}
+
+/// How to get a container engine, for a machine that has none answering.
+pub fn how_to_get_an_engine() -> &'static str {
+    "Get a container engine, then run `python-code-sandbox setup` again:\n\
+     - Linux: Docker Engine (`sudo apt-get install docker.io` or https://docs.docker.com/engine/install/), \
+     started (`sudo systemctl start docker`), your user in the `docker` group; or rootful Podman \
+     (`sudo podman system service --time=0 unix:///run/podman/podman.sock &` and \
+     DOCKER_HOST=unix:///run/podman/podman.sock).\n\
+     - macOS: Docker Desktop, or Colima (`colima start`; DOCKER_HOST=unix://$HOME/.colima/default/docker.sock).\n\
+     - An engine on another machine: DOCKER_HOST=tcp://HOST:2376 with DOCKER_TLS_VERIFY=1 and \
+     DOCKER_CERT_PATH, or DOCKER_HOST=ssh://USER@HOST."
+}
+
+pub async fn setup(config: Config, request: SetupRequest) -> ExitCode {
+    if !request.config_only {
+        if let Err(code) = first_result(&config).await {
+            return code;
+        }
+    }
+    client_configuration(&config, &request)
+}
+
+/// Steps 1 to 4: engine, image, doctor, hello world.
+async fn first_result(config: &Config) -> Result<(), ExitCode> {
+    println!("1. engine at {}", crate::engine::docker::endpoint());
+    let backend = DockerBackend::for_config(config);
+    let docker = match backend.client().await {
+        Ok(docker) => docker,
+        Err(e) => {
+            eprintln!("python-code-sandbox setup: no container engine answers: {e}");
+            eprintln!("{}", how_to_get_an_engine());
+            return Err(ExitCode::from(EXIT_INFRA));
+        }
+    };
+    println!("   ok: it answers");
+
+    println!("2. sandbox image {}", config.image);
+    if docker.inspect_image(&config.image).await.is_ok() {
+        println!("   ok: present");
+    } else if config.image == DEFAULT_IMAGE {
+        let progress = Progress::start(&format!("   building {}", config.image));
+        let built = image::build(
+            &docker,
+            &config.image,
+            image::BuildMode::Auto,
+            config.ca_bundle.as_deref(),
+            &progress.sink(),
+        )
+        .await;
+        progress.finish(if built.is_ok() { "built" } else { "failed" });
+        if let Err(e) = built {
+            eprintln!(
+                "python-code-sandbox setup: cannot build {}: {e}",
+                config.image
+            );
+            return Err(ExitCode::from(EXIT_INFRA));
+        }
+    } else {
+        let progress = Progress::start(&format!("   pulling {}", config.image));
+        let pulled = image::ensure(&docker, &config.image, config.ca_bundle.as_deref()).await;
+        progress.finish(if pulled.is_ok() { "pulled" } else { "failed" });
+        if let Err(e) = pulled {
+            eprintln!("python-code-sandbox setup: {e}");
+            return Err(ExitCode::from(EXIT_INFRA));
+        }
+    }
+
+    println!("3. doctor: what a sandbox enforces, seen from inside one");
+    let checked = doctor::doctor(config.clone()).await;
+    if checked != ExitCode::SUCCESS {
+        eprintln!(
+            "python-code-sandbox setup: the doctor found a problem (the FAIL lines above); fix it \
+             and run setup again"
+        );
+        return Err(checked);
+    }
+
+    println!("4. hello world in a fresh sandbox");
+    let engine = Engine::with_docker(config.clone());
+    let hello = engine
+        .run_ephemeral(
+            Task::Python("print('Hello from the sandbox')"),
+            &RunOptions::default(),
+        )
+        .await;
+    engine.settle().await;
+    match hello {
+        Ok(execution) if execution.exit_code == 0 => {
+            println!("   {}", String::from_utf8_lossy(&execution.stdout).trim());
+            Ok(())
+        }
+        Ok(execution) => {
+            eprintln!(
+                "python-code-sandbox setup: the hello world exited {}: {}",
+                execution.exit_code,
+                String::from_utf8_lossy(&execution.stderr).trim()
+            );
+            Err(ExitCode::from(EXIT_INFRA))
+        }
+        Err(e) => {
+            eprintln!("python-code-sandbox setup: the hello world did not run: {e}");
+            Err(ExitCode::from(EXIT_INFRA))
+        }
+    }
+}
+
+/// Step 5: the entry that starts this server, printed or written into the client's file.
+fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
+    let launch = match launch(config, request.via) {
+        Ok(launch) => launch,
+        Err(e) => {
+            eprintln!("python-code-sandbox setup: {e}");
+            return ExitCode::from(EXIT_INFRA);
+        }
+    };
+    let Some(client) = request.client else {
+        println!(
+            "5. ready. To wire up a client: python-code-sandbox setup --client \
+             claude-desktop|claude-code|vscode|cursor [--write]"
+        );
+        return ExitCode::SUCCESS;
+    };
+    let home = Home::from_env();
+    let file = client.config_file(&home);
+    let snippet = client.snippet(&request.name, &launch);
+    let pretty = serde_json::to_string_pretty(&snippet).unwrap_or_default();
+    let place = file
+        .as_deref()
+        .map(|f| f.display().to_string())
+        .unwrap_or_else(|| "its configuration file".into());
+    if !request.write {
+        println!("5. {}: add this to {place}:", client.title());
+        println!("{pretty}");
+        if client == Client::ClaudeCode {
+            println!(
+                "   (or: claude mcp add --scope user {} -- {})",
+                request.name,
+                command_line(&launch)
+            );
+        }
+        println!(
+            "   or let setup merge it in: add --write (other servers are kept; a backup is made)"
+        );
+        return ExitCode::SUCCESS;
+    }
+    let Some(file) = file else {
+        eprintln!(
+            "python-code-sandbox setup: cannot find {}'s configuration file: HOME is not set",
+            client.title()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    println!("5. {}: {}", client.title(), file.display());
+    match write_entry(client, &file, &request.name, &launch) {
+        Ok((merged, backup)) => {
+            let what = match merged {
+                Merged::Added => "added",
+                Merged::Replaced => "updated (its previous entry replaced; other servers kept)",
+                Merged::Unchanged => "already there, unchanged",
+            };
+            println!("   {}: {what}", request.name);
+            if let Some(backup) = backup {
+                println!("   the previous file is kept as {}", backup.display());
+            }
+            println!("   restart {} to pick it up", client.title());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{pretty}");
+            eprintln!(
+                "python-code-sandbox setup: not written to {}: {e}",
+                file.display()
+            );
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+/// Merges the entry into `file`: backup of the old file first, then an atomic replace.
+fn write_entry(
+    client: Client,
+    file: &Path,
+    name: &str,
+    launch: &Launch,
+) -> Result<(Merged, Option<PathBuf>), String> {
+    let existing = match std::fs::read_to_string(file) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("cannot read it: {e}")),
+    };
+    let (text, merged) = client_config::merge(client, existing.as_deref(), name, launch)
+        .map_err(|e| e.to_string())?;
+    if merged == Merged::Unchanged {
+        return Ok((merged, None));
+    }
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    let backup = match existing {
+        Some(_) => {
+            let stamp = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let backup = client_config::backup_path(file, stamp);
+            std::fs::copy(file, &backup)
+                .map_err(|e| format!("cannot keep a backup as {}: {e}", backup.display()))?;
+            Some(backup)
+        }
+        None => None,
+    };
+    // Written beside it and renamed over it: the client never reads half a file. The old file's
+    // permissions are kept (such files may hold tokens).
+    let temporary = file.with_extension("json.setup-tmp");
+    std::fs::write(&temporary, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", temporary.display()))?;
+    if let Ok(metadata) = std::fs::metadata(file) {
+        let _ = std::fs::set_permissions(&temporary, metadata.permissions());
+    }
+    std::fs::rename(&temporary, file).map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        format!("cannot replace it: {e}")
+    })?;
+    Ok((merged, backup))
+}
+
+/// How the client should start this server: this program's path, or uvx when it runs from uv's
+/// cache (a path that goes away) or when asked.
+fn launch(config: &Config, via: Option<Via>) -> Result<Launch, String> {
+    let this =
+        std::env::current_exe().map_err(|e| format!("cannot tell where this program is: {e}"))?;
+    let this = this.canonicalize().unwrap_or(this);
+    let via = via.unwrap_or(if run_by_uvx(&this) {
+        Via::Uvx
+    } else {
+        Via::Path
+    });
+    let (command, args) = match via {
+        Via::Uvx => (
+            "uvx".to_string(),
+            vec!["python-code-sandbox-mcp".to_string()],
+        ),
+        Via::Path => (this.display().to_string(), vec![]),
+    };
+    // A client starts servers with its own environment: what locates the engine must be passed.
+    let env = ["DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"]
+        .into_iter()
+        .filter_map(|name| {
+            let value = std::env::var(name).ok().filter(|v| !v.is_empty())?;
+            Some((name.to_string(), value))
+        })
+        .chain(
+            (config.image != DEFAULT_IMAGE)
+                .then(|| ("SANDBOX_IMAGE".to_string(), config.image.clone())),
+        )
+        .collect();
+    Ok(Launch { command, args, env })
+}
+
+/// uvx runs tools from an archive in uv's cache (`…/uv/archive-v0/…`), which uv may clean.
+fn run_by_uvx(program: &Path) -> bool {
+    program
+        .components()
+        .any(|c| c.as_os_str().to_string_lossy().starts_with("archive-v"))
+}
+
+fn command_line(launch: &Launch) -> String {
+    std::iter::once(launch.command.as_str())
+        .chain(launch.args.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_in_uvs_cache_is_launched_through_uvx() {
+        assert!(run_by_uvx(Path::new(
+            "/home/a/.cache/uv/archive-v0/Xy12/bin/python-code-sandbox"
+        )));
+        assert!(!run_by_uvx(Path::new(
+            "/home/a/.cargo/bin/python-code-sandbox"
+        )));
+    }
+}
