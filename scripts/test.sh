@@ -86,6 +86,8 @@ cargo fmt --all -- --check
 cargo clippy --locked --all-targets --all-features -- -D warnings
 # Each module depends only downward: no circle between modules (nor between engine parts).
 python3 scripts/module-graph.py
+# Every relative link of README.md and docs/ leads to a file and a heading that exist.
+python3 scripts/check-doc-links.py
 
 stage "tests"
 cargo test --locked -- --test-threads=2

@@ -74,9 +74,8 @@ impl Progress {
             self.what,
             self.started.elapsed().as_secs_f64()
         );
-        match self.bar {
-            Some(bar) => bar.finish_and_clear(),
-            None => {}
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
         }
         eprintln!("{line}");
     }

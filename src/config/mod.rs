@@ -10,7 +10,7 @@
 //!
 //! - `mod.rs`: the [`Config`] type the rest of the program uses, its defaults, and the entry
 //!   points [`Config::from_env`] and [`Config::from_lookup`];
-//! - [`settings`]: the table, [`SETTINGS`]; the README's Configuration table is checked against
+//! - [`settings`]: the table, [`SETTINGS`]; docs/configuration.md's Settings table is checked against
 //!   it row by row (a test fails on a missing, extra or different row);
 //! - `parse`: the value forms settings share (sizes, durations, counts, lists, mounts, globs);
 //! - `address`: hosts, origins and URLs, shared with the HTTP transport and the egress proxy;

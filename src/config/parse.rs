@@ -63,7 +63,7 @@ pub(super) fn parse_count(
         ConfigError::new(
             var,
             value,
-            "a whole number within the accepted range (see the README)",
+            "a whole number within the accepted range (see docs/configuration.md)",
         )
     };
     match value.parse::<usize>() {

@@ -2,7 +2,7 @@
 //! documentation, and how its value is parsed into [`Config`].
 //!
 //! [`SETTINGS`] is the only list of what the program reads from its environment. `from_lookup`
-//! applies it in order, the README's Configuration table is checked against it row by row, and
+//! applies it in order, docs/configuration.md's Settings table is checked against it row by row, and
 //! the few variables read by other parts of the program ([`Read::Elsewhere`]) are listed here too
 //! so that they are documented and checked with the rest. A setting's parser sees only its own
 //! value; rules between settings live in `validate`.
@@ -29,7 +29,7 @@ pub struct Setting {
     pub name: &'static str,
     /// The default, as the documentation shows it.
     pub default: Shown,
-    /// What it does, in one line of Markdown (the README's "meaning" column).
+    /// What it does, in one line of Markdown (docs/configuration.md's "meaning" column).
     pub doc: &'static str,
     pub read: Read,
 }
@@ -64,7 +64,7 @@ impl Setting {
         non_blank(std::env::var(self.name).ok())
     }
 
-    /// The row of the README's Configuration table that documents this setting.
+    /// The row of docs/configuration.md's Settings table that documents this setting.
     pub fn markdown_row(&self) -> String {
         let default = match self.default {
             Shown::Value(value) => format!("`{value}`"),
@@ -592,7 +592,7 @@ pub const SANDBOX_CACHE_DIR: Setting = Setting {
 pub const SANDBOX_FILES_DIR: Setting = Setting {
     name: "SANDBOX_FILES_DIR",
     default: Shown::Prose("`$XDG_STATE_HOME/python-code-sandbox/files`, else `~/.local/state/python-code-sandbox/files`, else (no `HOME`) `$TMPDIR/python-code-sandbox-<uid>/files`"),
-    doc: "where files an execution creates or changes are saved, as `<dir>/<run-… or session-…>/<path>`; created 0700; start-up is refused (exit 2) when it is a link, not a directory, another uid's, writable by group or others, or below a directory another user could replace (see [Files](#files)); set to an empty string to save nothing",
+    doc: "where files an execution creates or changes are saved, as `<dir>/<run-… or session-…>/<path>`; created 0700; start-up is refused (exit 2) when it is a link, not a directory, another uid's, writable by group or others, or below a directory another user could replace (see [Files](tools.md#files)); set to an empty string to save nothing",
     // Set but empty means "do not save files", unlike other variables.
     read: Read::EvenEmpty(|config, var, v| {
         config.files.persist_dir = if v.is_empty() {
@@ -1314,7 +1314,7 @@ pub const DEBOOTSTRAP_MIRROR: Setting = Setting {
     ),
 };
 
-/// Every setting, in the order `from_lookup` reads them and the README lists them.
+/// Every setting, in the order `from_lookup` reads them and docs/configuration.md lists them.
 pub const SETTINGS: &[Setting] = &[
     SANDBOX_IMAGE,
     SANDBOX_MEMORY_LIMIT,
@@ -1400,38 +1400,32 @@ pub const SETTINGS: &[Setting] = &[
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{HashMap, HashSet};
+    use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
     use super::*;
 
-    const README: &str = include_str!("../../README.md");
+    /// The configuration reference: its Settings table documents every setting.
+    const CONFIGURATION_DOC: &str = include_str!("../../docs/configuration.md");
 
-    /// How the README's Configuration table differs from [`SETTINGS`]: a setting without its
-    /// row, a row that differs from the one the table renders, a row naming no setting, rows out
-    /// of order. Empty when they agree.
-    fn readme_differences(readme: &str) -> Vec<String> {
-        let Some(section) = readme
-            .split("\n## Configuration\n")
+    /// How the Settings table of docs/configuration.md differs from [`SETTINGS`]: a setting
+    /// without its row, a row that differs from the one the table renders, a row naming no
+    /// setting, rows out of order. Empty when they agree.
+    fn table_differences(doc: &str) -> Vec<String> {
+        let Some(section) = doc
+            .split("\n## Settings\n")
             .nth(1)
             .and_then(|rest| rest.split("\n## ").next())
         else {
-            return vec!["the README has no Configuration section".to_string()];
+            return vec!["docs/configuration.md has no Settings section".to_string()];
         };
         let mut differences = Vec::new();
         if !section.contains("\n| variable | default | meaning |\n") {
             differences.push(
-                "the Configuration section has no `| variable | default | meaning |` table"
-                    .to_string(),
+                "the Settings section has no `| variable | default | meaning |` table".to_string(),
             );
         }
         let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| `")).collect();
-        let named = |row: &str| {
-            row.strip_prefix("| `")
-                .and_then(|rest| rest.split_once('`'))
-                .map(|(name, _)| name.to_string())
-                .unwrap_or_default()
-        };
-        let by_name: HashMap<String, &str> = rows.iter().map(|row| (named(row), *row)).collect();
+        let by_name: HashMap<String, &str> = rows.iter().map(|row| (row_name(row), *row)).collect();
         for setting in SETTINGS {
             let expected = setting.markdown_row();
             match by_name.get(setting.name) {
@@ -1439,7 +1433,7 @@ mod tests {
                     differences.push(format!("no row for {}; expected\n{expected}", setting.name))
                 }
                 Some(row) if *row != expected => differences.push(format!(
-                    "the row for {} differs\n README: {row}\n table:  {expected}",
+                    "the row for {} differs\n doc:   {row}\n table: {expected}",
                     setting.name
                 )),
                 Some(_) => {}
@@ -1447,11 +1441,11 @@ mod tests {
         }
         let known: HashSet<&str> = SETTINGS.iter().map(|s| s.name).collect();
         for row in &rows {
-            if !known.contains(named(row).as_str()) {
+            if !known.contains(row_name(row).as_str()) {
                 differences.push(format!("a row names no setting: {row}"));
             }
         }
-        let order: Vec<String> = rows.iter().map(|row| named(row)).collect();
+        let order: Vec<String> = rows.iter().map(|row| row_name(row)).collect();
         let expected_order: Vec<String> = SETTINGS.iter().map(|s| s.name.to_string()).collect();
         if differences.is_empty() && order != expected_order {
             differences.push("the rows are not in the order of SETTINGS".to_string());
@@ -1459,46 +1453,61 @@ mod tests {
         differences
     }
 
+    /// The variable a table row documents: its first cell, `| `NAME` | ...`.
+    fn row_name(row: &str) -> String {
+        row.strip_prefix("| `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(name, _)| name.to_string())
+            .unwrap_or_default()
+    }
+
     #[test]
-    fn the_readme_documents_every_setting_as_defined() {
-        let differences = readme_differences(README);
+    fn the_configuration_doc_documents_every_setting_as_defined() {
+        let differences = table_differences(CONFIGURATION_DOC);
         let table: Vec<String> = SETTINGS.iter().map(Setting::markdown_row).collect();
         assert!(
             differences.is_empty(),
-            "README.md's Configuration table disagrees with config::SETTINGS:\n{}\n\nThe table as SETTINGS renders it:\n{}",
+            "docs/configuration.md's Settings table disagrees with config::SETTINGS:\n{}\n\nThe table as SETTINGS renders it:\n{}",
             differences.join("\n"),
             table.join("\n")
         );
     }
 
     #[test]
-    fn the_readme_check_catches_a_missing_extra_or_changed_row() {
+    fn the_table_check_catches_a_missing_extra_or_changed_row() {
+        let doc = CONFIGURATION_DOC;
         let row = SANDBOX_TIMEOUT.markdown_row();
-        assert!(README.contains(&row));
-        let missing = README.replace(&format!("{row}\n"), "");
-        assert!(readme_differences(&missing)
+        assert!(doc.contains(&row));
+        let missing = doc.replace(&format!("{row}\n"), "");
+        assert!(table_differences(&missing)
             .iter()
             .any(|d| d.contains("no row for SANDBOX_TIMEOUT")));
 
-        let extra = README.replace(
+        let extra = doc.replace(
             &format!("{row}\n"),
             &format!("{row}\n| `SANDBOX_TIMEOUT_TYPO` | `1s` | nothing |\n"),
         );
-        assert!(readme_differences(&extra)
+        assert!(table_differences(&extra)
             .iter()
             .any(|d| d.contains("SANDBOX_TIMEOUT_TYPO")));
 
-        let changed = README.replace(&row, &row.replace("`60s`", "`90s`"));
-        assert!(readme_differences(&changed)
+        let changed = doc.replace(&row, &row.replace("`60s`", "`90s`"));
+        assert!(table_differences(&changed)
             .iter()
             .any(|d| d.contains("the row for SANDBOX_TIMEOUT differs")));
 
         let next = SANDBOX_MAX_OUTPUT.markdown_row();
-        let swapped = README.replace(&format!("{row}\n{next}\n"), &format!("{next}\n{row}\n"));
-        assert_ne!(swapped, README);
+        let swapped = doc.replace(&format!("{row}\n{next}\n"), &format!("{next}\n{row}\n"));
+        assert_ne!(swapped, doc);
         assert_eq!(
-            readme_differences(&swapped),
+            table_differences(&swapped),
             vec!["the rows are not in the order of SETTINGS"]
+        );
+
+        let elsewhere = doc.replace("\n## Settings\n", "\n## Variables\n");
+        assert_eq!(
+            table_differences(&elsewhere),
+            vec!["docs/configuration.md has no Settings section"]
         );
     }
 
@@ -1722,5 +1731,428 @@ mod tests {
         }
         assert!(config(&tls).expect("the three files").remote_engine);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    // Every environment variable the program reads is documented in docs/configuration.md: a
+    // setting by its row of the Settings table, a variable of the user's environment by a mention
+    // in "Other environment variables". The scan reads the crate's source (Rust, and the Python
+    // that runs in sandboxes); its patterns are written in pieces (`concat!`) so that this module
+    // does not find itself.
+
+    /// Variables the scan finds that users never set, with the reason.
+    const NOT_FOR_USERS: &[(&str, &str)] = &[
+        (
+            "CARGO_MANIFEST_DIR",
+            "Cargo's, at compile time: where tests find the crate's files",
+        ),
+        (
+            "CARGO_PKG_NAME",
+            "Cargo's, at compile time: the name the MCP server reports",
+        ),
+        (
+            "CARGO_PKG_VERSION",
+            "Cargo's, at compile time: the version the server reports",
+        ),
+        (
+            "PCS_INSTALLER_ARGUMENTS",
+            "set by the server in its installer sandbox, for the project's script there",
+        ),
+        (
+            "PCS_MAINTENANCE_OPERATION",
+            "set by the server in its cache maintenance sandbox, for the project's script there",
+        ),
+        (
+            "MPLCONFIGDIR",
+            "set by the server in every sandbox, read by the runner there",
+        ),
+    ];
+
+    /// Calls that read the variable their first argument names.
+    const NAMED_READS: &[&str] = &[
+        concat!("env::", "var("),
+        concat!("env::", "var_os("),
+        concat!("dotenvy::", "var("),
+        // `Env`'s lookup in `validate`: `(env.0)("HOME")`.
+        concat!(".0)", "("),
+        // Compile time; also matches `option_env!(`.
+        concat!("env", "!("),
+        // Python, in the sandboxes.
+        concat!("environ.get", "("),
+        concat!("environ.pop", "("),
+        concat!("environ.setdefault", "("),
+        concat!("environ", "["),
+        concat!("getenv", "("),
+    ];
+
+    /// Calls whose library reads variables itself.
+    const LIBRARY_READS: &[(&str, &[&str])] = &[
+        (
+            concat!("Docker::", "connect_with_defaults"),
+            &[
+                "DOCKER_HOST",
+                "DOCKER_TLS_VERIFY",
+                "DOCKER_CERT_PATH",
+                "DOCKER_CONFIG",
+            ],
+        ),
+        (
+            concat!("reqwest::Client::", "builder"),
+            &[
+                "HTTPS_PROXY",
+                "HTTP_PROXY",
+                "ALL_PROXY",
+                "NO_PROXY",
+                "SSL_CERT_FILE",
+                "SSL_CERT_DIR",
+            ],
+        ),
+        (concat!("env::", "temp_dir"), &["TMPDIR"]),
+    ];
+
+    /// The variables a read names when its argument is no literal.
+    enum Names {
+        /// The names of [`SETTINGS`], which the scan takes from their definitions.
+        OfSettings,
+        /// These, each of which the file must write as a literal (`"NAME"`).
+        These(&'static [&'static str]),
+    }
+
+    /// Reads whose variable is not a literal: (file under `src/`, argument, what it names).
+    const NAMED_ELSEWHERE: &[(&str, &str, Names)] = &[
+        // Config::from_env: the lookup `from_lookup` calls with each setting's name.
+        ("config/mod.rs", "name", Names::OfSettings),
+        // Setting::read_process_env.
+        ("config/settings.rs", "self.name", Names::OfSettings),
+        // Env::raw, through the lookup `from_lookup` was given.
+        ("config/settings.rs", "setting.name", Names::OfSettings),
+        // `setup`: where the MCP clients keep their configuration files.
+        (
+            "cli/client_config.rs",
+            "name",
+            Names::These(&["HOME", "XDG_CONFIG_HOME", "APPDATA"]),
+        ),
+        // `setup`: what locates the engine, passed on in the client's configuration.
+        (
+            "cli/setup.rs",
+            "name",
+            Names::These(&["DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"]),
+        ),
+    ];
+
+    /// What a scan found: each variable with the files that read it, and the reads whose
+    /// variable is no literal.
+    #[derive(Default)]
+    struct Reads {
+        names: BTreeMap<String, BTreeSet<String>>,
+        dynamic: BTreeSet<(String, String)>,
+    }
+
+    impl Reads {
+        fn add(&mut self, name: &str, file: &str) {
+            self.names
+                .entry(name.to_string())
+                .or_default()
+                .insert(file.to_string());
+        }
+    }
+
+    /// The string literal at the start of `rest` (after blanks), if it is one.
+    fn literal(rest: &str) -> Option<&str> {
+        let rest = rest.trim_start();
+        let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+        let body = &rest[1..];
+        body.find(quote).map(|end| &body[..end])
+    }
+
+    /// The argument at the start of `rest`, up to the bracket that closes it.
+    fn argument(rest: &str) -> &str {
+        let end = rest.find([')', ']', ',']).unwrap_or(rest.len());
+        rest[..end].trim()
+    }
+
+    fn is_variable_name(name: &str) -> bool {
+        name.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    }
+
+    /// Adds the variables one source file reads to `reads`; `file` is its path under `src/`.
+    fn scan(file: &str, text: &str, reads: &mut Reads) {
+        let comment = if file.ends_with(".py") { "#" } else { "//" };
+        let lines: Vec<&str> = text.lines().collect();
+        for (index, line) in lines.iter().enumerate() {
+            if line.trim_start().starts_with(comment) {
+                continue;
+            }
+            for pattern in NAMED_READS {
+                for (at, _) in line.match_indices(pattern) {
+                    let rest = &line[at + pattern.len()..];
+                    match literal(rest) {
+                        Some(name) if is_variable_name(name) => reads.add(name, file),
+                        _ => {
+                            reads
+                                .dynamic
+                                .insert((file.to_string(), argument(rest).to_string()));
+                        }
+                    }
+                }
+            }
+            for (call, names) in LIBRARY_READS {
+                if line.contains(call) {
+                    for name in *names {
+                        reads.add(name, file);
+                    }
+                }
+            }
+            // A program named without a path is looked up in PATH.
+            for (at, pattern) in line.match_indices(concat!("Command::", "new(")) {
+                if literal(&line[at + pattern.len()..]).is_some_and(|p| !p.contains('/')) {
+                    reads.add("PATH", file);
+                }
+            }
+            // A setting's definition: the `name` of a `Setting { ... }`.
+            if line.contains(concat!("Setting", " {")) {
+                let name = lines[index + 1..]
+                    .iter()
+                    .take(3)
+                    .find_map(|l| l.trim().strip_prefix("name:").and_then(literal));
+                if let Some(name) = name.filter(|n| is_variable_name(n)) {
+                    reads.add(name, file);
+                }
+            }
+        }
+    }
+
+    /// Every variable the crate's source reads (`src/`, Rust and Python).
+    fn scan_sources() -> Reads {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+        let mut reads = Reads::default();
+        let mut folders = vec![root.to_path_buf()];
+        while let Some(folder) = folders.pop() {
+            let entries = std::fs::read_dir(&folder).expect("the source folder is readable");
+            for entry in entries {
+                let path = entry.expect("a source folder entry").path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs" || e == "py") {
+                    let text = std::fs::read_to_string(&path).expect("a source file is UTF-8");
+                    let file = path
+                        .strip_prefix(root)
+                        .expect("under src/")
+                        .to_string_lossy()
+                        .replace('\\', "/");
+                    scan(&file, &text, &mut reads);
+                    for (read_in, _, names) in NAMED_ELSEWHERE {
+                        if let (true, Names::These(names)) = (*read_in == file, names) {
+                            for name in *names {
+                                assert!(
+                                    text.contains(&format!("\"{name}\"")),
+                                    "{file} no longer names {name}: update NAMED_ELSEWHERE"
+                                );
+                                reads.add(name, &file);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        reads
+    }
+
+    /// The variables in `names` that `doc` does not document: neither a row of its Settings
+    /// table nor a mention (`NAME`) in its "Other environment variables" section, and not in
+    /// [`NOT_FOR_USERS`].
+    fn undocumented<'a>(names: impl IntoIterator<Item = &'a String>, doc: &str) -> Vec<String> {
+        let section = |heading: &str| {
+            doc.split(&format!("\n## {heading}\n"))
+                .nth(1)
+                .and_then(|rest| rest.split("\n## ").next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let settings = section("Settings");
+        let rows: BTreeSet<String> = settings
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(row_name)
+            .collect();
+        let others = section("Other environment variables");
+        names
+            .into_iter()
+            .filter(|name| {
+                !rows.contains(name.as_str())
+                    && !others.contains(&format!("`{name}`"))
+                    && !NOT_FOR_USERS.iter().any(|(exempt, _)| exempt == name)
+            })
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn every_variable_the_code_reads_is_documented() {
+        let reads = scan_sources();
+        let found = |name: &str| reads.names.contains_key(name);
+
+        // The scan is not vacuous: it finds every setting by its definition, the variables read
+        // directly in Rust, in Python and through libraries, and each exemption is still read.
+        for setting in SETTINGS {
+            assert!(
+                found(setting.name),
+                "the scan missed the setting {}",
+                setting.name
+            );
+        }
+        for name in [
+            "HOME",
+            "XDG_STATE_HOME",
+            "DOCKER_HOST",
+            "PCS_INSTALLER_ARGUMENTS",
+        ] {
+            assert!(found(name), "the scan missed {name}");
+        }
+        for name in ["DOCKER_CONFIG", "HTTPS_PROXY", "TMPDIR", "PATH"] {
+            assert!(
+                found(name),
+                "the scan missed {name}, read through a library"
+            );
+        }
+        assert!(
+            reads.names.len() >= SETTINGS.len() + 15,
+            "only {} variables found",
+            reads.names.len()
+        );
+        for (name, _) in NOT_FOR_USERS {
+            assert!(
+                found(name),
+                "{name} is exempt but no longer read: remove it from NOT_FOR_USERS"
+            );
+        }
+
+        // A read whose variable is not a literal must be one NAMED_ELSEWHERE says what it reads.
+        let known: BTreeSet<(String, String)> = NAMED_ELSEWHERE
+            .iter()
+            .map(|(file, arg, _)| (file.to_string(), arg.to_string()))
+            .collect();
+        let unknown: Vec<_> = reads.dynamic.difference(&known).collect();
+        assert!(
+            unknown.is_empty(),
+            "environment reads the scan cannot name (file, argument): {unknown:?}; name the \
+             variable with a literal, or say in NAMED_ELSEWHERE which variables the read names"
+        );
+        let gone: Vec<_> = known.difference(&reads.dynamic).collect();
+        assert!(
+            gone.is_empty(),
+            "NAMED_ELSEWHERE lists reads that are gone: {gone:?}"
+        );
+
+        let missing = undocumented(reads.names.keys(), CONFIGURATION_DOC);
+        let wheres: Vec<String> = missing
+            .iter()
+            .map(|name| format!("{name} (read in {:?})", reads.names[name]))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "variables the code reads that docs/configuration.md does not document: {}\n\
+             Add a setting to config::SETTINGS (and its row), mention the variable under \
+             \"Other environment variables\", or, if users never set it, add it to NOT_FOR_USERS \
+             with the reason.",
+            wheres.join(", ")
+        );
+    }
+
+    #[test]
+    fn the_variable_scan_finds_each_way_of_reading() {
+        // `@` keeps the patterns apart in this file; it is removed before the scan.
+        let rust = "
+            let a = std::env::v@ar(\"SAMPLE_VAR\").ok();
+            let b = env::v@ar_os( \"SAMPLE_VAR_OS\");
+            let c = (env.0@)(\"SAMPLE_LOOKUP\");
+            let d = e@nv!(\"SAMPLE_COMPILE\");
+            let e = option_e@nv!(\"SAMPLE_OPTION\");
+            let f = std::env::v@ar(some_name);
+            // std::env::v@ar(\"SAMPLE_IN_A_COMMENT\")
+            let g = tokio::process::Comm@and::new(\"sample-tool\");
+            let h = std::process::Comm@and::new(\"/bin/true\");
+            let i = Dock@er::connect_with_defaults();
+            let j = dotenvy::v@ar(\"SAMPLE_DOTENVY\");
+            let k = std::env::temp_d@ir();
+            pub const SAMPLE: Set@ting {
+                name: \"SAMPLE_SETTING\",
+            };
+        "
+        .replace('@', "");
+        let python = "
+            a = os.envi@ron.get('SAMPLE_PY_GET')
+            b = os.envi@ron.pop(\"SAMPLE_PY_POP\")
+            c = os.envi@ron[\"SAMPLE_PY_INDEX\"]
+            d = os.get@env(\"SAMPLE_PY_GETENV\")
+            e = os.envi@ron.setdefault(\"SAMPLE_PY_SETDEFAULT\", \"1\")
+            # os.get@env(\"SAMPLE_PY_IN_A_COMMENT\")
+            f = dict(os.environ, SAMPLE_PY_SET=\"1\")
+        "
+        .replace('@', "");
+        let mut reads = Reads::default();
+        scan("sample.rs", &rust, &mut reads);
+        scan("sample.py", &python, &mut reads);
+        let names: Vec<&str> = reads.names.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "DOCKER_CERT_PATH",
+                "DOCKER_CONFIG",
+                "DOCKER_HOST",
+                "DOCKER_TLS_VERIFY",
+                "PATH",
+                "SAMPLE_COMPILE",
+                "SAMPLE_DOTENVY",
+                "SAMPLE_LOOKUP",
+                "SAMPLE_OPTION",
+                "SAMPLE_PY_GET",
+                "SAMPLE_PY_GETENV",
+                "SAMPLE_PY_INDEX",
+                "SAMPLE_PY_POP",
+                "SAMPLE_PY_SETDEFAULT",
+                "SAMPLE_SETTING",
+                "SAMPLE_VAR",
+                "SAMPLE_VAR_OS",
+                "TMPDIR",
+            ]
+        );
+        assert_eq!(
+            reads.names["SAMPLE_PY_GET"],
+            BTreeSet::from(["sample.py".to_string()])
+        );
+        assert_eq!(
+            reads.dynamic,
+            BTreeSet::from([("sample.rs".to_string(), "some_name".to_string())])
+        );
+    }
+
+    #[test]
+    fn the_documentation_check_names_what_the_doc_lacks() {
+        let doc = CONFIGURATION_DOC;
+        let names: Vec<String> = ["SANDBOX_TIMEOUT", "DOCKER_CONFIG", "CARGO_PKG_VERSION"]
+            .map(String::from)
+            .to_vec();
+        assert!(undocumented(&names, doc).is_empty());
+
+        // A setting without its row.
+        let row = SANDBOX_TIMEOUT.markdown_row();
+        let without_row = doc.replace(&format!("{row}\n"), "");
+        assert_eq!(undocumented(&names, &without_row), ["SANDBOX_TIMEOUT"]);
+
+        // A variable of the user's environment no longer mentioned.
+        let without_mention = doc.replace("`DOCKER_CONFIG`", "DOCKER_CONFIG");
+        assert_eq!(undocumented(&names, &without_mention), ["DOCKER_CONFIG"]);
+
+        // A mention elsewhere than in its section does not count.
+        let elsewhere = format!("{without_mention}\n\n`DOCKER_CONFIG`\n");
+        assert!(elsewhere.contains("`DOCKER_CONFIG`"));
+        assert_eq!(undocumented(&names, &elsewhere), ["DOCKER_CONFIG"]);
+
+        // A variable the code would read that nothing documents.
+        let new = vec!["SANDBOX_SOMETHING_NEW".to_string()];
+        assert_eq!(undocumented(&new, doc), ["SANDBOX_SOMETHING_NEW"]);
     }
 }

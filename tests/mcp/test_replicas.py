@@ -4,7 +4,7 @@ SDK's streamable HTTP client through the balancer. Each replica owns the sandbox
 labels name its instance and process); stopping one removes only its own; one killed outright
 leaves its sandboxes until a server starts again on this machine and removes what dead servers
 left. Every address is 127.0.0.1; HAProxy (scripts/haproxy.sh installs it) runs as a process of
-the test, with the configuration README.md shows (its ports replaced) written to a temporary
+the test, with the configuration docs/http.md shows (its ports replaced) written to a temporary
 directory."""
 
 import contextlib
@@ -30,14 +30,14 @@ pytestmark = pytest.mark.anyio
 LABEL_PID = "io.python-code-sandbox.pid"
 LABEL_INSTANCE = "io.python-code-sandbox.instance"
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+HTTP_DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "http.md")
 
 
 def haproxy_config(port, port_a, port_b):
-    """The HAProxy configuration README.md shows ("Running several replicas"), on these ports."""
-    with open(README, encoding="utf-8") as f:
+    """The HAProxy configuration docs/http.md shows ("Running several replicas"), on these ports."""
+    with open(HTTP_DOC, encoding="utf-8") as f:
         blocks = re.findall(r"```haproxy\n(.*?)```", f.read(), re.S)
-    assert len(blocks) == 1, "README.md should show one haproxy block"
+    assert len(blocks) == 1, "docs/http.md should show one haproxy block"
     config = blocks[0]
     for example, actual in (("127.0.0.1:8080", port), ("127.0.0.1:8081", port_a), ("127.0.0.1:8082", port_b)):
         assert config.count(example) == 1, example
