@@ -1730,7 +1730,20 @@ mod tests {
             std::fs::write(dir.join(file), "pem").expect("written");
         }
         assert!(config(&tls).expect("the three files").remote_engine);
+        // Without DOCKER_CERT_PATH, DOCKER_CONFIG is where they are (as the client library reads).
+        let via_config = [
+            (DOCKER_HOST.name, "tcp://engine.test:2376"),
+            (DOCKER_TLS_VERIFY.name, "1"),
+            ("DOCKER_CONFIG", dir_text.as_str()),
+            ("HOME", "/nonexistent"),
+        ];
+        assert!(
+            config(&via_config)
+                .expect("found in DOCKER_CONFIG")
+                .remote_engine
+        );
         let _ = std::fs::remove_dir_all(&dir);
+        assert!(config(&via_config).is_err());
     }
 
     // Every environment variable the program reads is documented in docs/configuration.md: a

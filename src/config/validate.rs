@@ -230,10 +230,14 @@ fn check_tls_files(env: &Env) -> Result<(), ConfigError> {
     if !tls {
         return Ok(());
     }
-    // Unset: `~/.docker`, as the Docker CLI and the client library read it.
+    // Unset: `DOCKER_CONFIG`, else `~/.docker`, as the client library reads it (the files checked
+    // must be the ones it will use).
     let dir = match env.get(&DOCKER_CERT_PATH) {
         Some(dir) => std::path::PathBuf::from(dir),
-        None => std::path::Path::new(&(env.0)("HOME").unwrap_or_default()).join(".docker"),
+        None => match (env.0)("DOCKER_CONFIG").filter(|dir| !dir.is_empty()) {
+            Some(dir) => std::path::PathBuf::from(dir),
+            None => std::path::Path::new(&(env.0)("HOME").unwrap_or_default()).join(".docker"),
+        },
     };
     for file in ["ca.pem", "cert.pem", "key.pem"] {
         if !dir.join(file).is_file() {
