@@ -3,7 +3,10 @@
 //! One recipe ([`RECIPE`], a Dockerfile) adds what the engine relies on (uid 1000 with a home,
 //! `/workspace`, a `python` alias) on top of a base. Online the base is `python:3.11-slim`. Offline
 //! (no registry reachable) the base is a Debian bookworm rootfs made with debootstrap and imported;
-//! it is kept under [`OFFLINE_BASE`] so rebuilding the recipe later takes seconds.
+//! it is kept under [`OFFLINE_BASE`] so rebuilding the recipe later takes seconds. Flavours
+//! ([`flavour`]) are derived images with a pinned set of packages baked in.
+
+pub mod flavour;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -62,6 +65,13 @@ pub enum ImageError {
     },
     #[error("tar of the rootfs failed ({0})")]
     Tar(std::process::ExitStatus),
+    /// A flavour's build could not reach a package index; the URL is redacted.
+    #[error("the package index {url} cannot be reached from the image build ({detail}): {hint}")]
+    IndexUnreachable {
+        url: String,
+        detail: String,
+        hint: String,
+    },
 }
 
 impl ImageError {
@@ -92,7 +102,13 @@ pub fn recipe_hash() -> String {
 
 /// What to tell a user whose image is missing.
 pub fn missing_hint(image: &str) -> String {
-    if image == DEFAULT_IMAGE {
+    if let Some(flavour) = flavour::for_tag(image) {
+        format!(
+            "build it with `python-code-sandbox image build --flavour {}` (it needs the package \
+             index: PIP_INDEX_URL, SANDBOX_CA_BUNDLE)",
+            flavour.name
+        )
+    } else if image == DEFAULT_IMAGE {
         "build it with `python-code-sandbox image build` (add `--offline` where no registry is \
          reachable; that needs root and debootstrap)"
             .to_string()
@@ -119,6 +135,13 @@ pub async fn ensure(
                 image: image.to_string(),
                 hint: format!("building it failed ({e}); {}", missing_hint(image)),
             });
+    }
+    if flavour::for_tag(image).is_some() {
+        // Built here only: there is nothing to pull, and a build takes minutes and the index.
+        return Err(BackendError::ImageMissing {
+            image: image.to_string(),
+            hint: missing_hint(image),
+        });
     }
     tracing::info!(image, "sandbox image missing: pulling it");
     pull(docker, image, &progress::logged("image pull"))
@@ -300,24 +323,10 @@ async fn build_recipe(
             .map_err(ImageError::io(format!("cannot read {}", path.display())))?,
         None => Vec::new(),
     };
-    let context = {
-        let mut archive = tar::Builder::new(Vec::new());
-        for (name, content) in [
-            ("Dockerfile", RECIPE.as_bytes()),
-            ("ca-bundle.crt", ca.as_slice()),
-        ] {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(content.len() as u64);
-            header.set_mode(0o644);
-            header.set_cksum();
-            archive
-                .append_data(&mut header, name, content)
-                .map_err(ImageError::io("cannot pack the build context"))?;
-        }
-        archive
-            .into_inner()
-            .map_err(ImageError::io("cannot pack the build context"))?
-    };
+    let context = pack_context(&[
+        ("Dockerfile", RECIPE.as_bytes()),
+        ("ca-bundle.crt", ca.as_slice()),
+    ])?;
     let options = BuildImageOptions {
         t: Some(tag.to_string()),
         dockerfile: "Dockerfile".to_string(),
@@ -328,32 +337,89 @@ async fn build_recipe(
         ..Default::default()
     };
     let stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
-    follow_build(stream, progress).await
+    follow_build(stream, progress)
+        .await
+        .map_err(|failure| failure.error)
 }
 
-/// Follows the engine's build output: each `Step N/M : …` line is a step, the rest is logged.
+/// A build context: a tar of `(path, content)` files, each readable by all.
+fn pack_context(files: &[(&str, &[u8])]) -> Result<Vec<u8>, ImageError> {
+    let mut archive = tar::Builder::new(Vec::new());
+    for (name, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, name, *content)
+            .map_err(ImageError::io("cannot pack the build context"))?;
+    }
+    archive
+        .into_inner()
+        .map_err(ImageError::io("cannot pack the build context"))
+}
+
+/// Lines of a recipe's own output that are steps for people (`==> installing 18 packages`).
+const STEP_MARK: &str = "==> ";
+/// The line a recipe's script writes to say why it failed, in a form read here.
+const ERROR_MARK: &str = "pcs-flavour-error: ";
+/// Lines of output kept to explain a failed build.
+const TAIL_LINES: usize = 12;
+
+/// Why a build failed: the error, and the recipe's own account of it when it gave one.
+struct BuildFailure {
+    error: ImageError,
+    marked: Option<String>,
+}
+
+/// Follows the engine's build output: each `Step N/M : …` line and each line the recipe marks
+/// with [`STEP_MARK`] is a step, the rest is logged; the last lines explain a failure.
 async fn follow_build(
     mut stream: impl Stream<Item = Result<BuildInfo, bollard::errors::Error>> + Unpin,
     progress: &ProgressSink,
-) -> Result<(), ImageError> {
+) -> Result<(), BuildFailure> {
+    let mut pending = String::new();
+    let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut marked = None;
     while let Some(step) = stream.next().await {
-        let step = step.map_err(|source| ImageError::Step {
-            what: "build failed",
-            source,
+        let step = step.map_err(|source| BuildFailure {
+            error: ImageError::Step {
+                what: "build failed",
+                source,
+            },
+            marked: marked.clone(),
         })?;
         if let Some(message) = step.error_detail.and_then(|d| d.message) {
-            return Err(ImageError::Refused {
-                what: "build failed",
-                message,
+            let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
+            return Err(BuildFailure {
+                error: ImageError::Refused {
+                    what: "build failed",
+                    message: format!("{message}; its last lines:\n{}", lines.join("\n")),
+                },
+                marked,
             });
         }
-        if let Some(line) = step.stream {
+        let Some(chunk) = step.stream else { continue };
+        // The engine sends output in chunks that need not end at a line's end.
+        pending.push_str(&chunk);
+        while let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
             let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
             if line.starts_with("Step ") {
                 progress(line);
-            } else if !line.is_empty() {
-                tracing::debug!("build: {line}");
+            } else if let Some(step) = line.strip_prefix(STEP_MARK) {
+                progress(step);
+            } else if let Some(reason) = line.strip_prefix(ERROR_MARK) {
+                marked = Some(reason.to_string());
             }
+            tracing::debug!("build: {line}");
+            if tail.len() == TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line.to_string());
         }
     }
     Ok(())
