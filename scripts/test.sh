@@ -12,6 +12,9 @@
 #      (scripts/conformance.sh: the official server conformance suite over HTTP, without
 #      authentication against tests/conformance/expected-failures.yml and with principals against
 #      tests/conformance/expected-failures-principals.yml, and mcp-conform over stdio and HTTP),
+#   5b. the packages as users install them (scripts/test-packaging.sh): the PyPI wheel (maturin)
+#      installed with pip and run through uvx, driven by the MCP SDK and the Inspector; the crate
+#      through cargo package, publish --dry-run and cargo install, run from `/`,
 #   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks and faults (one
 #      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
 #      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (runc: gVisor has no
@@ -115,6 +118,10 @@ if ! printf '%s' "$smoke" | grep -q '"stdout": "42\\n"'; then
   exit 1
 fi
 echo "inspector: ok" >&2
+
+stage "packages: the PyPI wheel through pip and uvx, the crate through cargo package, publish --dry-run and install (scripts/test-packaging.sh)"
+# Release: the wheel reuses the server image's release build (only links) and is what would ship.
+PCS_WHEEL_PROFILE=release bash scripts/test-packaging.sh
 
 stage "MCP conformance (the official suite, mcp-conform)"
 bash scripts/conformance.sh "$PWD/target/debug/python-code-sandbox"
