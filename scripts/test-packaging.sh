@@ -25,17 +25,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-STAGES=()
-stage_name=""
-stage_start=$SECONDS
-stage() {
-  if [ -n "$stage_name" ]; then
-    STAGES+=("$(printf '%5d s  %s' $((SECONDS - stage_start)) "$stage_name")")
-  fi
-  stage_name=$1
-  stage_start=$SECONDS
-  [ -z "$stage_name" ] || echo "== packaging: $stage_name" >&2
-}
+STAGE_LABEL="packaging: "
+source scripts/stages.sh
 fail() {
   echo "FAIL: $*" >&2
   exit 1
@@ -210,7 +201,5 @@ printf '%s\n' "$out" >&2
 printf '%s' "$out" | grep -q '^Hello from the sandbox!$' || fail "cargo-installed run of hello.py did not print its greeting"
 (cd / && engine_locked "$bin/python-code-sandbox" doctor) >&2 || fail "cargo-installed doctor failed"
 
-stage ""
-echo "== packaging: stage times" >&2
-printf '%s\n' "${STAGES[@]}" >&2
+stage_times "packaging: stage times"
 echo "total: $SECONDS s" >&2

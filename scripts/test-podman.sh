@@ -30,34 +30,22 @@ BIN=$PWD/target/debug/python-code-sandbox
 # of the engine on a development machine; empty in CI, which runs alone).
 DOCKER_LOCK=${PCS_ENGINE_LOCK:+flock $PCS_ENGINE_LOCK}
 
-PARTS=()
-part_name=""
-part_start=$SECONDS
-part() {
-    if [ -n "$part_name" ]; then
-        PARTS+=("$(printf '%5d s  %s' $((SECONDS - part_start)) "$part_name")")
-    fi
-    part_name=$1
-    part_start=$SECONDS
-    [ -z "$part_name" ] || echo "== podman: $part_name" >&2
-}
+STAGE_LABEL="podman: "
+source scripts/stages.sh
 
 # Every part runs even when one fails (each says something of its own); the stage fails at the end.
 FAILED=()
 check() {
-    "$@" || FAILED+=("$part_name")
+    "$@" || FAILED+=("$stage_name")
 }
 
 cleanup() {
     local status=$?
-    part ""
+    stage ""
     if [ "$keep" = 0 ]; then
         bash scripts/podman.sh --stop || true
     fi
-    if [ ${#PARTS[@]} -gt 0 ]; then
-        echo "== podman stage times" >&2
-        printf '%s\n' "${PARTS[@]}" >&2
-    fi
+    stage_times "podman stage times"
     exit "$status"
 }
 trap cleanup EXIT
@@ -65,14 +53,14 @@ trap cleanup EXIT
 [ -x "$BIN" ] || { echo "test-podman.sh: build first (cargo build): no $BIN" >&2; exit 1; }
 [ -x "$PY" ] || { echo "test-podman.sh: no $PY (scripts/test.sh makes it)" >&2; exit 1; }
 
-part "podman and its API services (scripts/podman.sh --rootless)"
+stage "podman and its API services (scripts/podman.sh --rootless)"
 hosts=$(bash scripts/podman.sh --rootless)
 eval "$hosts"
 export DOCKER_HOST PCS_PODMAN_ROOTLESS_HOST
 ROOTLESS_SOCK=${PCS_PODMAN_ROOTLESS_HOST#unix://}
 
 if [ "$load" = 1 ]; then
-    part "the sandbox image on Podman (docker save | podman load)"
+    stage "the sandbox image on Podman (docker save | podman load)"
     # Podman keeps an image loaded from a Docker archive under the same id: load only when it differs.
     docker_id=$($DOCKER_LOCK env -u DOCKER_HOST docker image inspect -f '{{.Id}}' "$IMAGE")
     podman_id=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
@@ -95,7 +83,7 @@ export SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE=${SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE:-py
 export SANDBOX_DEPS_VOLUME=pcs-test-deps-podman
 export PCS_REQUIRE_ENGINE=1
 
-part "engine tests (cargo test --test engine)"
+stage "engine tests (cargo test --test engine)"
 # Podman lists (and applies) only its default runtime, runc: the gVisor tests, which scripts/test.sh
 # asks for with PCS_TEST_RUNTIME=runsc, belong to the Docker stages. The engine's own choice is
 # still checked here: every test that asks `under_gvisor` gets runc's expectations.
@@ -111,18 +99,18 @@ check cargo test --test engine -- \
     --skip a_used_sandbox_is_frozen_then_removed \
     --skip a_live_sandbox_carries_every_hardening_field
 
-part "MCP tests of the original tool set (tests/mcp/test_server.py)"
+stage "MCP tests of the original tool set (tests/mcp/test_server.py)"
 # Left out: the unreachable-engine test proxies the local Docker socket itself.
 PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 check "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_server.py \
     -k "not test_an_unreachable_engine_is_an_actionable_error_and_the_server_recovers"
 
-part "adversarial attack list (tests/adversarial/suite.py --no-faults)"
+stage "adversarial attack list (tests/adversarial/suite.py --no-faults)"
 check "$PY" tests/adversarial/suite.py --bin "$BIN" --no-faults
 
-part "rootless Podman is refused (tests/mcp/test_podman_rootless.py)"
+stage "rootless Podman is refused (tests/mcp/test_podman_rootless.py)"
 PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 check "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_podman_rootless.py
 
-part "nothing left on Podman"
+stage "nothing left on Podman"
 left=$(docker ps -aq --filter label=io.python-code-sandbox.managed=true)
 left_volumes=$(docker volume ls -q --filter label=io.python-code-sandbox.managed=true)
 if [ -n "$left" ] || [ -n "$left_volumes" ]; then

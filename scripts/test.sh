@@ -28,17 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Each stage's wall-clock time, printed as a table at the end (and so in CI's log).
-STAGES=()
-stage_name=""
-stage_start=$SECONDS
-stage() {
-  if [ -n "$stage_name" ]; then
-    STAGES+=("$(printf '%5d s  %s' $((SECONDS - stage_start)) "$stage_name")")
-  fi
-  stage_name=$1
-  stage_start=$SECONDS
-  [ -z "$stage_name" ] || echo "== $stage_name" >&2
-}
+source scripts/stages.sh
 
 stage "engine and host tools (scripts/dev-env.sh)"
 bash scripts/dev-env.sh
@@ -151,7 +141,5 @@ if [ "$left_containers" != 0 ] || [ "$left_volumes" != 0 ]; then
   exit 1
 fi
 echo "no sandbox left behind" >&2
-stage ""
-echo "== stage times" >&2
-printf '%s\n' "${STAGES[@]}" >&2
+stage_times "stage times"
 echo "total: $SECONDS s" >&2
