@@ -428,26 +428,7 @@ async fn build_image(
         Some(flavour) => format!("building {tag} (flavour {})", flavour.name),
         None => format!("building {tag}"),
     });
-    let built = match flavour {
-        Some(flavour) => {
-            let index = image::flavour::Index {
-                index_url: config.deps.index_url.as_deref(),
-                extra_index_urls: &config.deps.extra_index_urls,
-                ca_bundle: config.ca_bundle.as_deref(),
-            };
-            image::flavour::build(&docker, flavour, &tag, mode, index, &progress.sink()).await
-        }
-        None => {
-            image::build(
-                &docker,
-                &tag,
-                mode,
-                config.ca_bundle.as_deref(),
-                &progress.sink(),
-            )
-            .await
-        }
-    };
+    let built = build_tagged(&docker, &config, &tag, flavour, mode, &progress.sink()).await;
     progress.finish(if built.is_ok() { "done" } else { "failed" });
     match built {
         Ok(()) => {
@@ -455,6 +436,28 @@ async fn build_image(
             ExitCode::SUCCESS
         }
         Err(e) => infra_error(&e),
+    }
+}
+
+/// Builds `tag`: the flavour's recipe when it is a flavour, the sandbox image's otherwise.
+async fn build_tagged(
+    docker: &bollard::Docker,
+    config: &Config,
+    tag: &str,
+    flavour: Option<&image::flavour::Flavour>,
+    mode: image::BuildMode,
+    progress: &crate::engine::ProgressSink,
+) -> Result<(), image::ImageError> {
+    match flavour {
+        Some(flavour) => {
+            let index = image::flavour::Index {
+                index_url: config.deps.index_url.as_deref(),
+                extra_index_urls: &config.deps.extra_index_urls,
+                ca_bundle: config.ca_bundle.as_deref(),
+            };
+            image::flavour::build(docker, flavour, tag, mode, index, progress).await
+        }
+        None => image::build(docker, tag, mode, config.ca_bundle.as_deref(), progress).await,
     }
 }
 

@@ -79,30 +79,32 @@ async fn first_result(config: &Config) -> Result<(), ExitCode> {
     println!("2. sandbox image {}", config.image);
     if docker.inspect_image(&config.image).await.is_ok() {
         println!("   ok: present");
-    } else if config.image == DEFAULT_IMAGE {
-        let progress = Progress::start(&format!("   building {}", config.image));
-        let built = image::build(
-            &docker,
-            &config.image,
-            image::BuildMode::Auto,
-            config.ca_bundle.as_deref(),
-            &progress.sink(),
-        )
-        .await;
-        progress.finish(if built.is_ok() { "built" } else { "failed" });
-        if let Err(e) = built {
+    } else {
+        // The default image and the flavours are built here; any other image is someone's to pull.
+        let flavour = image::flavour::for_tag(&config.image);
+        let buildable = config.image == DEFAULT_IMAGE || flavour.is_some();
+        let verb = if buildable { "building" } else { "pulling" };
+        let progress = Progress::start(&format!("   {verb} {}", config.image));
+        let made = if buildable {
+            let mode = image::BuildMode::Auto;
+            super::build_tagged(
+                &docker,
+                config,
+                &config.image,
+                flavour,
+                mode,
+                &progress.sink(),
+            )
+            .await
+        } else {
+            image::pull(&docker, &config.image, &progress.sink()).await
+        };
+        progress.finish(if made.is_ok() { "done" } else { "failed" });
+        if let Err(e) = made {
             eprintln!(
-                "python-code-sandbox setup: cannot build {}: {e}",
+                "python-code-sandbox setup: {verb} {} failed: {e}",
                 config.image
             );
-            return Err(ExitCode::from(EXIT_INFRA));
-        }
-    } else {
-        let progress = Progress::start(&format!("   pulling {}", config.image));
-        let pulled = image::ensure(&docker, &config.image, config.ca_bundle.as_deref()).await;
-        progress.finish(if pulled.is_ok() { "pulled" } else { "failed" });
-        if let Err(e) = pulled {
-            eprintln!("python-code-sandbox setup: {e}");
             return Err(ExitCode::from(EXIT_INFRA));
         }
     }

@@ -152,7 +152,8 @@ pub async fn ensure(
         })
 }
 
-async fn pull(docker: &Docker, image: &str, progress: &ProgressSink) -> Result<(), ImageError> {
+/// Pulls `image` from its registry, telling `progress` each layer's state.
+pub async fn pull(docker: &Docker, image: &str, progress: &ProgressSink) -> Result<(), ImageError> {
     progress(&format!("pulling {image}"));
     let options = CreateImageOptions {
         from_image: Some(image.to_string()),
