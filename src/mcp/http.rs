@@ -758,10 +758,17 @@ pub async fn serve_http(
     mcp_sessions.spawn_reaper(stop.child_token());
     let (engine, pypi) = (running.engine.clone(), running.pypi.clone());
     let server_tasks = tasks.clone();
+    // Built once: each MCP session and each sessionless request gets a copy.
+    let tools = SandboxServer::described_tools(running.engine.config());
     let service = StreamableHttpService::new(
         move || {
-            let server = SandboxServer::for_client(engine.clone(), pypi.clone(), quotas.clone())
-                .with_tasks(server_tasks.clone());
+            let server = SandboxServer::for_client(
+                engine.clone(),
+                pypi.clone(),
+                quotas.clone(),
+                tools.clone(),
+            )
+            .with_tasks(server_tasks.clone());
             if let Some(client) = &server.client {
                 // A principal's sandbox sessions do not hang on the MCP session: it owns
                 // nothing, so an idle one ends early.

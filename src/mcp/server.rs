@@ -68,13 +68,25 @@ impl SandboxServer {
     /// The server of a single client (stdio): every session is its own.
     pub fn new(engine: Arc<Engine>, pypi: Arc<PypiSearch>) -> Self {
         let quotas = Arc::new(Quotas::new(engine.config()));
-        Self::with_quotas(engine, pypi, quotas)
+        let tools = Self::described_tools(engine.config());
+        Self::with_quotas(engine, pypi, quotas, tools)
+    }
+
+    /// Every tool, described for `config`: an HTTP listener builds it once and gives each client's
+    /// server a copy (schemas and descriptions are the same for all of them).
+    pub fn described_tools(config: &crate::config::Config) -> ToolRouter<Self> {
+        let mut tool_router = Self::tools();
+        descriptions::describe(&mut tool_router, config);
+        tool_router
     }
 
     /// A server whose principals' quotas are `quotas` (shared by every server of an HTTP listener).
-    fn with_quotas(engine: Arc<Engine>, pypi: Arc<PypiSearch>, quotas: Arc<Quotas>) -> Self {
-        let mut tool_router = Self::tools();
-        descriptions::describe(&mut tool_router, engine.config());
+    fn with_quotas(
+        engine: Arc<Engine>,
+        pypi: Arc<PypiSearch>,
+        quotas: Arc<Quotas>,
+        tool_router: ToolRouter<Self>,
+    ) -> Self {
         SandboxServer {
             engine,
             pypi,
@@ -109,7 +121,12 @@ impl SandboxServer {
     /// it is a principal: it reaches its own sessions (an admin: every session), whichever MCP
     /// session it comes through. Otherwise the MCP session is the client: it reaches only the
     /// sessions it creates, and they are stopped when it is dropped.
-    pub fn for_client(engine: Arc<Engine>, pypi: Arc<PypiSearch>, quotas: Arc<Quotas>) -> Self {
+    pub fn for_client(
+        engine: Arc<Engine>,
+        pypi: Arc<PypiSearch>,
+        quotas: Arc<Quotas>,
+        tools: ToolRouter<Self>,
+    ) -> Self {
         let principal = principals::current();
         let id = match &principal {
             Some(principal) => ClientId::of_principal(&principal.name),
@@ -122,7 +139,7 @@ impl SandboxServer {
         });
         SandboxServer {
             client: Some(client),
-            ..Self::with_quotas(engine, pypi, quotas)
+            ..Self::with_quotas(engine, pypi, quotas, tools)
         }
     }
 
