@@ -149,56 +149,131 @@ async fn an_invalid_setting_stops_start_up_with_exit_2() {
     );
 }
 
-#[tokio::test]
-async fn doctor_reports_every_check_ok() {
-    if skip_without_engine() {
-        return;
-    }
-    // Under runc every limit is visible from inside the probe sandbox.
-    let (out, pid) = cli(&["doctor"], "", &[("SANDBOX_RUNTIME", "runc")]);
+/// The lines every doctor prints, each of which must be ok.
+const DOCTOR_CHECKS: &[&str] = &[
+    "engine",
+    "runtime",
+    "image",
+    "probe runtime",
+    "user",
+    "capabilities",
+    "no-new-privileges",
+    "pids limit",
+    "memory limit",
+    "no swap",
+    "CPU limit",
+    "open files",
+    "network",
+    "read-only root",
+    "workspace",
+];
+
+/// The limits, each verified at least from the engine's record of the probe sandbox.
+const DOCTOR_LIMITS: &[&str] = &[
+    "no-new-privileges",
+    "pids limit",
+    "memory limit",
+    "no swap",
+    "CPU limit",
+];
+
+/// Runs the doctor with `env`; asserts exit 0, every check ok and verified (no `n/a`, no
+/// `FAIL`), and nothing left behind. Returns its output.
+async fn doctor_ok(env: &[(&str, &str)]) -> String {
+    let (out, pid) = cli(&["doctor"], "", env);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
-    for check in [
-        "engine",
-        "runtime",
-        "image",
-        "user",
-        "capabilities",
-        "no-new-privileges",
-        "pids limit",
-        "memory limit",
-        "no swap",
-        "CPU limit",
-        "open files",
-        "network",
-        "read-only root",
-    ] {
+    for check in DOCTOR_CHECKS {
         assert!(
             stdout.contains(&format!("ok   {check}:")),
             "{check} missing in:\n{stdout}"
         );
     }
+    for limit in DOCTOR_LIMITS {
+        let line = doctor_line(&stdout, limit);
+        assert!(line.contains("(engine record"), "{line}");
+    }
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert!(!stdout.contains("n/a"), "{stdout}");
     assert!(stdout.contains("local at unix://"), "{stdout}");
+    assert_no_sandbox_of(pid).await;
+    stdout
+}
+
+fn doctor_line<'s>(stdout: &'s str, what: &str) -> &'s str {
+    stdout
+        .lines()
+        .find(|line| line.starts_with(&format!("ok   {what}:")))
+        .unwrap_or_else(|| panic!("no ok {what} line in:\n{stdout}"))
+}
+
+#[tokio::test]
+async fn doctor_under_runc_verifies_every_limit() {
+    if skip_without_engine() {
+        return;
+    }
+    let stdout = doctor_ok(&[("SANDBOX_RUNTIME", "runc")]).await;
     assert!(
         stdout.contains("runs under runc: SANDBOX_RUNTIME chooses it"),
         "{stdout}"
     );
-    assert!(!stdout.contains("FAIL"));
-    assert_no_sandbox_of(pid).await;
+    assert!(
+        doctor_line(&stdout, "probe runtime").contains("runc (engine record)"),
+        "{stdout}"
+    );
+    // Under runc the sandbox sees its own cgroup, and the host kernel stops an allocating process.
+    if stdout.contains("ok   engine: Docker") {
+        let memory = doctor_line(&stdout, "memory limit");
+        assert!(
+            memory.contains(
+                "host cgroup; the sandbox's cgroup; a process allocating past it was killed"
+            ),
+            "{memory}"
+        );
+        for limit in ["pids limit", "no swap", "CPU limit"] {
+            let line = doctor_line(&stdout, limit);
+            assert!(line.contains("host cgroup; the sandbox's cgroup"), "{line}");
+        }
+    }
+}
 
-    // The default: gVisor when the engine has it (scripts/test.sh registers it), which the
-    // doctor says, with the limits it cannot see from inside marked as such.
+#[tokio::test]
+async fn doctor_under_the_default_runtime_verifies_every_limit() {
+    if skip_without_engine() {
+        return;
+    }
+    // The default: gVisor when the engine has it (scripts/test.sh registers it). gVisor hides
+    // the kernel's limits from the sandbox: the engine's record, the host cgroup and gVisor's
+    // own word verify them instead.
+    let stdout = doctor_ok(&[]).await;
     if std::env::var("PCS_TEST_RUNTIME").ok().as_deref() == Some("runsc") {
-        let (out, pid) = cli(&["doctor"], "", &[]);
-        let stdout = text(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
         assert!(stdout.contains("runs under runsc (gVisor)"), "{stdout}");
         assert!(
-            stdout.contains("n/a  memory limit: set on the sandbox by the engine"),
+            doctor_line(&stdout, "probe runtime").contains("runsc (engine record)"),
             "{stdout}"
         );
-        assert!(!stdout.contains("FAIL"));
-        assert_no_sandbox_of(pid).await;
+        let memory = doctor_line(&stdout, "memory limit");
+        assert!(
+            memory.contains(
+                "(engine record; host cgroup; gVisor's /proc/meminfo; an allocation past it \
+                 ended the sandbox, killed for memory)"
+            ),
+            "{memory}"
+        );
+        let pids = doctor_line(&stdout, "pids limit");
+        assert!(
+            pids.contains("(engine record; host cgroup, on gVisor's host threads)"),
+            "{pids}"
+        );
+        let nnp = doctor_line(&stdout, "no-new-privileges");
+        assert!(
+            nnp.contains("(engine record; gVisor's prctl(PR_GET_NO_NEW_PRIVS))"),
+            "{nnp}"
+        );
+        for limit in ["no swap", "CPU limit"] {
+            let line = doctor_line(&stdout, limit);
+            assert!(line.contains("(engine record; host cgroup)"), "{line}");
+        }
     }
 }
 

@@ -111,6 +111,43 @@ pub struct ExitInfo {
     pub started_at: Option<String>,
 }
 
+/// What the platform itself recorded of a sandbox's limits and hardening when it created it (its
+/// own record, never the sandbox's word): `doctor` compares it with the configuration. A field is
+/// `None` when the record does not have it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LimitsRecord {
+    /// The OCI runtime the sandbox runs under, as recorded (`None`: not recorded).
+    pub runtime: Option<String>,
+    /// The memory limit in bytes (`0` or absent: none).
+    pub memory_bytes: Option<i64>,
+    /// The memory+swap limit in bytes (equal to the memory limit: no swap; `-1`: unlimited swap).
+    pub memory_swap_bytes: Option<i64>,
+    /// The limit on processes and threads (`0` or `-1`: none).
+    pub pids: Option<i64>,
+    /// CPUs in billionths (`0` or absent: none; the CFS fields may say it instead).
+    pub nano_cpus: Option<i64>,
+    /// A CFS quota in microseconds per period (`0` or absent: none).
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<i64>,
+    /// The security options as recorded (e.g. `no-new-privileges`).
+    pub security_options: Vec<String>,
+    /// The process on the engine's machine that holds the sandbox (its init under runc, gVisor's
+    /// sandbox process under runsc), while it runs; `None` when the platform does not say.
+    pub host_pid: Option<u32>,
+}
+
+impl LimitsRecord {
+    /// The record says no process of the sandbox may gain privileges (setuid, file capabilities).
+    pub fn no_new_privileges(&self) -> bool {
+        self.security_options.iter().any(|option| {
+            matches!(
+                option.as_str(),
+                "no-new-privileges" | "no-new-privileges:true" | "no-new-privileges=true"
+            )
+        })
+    }
+}
+
 /// A sandbox found by [`Backend::list`].
 #[derive(Debug, Clone)]
 pub struct SandboxRecord {
@@ -240,6 +277,14 @@ pub trait Backend: Send + Sync + 'static {
     /// platform does not say.
     async fn memory_usage(&self, _id: &SandboxId) -> Result<Option<u64>, BackendError> {
         Ok(None)
+    }
+
+    /// What the platform recorded of an existing sandbox's limits and hardening (see
+    /// [`LimitsRecord`]). A platform that keeps no such record says so with an error.
+    async fn limits_record(&self, id: &SandboxId) -> Result<LimitsRecord, BackendError> {
+        Err(BackendError::Unexpected(format!(
+            "this engine keeps no record of sandbox {id}'s limits"
+        )))
     }
 
     /// Starts the sandbox's main process (again, after [`Backend::kill`]) and attaches to its

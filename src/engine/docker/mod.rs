@@ -27,8 +27,8 @@ use futures_util::StreamExt;
 use tokio::sync::Mutex;
 
 use super::backend::{
-    paths, Backend, BackendError, BackendInfo, EngineKind, ExitInfo, Limit, OutputChunk,
-    RunnerStreams, SandboxId, SandboxRecord, SandboxSpec,
+    paths, Backend, BackendError, BackendInfo, EngineKind, ExitInfo, Limit, LimitsRecord,
+    OutputChunk, RunnerStreams, SandboxId, SandboxRecord, SandboxSpec,
 };
 use crate::config::NetworkPolicy;
 
@@ -835,6 +835,31 @@ impl Backend for DockerBackend {
         Ok(memory
             .usage
             .map(|usage| usage.saturating_sub(inactive.unwrap_or(0))))
+    }
+
+    async fn limits_record(&self, id: &SandboxId) -> Result<LimitsRecord, BackendError> {
+        let docker = self.client().await?;
+        let inspected = inspect(&docker, &id.0)
+            .await
+            .map_err(|e| not_found_or(e, id))?;
+        let host = inspected.host_config.unwrap_or_default();
+        let state = inspected.state.unwrap_or_default();
+        Ok(LimitsRecord {
+            runtime: host.runtime.filter(|runtime| !runtime.is_empty()),
+            memory_bytes: host.memory,
+            memory_swap_bytes: host.memory_swap,
+            pids: host.pids_limit,
+            nano_cpus: host.nano_cpus,
+            cpu_quota: host.cpu_quota,
+            cpu_period: host.cpu_period,
+            security_options: host.security_opt.unwrap_or_default(),
+            // 0 once the container has stopped.
+            host_pid: state
+                .pid
+                .filter(|_| state.running == Some(true))
+                .and_then(|pid| u32::try_from(pid).ok())
+                .filter(|pid| *pid > 0),
+        })
     }
 
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
