@@ -1,9 +1,12 @@
 //! Dependencies against the real engine and PyPI (the only outside traffic tests make): installed
-//! outside the code's sandbox, cached, validated.
+//! outside the code's sandbox, cached, validated. Why an install failed is tested against a fake
+//! index on this host's docker bridge address (never anything off this machine).
 
 mod common;
 
 use common::*;
+use python_code_sandbox::engine::deps::{FailureKind, InstallFailure};
+use python_code_sandbox::engine::outcome::{NoAnswer, Stopped};
 use python_code_sandbox::engine::sessions::Scope;
 use python_code_sandbox::engine::{EngineError, Execution, RunOptions, Task};
 
@@ -110,9 +113,10 @@ async fn an_unknown_package_fails_clearly_and_leaves_nothing_in_the_cache() {
                 &with_deps(&["this-package-does-not-exist-pcs-7f3a"]),
             )
             .await;
-        let Err(EngineError::Dependencies(why)) = failed else {
+        let Err(EngineError::InstallFailed(why)) = failed else {
             panic!("expected an install failure: {failed:?}")
         };
+        let why = why.to_string();
         assert!(
             why.contains("this-package-does-not-exist-pcs-7f3a"),
             "{why}"
@@ -310,9 +314,11 @@ async fn a_package_without_a_wheel_is_refused_unless_source_builds_are_allowed()
         let refused = engine
             .run_ephemeral(Task::Python("print(1)"), &with_deps(&["docopt==0.6.2"]))
             .await;
-        let Err(EngineError::Dependencies(why)) = refused else {
+        let Err(EngineError::InstallFailed(why)) = refused else {
             panic!("expected a refusal: {refused:?}")
         };
+        assert_eq!(why.kind, FailureKind::NoWheel, "{why}");
+        let why = why.to_string();
         assert!(why.contains("docopt"), "{why}");
         assert!(why.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{why}");
         assert!(engine
@@ -579,4 +585,273 @@ print(s.recv(200).split(b"\r\n")[0].decode())
         listener.accept().is_ok(),
         "the allowed private host was reached"
     );
+}
+
+/// A package index on this host's docker bridge address (the only kind of target these tests
+/// reach), answering every request with `answer(path)`: a status and an HTML body.
+struct FakeIndex {
+    host: std::net::Ipv4Addr,
+    port: u16,
+}
+
+impl FakeIndex {
+    fn start(answer: fn(&str) -> (u16, String)) -> FakeIndex {
+        use std::io::{Read, Write};
+        let host = bridge_address();
+        let listener =
+            std::net::TcpListener::bind((host, 0)).expect("listen on the bridge address");
+        let port = listener.local_addr().expect("port").port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
+                        match stream.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                    let (status, body) = answer(&path);
+                    let response = format!(
+                        "HTTP/1.1 {status} Fake\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes());
+                });
+            }
+        });
+        FakeIndex { host, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}:{}/simple/", self.host, self.port)
+    }
+}
+
+/// A simple-index page linking `files`.
+fn listing(files: &[&str]) -> String {
+    let links: String = files
+        .iter()
+        .map(|f| format!("<a href=\"/files/{f}\">{f}</a>\n"))
+        .collect();
+    format!("<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+}
+
+/// An engine whose installer's index is `url` on the bridge address; `private`: that address is
+/// allowed (SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE names it).
+fn engine_on_index(url: &str, private: bool, volume: &str) -> python_code_sandbox::engine::Engine {
+    let host = bridge_address().to_string();
+    engine_with(|c| {
+        c.deps.volume = volume.to_string();
+        c.deps.index_url = Some(url.to_string());
+        c.deps.egress_allow_private = if private { vec![host] } else { Vec::new() };
+    })
+}
+
+/// Installs `dependency` from `url`, which must fail; its failure.
+async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFailure {
+    let volume = fresh_deps_volume();
+    let engine = engine_on_index(url, private, &volume);
+    let failed =
+        no_hang(engine.run_ephemeral(Task::Python("print(1)"), &with_deps(&[dependency]))).await;
+    let Err(EngineError::InstallFailed(failure)) = failed else {
+        panic!("expected an install failure: {failed:?}")
+    };
+    eprintln!(
+        "{dependency} from {url}:\n{}\n",
+        EngineError::InstallFailed(failure.clone())
+    );
+    assert!(
+        !failure
+            .to_string()
+            .contains("SANDBOX_ALLOW_SOURCE_BUILDS=true")
+            || failure.kind == FailureKind::NoWheel,
+        "{failure}"
+    );
+    assert_nothing_left(&engine).await;
+    assert_no_network_left(&engine);
+    remove_volume(&volume).await;
+    failure
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_refused_as_non_public_is_named_with_its_address_and_the_setting() {
+    if skip_without_engine() {
+        return;
+    }
+    let host = bridge_address();
+    let listener = std::net::TcpListener::bind((host, 0)).expect("listen on the bridge address");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("port").port();
+    let url = format!("http://{host}:{port}/simple/");
+    let failure = failed_install(&url, false, "pcs-fake").await;
+    assert_eq!(
+        failure.kind,
+        FailureKind::Refused {
+            host: host.to_string(),
+            port,
+            stopped: Stopped::NonPublic(host.into()),
+        },
+        "{failure}"
+    );
+    let text = failure.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the egress proxy refused {host}:{port} (for the index {url}): {host} is a \
+             non-public address"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE={host}")),
+        "{text}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "nothing was sent to the refused index"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_that_does_not_answer_is_named_with_what_to_check() {
+    if skip_without_engine() {
+        return;
+    }
+    // A port nothing listens on (bound, then closed).
+    let host = bridge_address();
+    let port = std::net::TcpListener::bind((host, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("http://{host}:{port}/simple/");
+    let failure = failed_install(&url, true, "pcs-fake").await;
+    assert_eq!(
+        failure.kind,
+        FailureKind::NoAnswer {
+            host: host.to_string(),
+            port,
+            how: NoAnswer::Refused,
+        },
+        "{failure}"
+    );
+    let text = failure.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the index {url} did not answer: the egress proxy could not connect to \
+             {host}:{port} (the connection was refused)"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("PIP_INDEX_URL") && text.contains("SANDBOX_CA_BUNDLE"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_that_wants_credentials_says_what_to_set() {
+    if skip_without_engine() {
+        return;
+    }
+    let unauthorized = FakeIndex::start(|_| (401, "no".into()));
+    let forbidden = FakeIndex::start(|_| (403, "no".into()));
+    let proxy = FakeIndex::start(|_| (407, "no".into()));
+    for (index, status) in [(unauthorized, 401), (forbidden, 403), (proxy, 407)] {
+        let failure = failed_install(&index.url(), true, "pcs-fake").await;
+        assert_eq!(
+            failure.kind,
+            FailureKind::Credentials { status },
+            "{failure}"
+        );
+        let text = failure.to_string();
+        assert!(text.contains(&format!("(HTTP {status} ")), "{text}");
+        assert!(
+            text.contains("PIP_INDEX_URL=https://USER:TOKEN@HOST/simple"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_the_index_does_not_have_is_named() {
+    if skip_without_engine() {
+        return;
+    }
+    let index = FakeIndex::start(|_| (404, "not found".into()));
+    let failure = failed_install(&index.url(), true, "pcs-missing").await;
+    assert_eq!(
+        failure.kind,
+        FailureKind::UnknownProject {
+            name: Some("pcs-missing".into())
+        },
+        "{failure}"
+    );
+    assert!(
+        failure.to_string().starts_with(&format!(
+            "the index {} has no project named pcs-missing (HTTP 404)",
+            index.url()
+        )),
+        "{failure}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_does_not_exist_names_those_that_do() {
+    if skip_without_engine() {
+        return;
+    }
+    let index = FakeIndex::start(|path| match path {
+        "/simple/pcs-fake/" => (
+            200,
+            listing(&[
+                "pcs_fake-1.0-py3-none-any.whl",
+                "pcs_fake-2.0-py3-none-any.whl",
+            ]),
+        ),
+        _ => (404, "not found".into()),
+    });
+    let failure = failed_install(&index.url(), true, "pcs-fake==9.9").await;
+    assert_eq!(
+        failure.kind,
+        FailureKind::NoSuchVersion {
+            requirement: "pcs-fake==9.9".into(),
+            versions: vec!["1.0".into(), "2.0".into()],
+        },
+        "{failure}"
+    );
+    assert!(
+        failure.to_string().starts_with(&format!(
+            "no version of pcs-fake==9.9 exists on the index {}; it has 1.0, 2.0.",
+            index.url()
+        )),
+        "{failure}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_project_without_a_wheel_gets_the_source_build_text() {
+    if skip_without_engine() {
+        return;
+    }
+    let index = FakeIndex::start(|path| match path {
+        "/simple/pcs-sdist/" => (200, listing(&["pcs-sdist-1.0.tar.gz"])),
+        _ => (404, "not found".into()),
+    });
+    let failure = failed_install(&index.url(), true, "pcs-sdist").await;
+    assert_eq!(failure.kind, FailureKind::NoWheel, "{failure}");
+    let text = failure.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "a requested project has no wheel for this platform on the index {}.",
+            index.url()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{text}");
 }

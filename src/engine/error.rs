@@ -59,6 +59,9 @@ pub enum EngineError {
     Egress(String),
     #[error("installing the dependencies failed:\n{0}")]
     Dependencies(String),
+    /// The installer ran and failed: why, as data (`deps::FailureKind`), with its own words.
+    #[error("installing the dependencies failed:\n{0}")]
+    InstallFailed(#[source] deps::InstallFailure),
     /// The installer or the cache's maintenance answered something that is not the JSON the
     /// project's own script prints.
     #[error("installing the dependencies failed:\nunreadable {what}: {source}")]
@@ -90,6 +93,7 @@ impl EngineError {
                 | EngineError::File { .. }
                 | EngineError::InvalidDependency(_)
                 | EngineError::Dependencies(_)
+                | EngineError::InstallFailed(_)
                 | EngineError::UnreadableAnswer { .. }
         )
     }

@@ -54,6 +54,9 @@ pub(super) const SET_LAYOUT: &str = "auto+prepared-v1";
 /// Carries the installer's arguments: a JSON document, data the script decodes, never source.
 const INSTALL_ARGUMENTS_VAR: &str = "PCS_INSTALLER_ARGUMENTS";
 
+/// pip's verbose log, in the installer's build directory.
+const PIP_LOG: &str = "pcs-pip.log";
+
 /// Runs in a maintenance sandbox (root, no network): the only code that writes the cache volume.
 /// Its operation (see `python/cache_maintenance.py`) arrives as a JSON document in the
 /// environment variable [`MAINTENANCE_OPERATION_VAR`].
@@ -381,11 +384,18 @@ pub(super) fn installer_arguments(
         index,
         cache_dir("pip").as_deref(),
     );
+    // pip keeps a verbose log (why it skipped each link, what each index answered): read after a
+    // failure, and pip asked again in a dry run when uv failed (uv says less of why).
+    let log = format!("{STAGE}/build/{PIP_LOG}");
+    let diagnose = deps::pip_with_options(&pip, &["--dry-run", "--log", &log]);
+    let pip = deps::pip_with_options(&pip, &["--log", &log]);
     let arguments = serde_json::json!({
         "target": target,
         "build": format!("{STAGE}/build"),
         "uv": uv,
         "pip": pip,
+        "diagnose": diagnose,
+        "log": log,
     });
     format!("{INSTALL_ARGUMENTS_VAR}={arguments}")
 }
@@ -424,7 +434,13 @@ mod tests {
         assert!(INSTALL_SCRIPT.contains(INSTALL_ARGUMENTS_VAR));
         assert_eq!(arguments["target"], "/opt/stage/target");
         assert_eq!(arguments["build"], "/opt/stage/build");
-        for installer in ["uv", "pip"] {
+        assert_eq!(arguments["log"], "/opt/stage/build/pcs-pip.log");
+        assert!(arguments["diagnose"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--dry-run"));
+        for installer in ["uv", "pip", "diagnose"] {
             let argv = arguments[installer].as_array().unwrap();
             assert_eq!(argv.last().unwrap(), "six==1.16.0");
             assert!(argv.iter().any(|a| a == "/opt/stage/target"), "{argv:?}");

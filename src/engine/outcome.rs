@@ -149,6 +149,43 @@ pub struct NetworkEntry {
     pub bytes_received: u64,
     /// Why it was refused, is pending, or failed.
     pub reason: Option<String>,
+    /// The same as data, where the proxy or the installers' policy says it as such (the first
+    /// attempt's, for entries that count several).
+    pub stopped: Option<Stopped>,
+}
+
+/// What stopped a connection through the egress proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// The host and port are not among those the sandbox may reach.
+    NotAllowed,
+    /// The name resolved to an address that is not public, which no setting allows.
+    NonPublic(std::net::IpAddr),
+    /// The name does not resolve.
+    Unresolved,
+    /// Allowed, but what it names did not answer the proxy.
+    NoAnswer(NoAnswer),
+}
+
+/// How an allowed host failed to answer the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// The connection was refused (nothing listens on that port).
+    Refused,
+    /// The connection timed out.
+    TimedOut,
+    /// The host or its network is unreachable, or the connection failed another way.
+    Unreachable,
+}
+
+impl NoAnswer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoAnswer::Refused => "the connection was refused",
+            NoAnswer::TimedOut => "the connection timed out",
+            NoAnswer::Unreachable => "it is unreachable",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -75,6 +75,14 @@ pub fn installer_argv(
         argv.push("--extra-index-url".into());
         argv.push(url.clone());
     }
+    if installer == Installer::Pip {
+        // pip ignores a plain-http index unless its host is trusted; the operator chose it (its
+        // traffic goes through the egress proxy like any other).
+        for host in plain_http_hosts(index) {
+            argv.push("--trusted-host".into());
+            argv.push(host);
+        }
+    }
     match (cache_dir, installer) {
         (Some(dir), _) => {
             argv.push("--cache-dir".into());
@@ -86,6 +94,39 @@ pub fn installer_argv(
     argv.push("--".into());
     argv.extend(requirements.iter().map(Requirement::canonical));
     argv
+}
+
+/// The hosts (`host[:port]`, as pip's `--trusted-host` takes them) of the plain-http indexes.
+fn plain_http_hosts(index: &IndexConfig) -> Vec<String> {
+    let mut hosts: Vec<String> = index
+        .index_url
+        .iter()
+        .chain(&index.extra_index_urls)
+        .filter_map(|url| {
+            let (scheme, rest) = url.split_once("://")?;
+            if !scheme.eq_ignore_ascii_case("http") {
+                return None;
+            }
+            let authority = rest.split(['/', '?', '#']).next()?;
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            (!host.is_empty()).then(|| host.to_string())
+        })
+        .collect();
+    hosts.dedup();
+    hosts
+}
+
+/// pip's argv from [`installer_argv`] with `options` placed right after `install` (before `--`,
+/// so they stay options): a verbose log file, a dry run.
+pub fn pip_with_options(argv: &[String], options: &[&str]) -> Vec<String> {
+    let at = argv
+        .iter()
+        .position(|a| a == "install")
+        .map_or(argv.len(), |i| i + 1);
+    let mut out = argv[..at].to_vec();
+    out.extend(options.iter().map(|o| o.to_string()));
+    out.extend_from_slice(&argv[at..]);
+    out
 }
 
 #[cfg(test)]
@@ -230,5 +271,49 @@ mod tests {
         let terminator = argv.iter().position(|a| a == "--").unwrap();
         assert_eq!(&argv[terminator + 1..], strings(&["a", "b"]).as_slice());
         assert!(argv[terminator + 1..].iter().all(|a| !a.starts_with('-')));
+    }
+
+    #[test]
+    fn pip_options_go_before_the_requirements() {
+        let argv = installer_argv(
+            &reqs(&["six"]),
+            "/t",
+            Installer::Pip,
+            &IndexConfig::default(),
+            None,
+        );
+        let logged = pip_with_options(&argv, &["--dry-run", "--log", "/b/pip.log"]);
+        assert_eq!(
+            logged[..7],
+            strings(&[
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--log",
+                "/b/pip.log"
+            ])
+        );
+        assert_eq!(logged[7..], argv[4..]);
+        assert_eq!(logged.last().map(String::as_str), Some("six"));
+    }
+
+    #[test]
+    fn a_plain_http_index_is_trusted_by_pip() {
+        let index = IndexConfig {
+            index_url: Some("http://u:p@172.17.0.1:8000/simple/".into()),
+            extra_index_urls: vec!["https://b/simple".into(), "HTTP://c/simple".into()],
+            ..IndexConfig::default()
+        };
+        let argv = installer_argv(&reqs(&["six"]), "/t", Installer::Pip, &index, None);
+        let trusted: Vec<&str> = argv
+            .windows(2)
+            .filter(|w| w[0] == "--trusted-host")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(trusted, ["172.17.0.1:8000", "c"]);
+        let uv = installer_argv(&reqs(&["six"]), "/t", Installer::Uv, &index, None);
+        assert!(!uv.contains(&"--trusted-host".to_string()), "{uv:?}");
     }
 }

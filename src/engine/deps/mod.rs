@@ -1,4 +1,5 @@
-//! Per-run Python dependencies: validation, cache keys, installer command lines, eviction.
+//! Per-run Python dependencies: validation, cache keys, installer command lines, why an install
+//! failed, eviction.
 //!
 //! Agents ask for packages as a list of strings. The original project joined them into a shell
 //! `pip install ...`, which let an agent inject pip options (`--index-url=...`) or shell commands.
@@ -18,19 +19,23 @@
 mod cache_key;
 mod command;
 mod eviction;
+mod failure;
 mod marker;
 mod requirement;
 mod summary;
 
 pub use cache_key::cache_key;
-pub use command::{installer_argv, IndexConfig, Installer};
+pub use command::{installer_argv, pip_with_options, IndexConfig, Installer};
 pub use eviction::{select_evictions, CacheEntry};
+pub use failure::{
+    classify, split_diagnosis, Evidence, FailureKind, InstallFailure, Setting, DIAGNOSIS_MARK,
+};
 pub use marker::MARKER_VARIABLES;
 pub use requirement::{
     normalize_name, parse_requirement, parse_requirements, DependencyError, Requirement,
     MAX_DEPENDENCIES, MAX_ENTRY_LEN,
 };
-pub use summary::{installer_error_summary, wheels_only_hint};
+pub use summary::installer_error_summary;
 
 #[cfg(test)]
 pub(crate) mod tests {

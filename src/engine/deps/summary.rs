@@ -32,26 +32,6 @@ pub fn installer_error_summary(output: &str) -> String {
     truncate_chars(&kept.join("\n"), SUMMARY_MAX_CHARS)
 }
 
-/// What to add to a failed wheels-only install's summary when the output suggests a requirement
-/// has no wheel (pip says "from versions: none", uv "no usable wheels" / "building from source
-/// is disabled").
-pub fn wheels_only_hint(output: &str) -> Option<&'static str> {
-    const SIGNS: &[&str] = &[
-        "no usable wheels",
-        "building from source is disabled",
-        "--no-build",
-        "from versions: none",
-        "No matching distribution",
-        "only-binary",
-    ];
-    SIGNS.iter().any(|sign| output.contains(sign)).then_some(
-        "Only pre-built wheels are installed: building a package from source runs the \
-         package's own code during the install. A package published only as a source \
-         distribution (or a version without a wheel for this platform) cannot be installed \
-         unless the operator sets SANDBOX_ALLOW_SOURCE_BUILDS=true.",
-    )
-}
-
 fn is_relevant_error_line(line: &str) -> bool {
     const MARKERS: &[&str] = &[
         "No matching distribution",
@@ -123,19 +103,6 @@ Using Python 3.12.1 environment at: /usr/local
              of numpy==99 and you require numpy==99, we can conclude that your requirements are \
              unsatisfiable.\n      hint: numpy was requested with a pre-release marker"
         );
-    }
-
-    #[test]
-    fn a_missing_wheel_gets_the_setting_named() {
-        let uv = "  ╰─▶ Because only pcs-sdist==1.0 is available and pcs-sdist==1.0 has no usable \
-                  wheels, we can conclude that all versions of pcs-sdist cannot be used.";
-        let pip = "ERROR: Could not find a version that satisfies the requirement pcs-sdist \
-                   (from versions: none)";
-        for output in [uv, pip] {
-            let hint = wheels_only_hint(output).expect("a hint");
-            assert!(hint.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{hint}");
-        }
-        assert_eq!(wheels_only_hint("ERROR: network unreachable"), None);
     }
 
     #[test]

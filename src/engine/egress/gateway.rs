@@ -23,7 +23,7 @@ use super::sources::{Decision, Role, SessionNetwork, Sources};
 use crate::config::egress::SANDBOX_SUBNET_PREFIX;
 use crate::config::Config;
 use crate::engine::backend::{Backend, OutputChunk, OutputStream, SandboxId, SandboxSpec};
-use crate::engine::outcome::NetworkEntry;
+use crate::engine::outcome::{NetworkEntry, NoAnswer, Stopped};
 use crate::engine::EngineError;
 
 /// A line from the proxy longer than this is dropped (its lines are a few hundred bytes).
@@ -205,6 +205,9 @@ enum FromProxy {
         sent: u64,
         received: u64,
         error: Option<String>,
+        /// What kept the connection from being made, as a word (see [`failure_of`]).
+        #[serde(default)]
+        failure: Option<String>,
     },
     Flushed {
         flush: u64,
@@ -501,7 +504,14 @@ fn answer(
             sent,
             received,
             error,
-        } => sources.closed(conn, sent, received, error.as_deref()),
+            failure,
+        } => sources.closed(
+            conn,
+            sent,
+            received,
+            error.as_deref(),
+            failure.as_deref().and_then(failure_of),
+        ),
         FromProxy::Flushed { flush, open } => {
             if let Some(tx) = lock(flushes).remove(&flush) {
                 let _ = tx.send(open);
@@ -510,8 +520,49 @@ fn answer(
     }
 }
 
+/// The proxy's word for why it could not make an allowed connection.
+fn failure_of(word: &str) -> Option<Stopped> {
+    Some(match word {
+        "refused" => Stopped::NoAnswer(NoAnswer::Refused),
+        "timeout" => Stopped::NoAnswer(NoAnswer::TimedOut),
+        "unreachable" => Stopped::NoAnswer(NoAnswer::Unreachable),
+        "unresolved" => Stopped::Unresolved,
+        _ => return None,
+    })
+}
+
 /// Where a server starts looking for free subnets: servers sharing an engine rarely collide.
 fn rand_start() -> u32 {
     let bytes = *uuid::Uuid::new_v4().as_bytes();
     u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxys_closing_words_are_read_as_data() {
+        let line = br#"{"op":"closed","conn":7,"sent":0,"received":0,"error":"cannot connect to h:1: x","failure":"refused"}"#;
+        let Ok(FromProxy::Closed { failure, .. }) = serde_json::from_slice::<FromProxy>(line)
+        else {
+            panic!("a closed report")
+        };
+        assert_eq!(
+            failure.as_deref().and_then(failure_of),
+            Some(Stopped::NoAnswer(NoAnswer::Refused))
+        );
+        // An older proxy's report, without the word, still reads.
+        let line = br#"{"op":"closed","conn":7,"sent":1,"received":2,"error":null}"#;
+        assert!(matches!(
+            serde_json::from_slice::<FromProxy>(line),
+            Ok(FromProxy::Closed { failure: None, .. })
+        ));
+        assert_eq!(
+            failure_of("timeout"),
+            Some(Stopped::NoAnswer(NoAnswer::TimedOut))
+        );
+        assert_eq!(failure_of("unresolved"), Some(Stopped::Unresolved));
+        assert_eq!(failure_of("anything else"), None);
+    }
 }

@@ -26,6 +26,7 @@ use std::net::IpAddr;
 
 pub use crate::config::parse_host_port;
 use crate::config::Config;
+use crate::engine::outcome::Stopped;
 pub use gateway::{Attachment, Gateway, Lease};
 pub use sources::{ConsentAnswer, ConsentAsker, Consideration, Role, SessionNetwork};
 
@@ -47,9 +48,9 @@ pub struct IndexPolicy {
 impl IndexPolicy {
     /// Whether an installer may reach `host:port`, judged before any resolution: an index host
     /// given as an address must be public too, unless the operator said it may not be.
-    pub fn decide(&self, host: &str, port: u16) -> Result<(), String> {
+    pub fn decide(&self, host: &str, port: u16) -> Result<(), Stopped> {
         if !self.allow.iter().any(|(h, p)| h == host && *p == port) {
-            return Err(format!("{host}:{port} is not an allowed index host"));
+            return Err(Stopped::NotAllowed);
         }
         match host.trim_matches(['[', ']']).parse::<IpAddr>() {
             Ok(address) => self.check_resolved(host, &[address]),
@@ -58,9 +59,9 @@ impl IndexPolicy {
     }
 
     /// Every address of an index host must be public, unless the operator said it may not be.
-    pub fn check_resolved(&self, host: &str, addresses: &[IpAddr]) -> Result<(), String> {
+    pub fn check_resolved(&self, host: &str, addresses: &[IpAddr]) -> Result<(), Stopped> {
         if addresses.is_empty() {
-            return Err(format!("{host} does not resolve"));
+            return Err(Stopped::Unresolved);
         }
         if self.private.iter().any(|p| p == host) {
             return Ok(());
@@ -69,9 +70,22 @@ impl IndexPolicy {
             .iter()
             .find(|a| !crate::config::egress::is_public(**a))
         {
-            Some(a) => Err(format!("{host} resolves to the non-public address {a}")),
+            Some(a) => Err(Stopped::NonPublic(*a)),
             None => Ok(()),
         }
+    }
+}
+
+/// Why the installers' policy or the proxy stopped a connection to `host:port`, in words (the
+/// proxy's refusal and the network record say this).
+pub fn stopped_reason(host: &str, port: u16, stopped: &Stopped) -> String {
+    match stopped {
+        Stopped::NotAllowed => format!("{host}:{port} is not an allowed index host"),
+        Stopped::NonPublic(address) => {
+            format!("{host} resolves to the non-public address {address}")
+        }
+        Stopped::Unresolved => format!("{host} does not resolve"),
+        Stopped::NoAnswer(how) => format!("{host}:{port} did not answer: {}", how.as_str()),
     }
 }
 
@@ -189,7 +203,7 @@ mod tests {
         );
         assert!(policy.private.is_empty());
         assert!(policy.decide("pypi.org", 443).is_ok());
-        assert!(policy.decide("pypi.org", 80).is_err());
+        assert_eq!(policy.decide("pypi.org", 80), Err(Stopped::NotAllowed));
         let local = IndexPolicy {
             allow: vec![("172.17.0.1".into(), 8000)],
             private: Vec::new(),
@@ -207,7 +221,17 @@ mod tests {
         assert_eq!(argv[..3], ["python3", "-u", "-c"]);
         assert!(argv[4].contains("3128"));
         let private: IpAddr = "10.0.0.1".parse().unwrap();
-        assert!(policy.check_resolved("pypi.org", &[private]).is_err());
-        assert!(policy.check_resolved("pypi.org", &[]).is_err());
+        assert_eq!(
+            policy.check_resolved("pypi.org", &[private]),
+            Err(Stopped::NonPublic(private))
+        );
+        assert_eq!(
+            policy.check_resolved("pypi.org", &[]),
+            Err(Stopped::Unresolved)
+        );
+        assert_eq!(
+            stopped_reason("pypi.org", 443, &Stopped::NonPublic(private)),
+            "pypi.org resolves to the non-public address 10.0.0.1"
+        );
     }
 }

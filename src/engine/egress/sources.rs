@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 
-use super::IndexPolicy;
+use super::{stopped_reason, IndexPolicy};
 use crate::config::egress::{target_of, EgressPolicy, Static, Target};
-use crate::engine::outcome::{NetworkEntry, NetworkOutcome};
+use crate::engine::outcome::{NetworkEntry, NetworkOutcome, Stopped};
 
 /// What the user answered to "Allow this sandbox to reach host:port?".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +176,7 @@ struct Attempt {
     port: u16,
     outcome: NetworkOutcome,
     reason: Option<String>,
+    stopped: Option<Stopped>,
     sent: u64,
     received: u64,
     /// Bytes already reported by an earlier execution (a connection still open then).
@@ -295,6 +296,7 @@ impl Sources {
             port,
             outcome: NetworkOutcome::Reached,
             reason: None,
+            stopped: None,
             sent: 0,
             received: 0,
             reported: (0, 0),
@@ -315,10 +317,18 @@ impl Sources {
             .find(|a| a.conn == conn)
     }
 
-    fn settle(&self, inner: &mut Inner, conn: u64, outcome: NetworkOutcome, reason: &str) {
+    fn settle(
+        &self,
+        inner: &mut Inner,
+        conn: u64,
+        outcome: NetworkOutcome,
+        reason: &str,
+        stopped: Option<Stopped>,
+    ) {
         if let Some(attempt) = Self::attempt(inner, conn) {
             attempt.outcome = outcome;
             attempt.reason = Some(reason.to_string());
+            attempt.stopped = stopped;
         }
     }
 
@@ -326,13 +336,18 @@ impl Sources {
     pub fn decide(&self, source: &str, conn: u64, host: &str, port: u16) -> Decision {
         let mut inner = self.inner();
         let role = inner.by_address.get(source).map(|s| s.role.clone());
+        let mut stopped = None;
         let decision = match role {
             None => Decision::Refuse(format!(
                 "{source} is not a sandbox of this server on the egress network"
             )),
             Some(Role::Installer) => match self.index.decide(host, port) {
                 Ok(()) => Decision::Allow,
-                Err(why) => Decision::Refuse(why),
+                Err(why) => {
+                    let reason = stopped_reason(host, port, &why);
+                    stopped = Some(why);
+                    Decision::Refuse(reason)
+                }
             },
             Some(Role::Code(session)) => self.decide_code(host, port, session),
         };
@@ -340,10 +355,10 @@ impl Sources {
         match &decision {
             Decision::Allow => {}
             Decision::Refuse(reason) => {
-                self.settle(&mut inner, conn, NetworkOutcome::Refused, reason)
+                self.settle(&mut inner, conn, NetworkOutcome::Refused, reason, stopped)
             }
             Decision::Pending(reason) | Decision::RefuseAndAsk { reason, .. } => {
-                self.settle(&mut inner, conn, NetworkOutcome::Pending, reason)
+                self.settle(&mut inner, conn, NetworkOutcome::Pending, reason, None)
             }
         }
         decision
@@ -403,18 +418,32 @@ impl Sources {
         let mut inner = self.inner();
         let role = inner.by_address.get(source).map(|s| s.role.clone());
         let verdict = match role {
-            None => Err(format!("{source} is not a sandbox of this server")),
-            Some(Role::Installer) => self.index.check_resolved(host, addresses),
-            Some(Role::Code(_)) => self.code.check_resolved(host, port, addresses),
+            None => Err((format!("{source} is not a sandbox of this server"), None)),
+            Some(Role::Installer) => self
+                .index
+                .check_resolved(host, addresses)
+                .map_err(|why| (stopped_reason(host, port, &why), Some(why))),
+            Some(Role::Code(_)) => self
+                .code
+                .check_resolved(host, port, addresses)
+                .map_err(|why| (why, None)),
         };
-        if let Err(why) = &verdict {
-            self.settle(&mut inner, conn, NetworkOutcome::Refused, why);
-        }
-        verdict
+        verdict.map_err(|(why, stopped)| {
+            self.settle(&mut inner, conn, NetworkOutcome::Refused, &why, stopped);
+            why
+        })
     }
 
-    /// A connection ended; `error` when it could not be made (or was refused by the proxy itself).
-    pub fn closed(&self, conn: u64, sent: u64, received: u64, error: Option<&str>) {
+    /// A connection ended; `error` when it could not be made (or was refused by the proxy
+    /// itself), and `failure`, what the proxy said of it as data.
+    pub fn closed(
+        &self,
+        conn: u64,
+        sent: u64,
+        received: u64,
+        error: Option<&str>,
+        failure: Option<Stopped>,
+    ) {
         let mut inner = self.inner();
         if let Some(attempt) = Self::attempt(&mut inner, conn) {
             attempt.open = false;
@@ -423,6 +452,7 @@ impl Sources {
             if let (Some(error), NetworkOutcome::Reached) = (error, attempt.outcome) {
                 attempt.outcome = NetworkOutcome::Failed;
                 attempt.reason = Some(error.to_string());
+                attempt.stopped = failure;
             }
         }
         inner.connections.remove(&conn);
@@ -474,6 +504,7 @@ impl Sources {
                     bytes_sent: sent,
                     bytes_received: received,
                     reason: attempt.reason.clone(),
+                    stopped: attempt.stopped.clone(),
                 }),
             }
         }
@@ -671,9 +702,15 @@ mod tests {
             s.decide("10.0.0.7", 4, "data.test", 8080),
             Decision::Allow
         ));
-        s.closed(1, 100, 1000, None);
-        s.closed(3, 0, 0, None);
-        s.closed(4, 0, 0, Some("cannot connect"));
+        s.closed(1, 100, 1000, None, None);
+        s.closed(3, 0, 0, None, None);
+        s.closed(
+            4,
+            0,
+            0,
+            Some("cannot connect"),
+            Some(Stopped::NoAnswer(crate::engine::outcome::NoAnswer::Refused)),
+        );
         s.update_open("10.0.0.7", &[(2, 10, 20)]);
         let record = s.take_record("10.0.0.7");
         let summary: Vec<_> = record
@@ -697,7 +734,7 @@ mod tests {
             ]
         );
         // The open connection goes on: the next record has only what it added, not a new one.
-        s.closed(2, 15, 50, None);
+        s.closed(2, 15, 50, None, None);
         let record = s.take_record("10.0.0.7");
         assert_eq!(record.len(), 1);
         assert_eq!(
@@ -709,5 +746,61 @@ mod tests {
             (0, 5, 30)
         );
         assert!(s.take_record("10.0.0.7").is_empty());
+    }
+
+    #[test]
+    fn an_installers_refusals_are_recorded_as_data() {
+        let s = sources();
+        s.adopt("10.0.0.8", "n8", Role::Installer);
+        refused(s.decide("10.0.0.8", 1, "evil.test", 443));
+        assert!(matches!(
+            s.decide("10.0.0.8", 2, "pypi.org", 443),
+            Decision::Allow
+        ));
+        let private: IpAddr = "10.1.2.3".parse().unwrap();
+        let why = s
+            .check_resolved("10.0.0.8", 2, "pypi.org", 443, &[private])
+            .unwrap_err();
+        assert_eq!(why, "pypi.org resolves to the non-public address 10.1.2.3");
+        assert!(matches!(
+            s.decide("10.0.0.8", 3, "pypi.org", 443),
+            Decision::Allow
+        ));
+        s.closed(
+            3,
+            0,
+            0,
+            Some("cannot connect to pypi.org:443: timed out"),
+            Some(Stopped::NoAnswer(
+                crate::engine::outcome::NoAnswer::TimedOut,
+            )),
+        );
+        let record = s.take_record("10.0.0.8");
+        let stopped: Vec<_> = record
+            .iter()
+            .map(|e| (e.host.as_str(), e.outcome, e.stopped.clone()))
+            .collect();
+        assert_eq!(
+            stopped,
+            [
+                (
+                    "evil.test",
+                    NetworkOutcome::Refused,
+                    Some(Stopped::NotAllowed)
+                ),
+                (
+                    "pypi.org",
+                    NetworkOutcome::Refused,
+                    Some(Stopped::NonPublic(private))
+                ),
+                (
+                    "pypi.org",
+                    NetworkOutcome::Failed,
+                    Some(Stopped::NoAnswer(
+                        crate::engine::outcome::NoAnswer::TimedOut
+                    ))
+                ),
+            ]
+        );
     }
 }

@@ -32,6 +32,10 @@ class Refused(Exception):
     pass
 
 
+class Unresolved(Refused):
+    """The name does not resolve (the proxy's own finding: the server allowed the name)."""
+
+
 async def ask(message):
     """Sends a question to the server and waits for its answer (a closed channel refuses)."""
     q = next_id()
@@ -70,7 +74,7 @@ async def open_checked(conn, source, host, port):
             try:
                 infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError as e:
-                raise Refused("%s does not resolve (%s)" % (host, e.strerror or e))
+                raise Unresolved("%s does not resolve (%s)" % (host, e.strerror or e))
             addresses = list(dict.fromkeys(info[4][0] for info in infos))
         # Every address of a name is judged, mapped ones too.
         await ask({"op": "resolved", "conn": conn, "host": host, "port": port, "addresses": addresses})
@@ -80,11 +84,23 @@ async def open_checked(conn, source, host, port):
             return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as e:
             error = e
-    raise ConnectFailed("cannot connect to %s:%d: %s" % (host, port, error or "no address"))
+    raise ConnectFailed("cannot connect to %s:%d: %s" % (host, port, error or "no address"),
+                        failure_of(error))
 
 
 class ConnectFailed(Exception):
-    pass
+    def __init__(self, message, failure):
+        super().__init__(message)
+        self.failure = failure
+
+
+def failure_of(error):
+    """The word the server reads for why a connection could not be made."""
+    if isinstance(error, ConnectionRefusedError):
+        return "refused"
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return "timeout"
+    return "unreachable"
 
 
 def split_host_port(text, default):
@@ -127,6 +143,7 @@ async def handle(reader, writer):
     peer = writer.get_extra_info("peername") or ("", 0)
     source = peer[0]
     error = None
+    failure = None
     opened = False
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
@@ -152,6 +169,10 @@ async def handle(reader, writer):
         await asyncio.gather(pipe(reader, up_writer, conn, 1), pipe(up_reader, writer, conn, 2))
     except (Refused, ConnectFailed) as e:
         error = str(e)
+        if isinstance(e, ConnectFailed):
+            failure = e.failure
+        elif isinstance(e, Unresolved):
+            failure = "unresolved"
         refuse(writer, e)
         try:
             await writer.drain()
@@ -165,7 +186,8 @@ async def handle(reader, writer):
     finally:
         record = connections.pop(conn, None)
         if record is not None:
-            send({"op": "closed", "conn": conn, "sent": record[1], "received": record[2], "error": error})
+            send({"op": "closed", "conn": conn, "sent": record[1], "received": record[2], "error": error,
+                  "failure": failure})
 
 
 async def control():

@@ -197,7 +197,15 @@ impl Engine {
                             .await
                             .map(Ok)
                     }
-                    Ok(execution) => Ok(Err(execution)),
+                    // What the proxy recorded of the installer's connections says why, before
+                    // the installer is gone.
+                    Ok(execution) => {
+                        let connections = match installer.egress() {
+                            Some(lease) => lease.record().await,
+                            None => Vec::new(),
+                        };
+                        Ok(Err((execution, connections)))
+                    }
                     Err(e) => Err(e),
                 };
                 installer.destroy().await;
@@ -227,31 +235,31 @@ impl Engine {
                     source: e,
                 })
             }
-            Err(execution) => {
+            Err((execution, connections)) => {
                 let stdout = String::from_utf8_lossy(&execution.stdout);
-                let output = format!("{stdout}\n{}", String::from_utf8_lossy(&execution.stderr));
-                tracing::debug!(key, "installer failed:\n{output}");
-                let mut why = if execution.timed_out {
-                    format!(
-                        "the install did not finish within {}",
-                        crate::text::duration(self.config.deps.install_timeout)
-                    )
-                } else {
-                    deps::installer_error_summary(&output)
-                };
-                if !index.allow_source_builds {
-                    if let Some(hint) = deps::wheels_only_hint(&output) {
-                        why.push('\n');
-                        why.push_str(hint);
-                    }
-                }
-                if output.contains("No space left on device") {
-                    why.push_str(&format!(
-                        "\nThe install is larger than SANDBOX_DEPS_INSTALL_MAX ({} bytes).",
-                        self.config.deps.install_max_bytes
-                    ));
-                }
-                Err(EngineError::Dependencies(why))
+                let stderr = String::from_utf8_lossy(&execution.stderr);
+                // pip's or uv's whole text stays in the log; the error has its summary.
+                tracing::debug!(key, "installer failed:\n{stdout}\n{stderr}");
+                let (said, diagnosis) = deps::split_diagnosis(&stdout);
+                let output = format!("{said}\n{stderr}");
+                let projects: Vec<String> =
+                    requirements.iter().map(|r| r.normalized.clone()).collect();
+                let failure = deps::classify(
+                    &deps::Evidence {
+                        output: &output,
+                        diagnosis,
+                        connections: &connections,
+                        timed_out: execution.timed_out,
+                    },
+                    &deps::Setting {
+                        index,
+                        projects: &projects,
+                        timeout: self.config.deps.install_timeout,
+                        install_max_bytes: self.config.deps.install_max_bytes,
+                    },
+                );
+                tracing::info!(key, kind = ?failure.kind, "an install failed");
+                Err(EngineError::InstallFailed(failure))
             }
         }
     }
