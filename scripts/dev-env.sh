@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Makes a Docker engine available on this machine, and the host tools the project's scripts use.
+# Makes a Docker engine available on this machine, with gVisor registered, and the host tools the
+# project's scripts use.
 #
-# Idempotent: when a daemon already answers, it does nothing to the engine. Otherwise it installs
+# Idempotent: when a daemon already answers, it does nothing to start one. Otherwise it installs
 # Debian's docker.io (if dockerd is missing) and starts dockerd in the background, then waits, for a
 # bounded time, until the daemon answers. Exit code 1 with a clear message when that fails.
+# Then gVisor: where this machine can (root, apt-get, a local dockerd), scripts/runsc.sh installs
+# Debian's runsc and registers it, so the agent's code runs under gVisor, the server's default
+# when it is registered. Where it cannot, it says why and how, and the engine stays usable (runc).
+# SKIP_GVISOR=1 leaves the runtimes alone.
 set -euo pipefail
 
 WAIT_SECONDS=${DOCKER_WAIT_SECONDS:-60}
@@ -32,8 +37,30 @@ if [ "${SKIP_HOST_TOOLS:-0}" != 1 ] && ! command -v debootstrap >/dev/null 2>&1;
   apt_install debootstrap
 fi
 
+register_gvisor() {
+  if [ "${SKIP_GVISOR:-0}" = 1 ]; then
+    log "SKIP_GVISOR=1: gVisor not registered"
+    return 0
+  fi
+  local why=""
+  if [ "$(id -u)" != 0 ]; then
+    why="not root"
+  elif ! command -v apt-get >/dev/null 2>&1 && ! command -v runsc >/dev/null 2>&1; then
+    why="no runsc and no apt-get to install it"
+  elif [ -z "$(pidof dockerd || true)" ]; then
+    why="the engine is not a dockerd on this machine"
+  fi
+  if [ -z "$why" ] && bash "$(dirname "$0")/runsc.sh"; then
+    log "gVisor (runsc) registered: the agent's code runs under it"
+    return 0
+  fi
+  log "gVisor not registered (${why:-scripts/runsc.sh failed}): the agent's code runs under runc."
+  log "for gVisor: sudo bash scripts/runsc.sh, or python-code-sandbox setup --gvisor as root"
+}
+
 if daemon_answers; then
   log "docker daemon answers (API $(docker version --format '{{.Server.APIVersion}}'))"
+  register_gvisor
   exit 0
 fi
 
@@ -58,3 +85,4 @@ if ! daemon_answers; then
   exit 1
 fi
 log "docker daemon answers (API $(docker version --format '{{.Server.APIVersion}}'))"
+register_gvisor

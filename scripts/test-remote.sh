@@ -80,6 +80,48 @@ restart_over_tls() {
     return "$status"
 }
 
+# `setup` on the second engine through its unix socket (a local engine to setup): without runsc
+# it says the code runs under runc and gives the exact command for gVisor; `setup --gvisor` then
+# registers runsc in that dockerd's own daemon.json (keeping its other keys, with a backup),
+# reloads it, and the doctor and the hello world run under gVisor. The engine's empty
+# daemon.json is put back and reloaded afterwards (the other parts expect runc there).
+setup_gvisor() {
+    local sock=unix://$DIR/docker.sock out status=0
+    local before
+    before=$(cat "$DIR/daemon.json")
+    printf '{"log-level": "info"}\n' >"$DIR/daemon.json"
+    kill -HUP "$(cat "$DIR/dockerd.pid")"
+    out=$(cd / && DOCKER_HOST=$sock "$BIN" setup 2>&1) || status=$?
+    printf '%s\n' "$out"
+    [[ $status == 0 ]] || { echo "FAIL: setup exited $status" >&2; return 1; }
+    grep -q "^   the agent's code runs under runc: gVisor (runsc) is not registered" <<<"$out" &&
+        grep -q "for its stronger isolation: run \`sudo python-code-sandbox setup --gvisor\`" <<<"$out" ||
+        { echo "FAIL: setup did not say runc and how to get gVisor" >&2; return 1; }
+    out=$(cd / && DOCKER_HOST=$sock "$BIN" setup --gvisor 2>&1) || status=$?
+    printf '%s\n' "$out"
+    [[ $status == 0 ]] || { echo "FAIL: setup --gvisor exited $status" >&2; status=1; }
+    local expected
+    for expected in "ok: gVisor (runsc) registered" \
+        "dockerd (pid $(cat "$DIR/dockerd.pid")) reads $DIR/daemon.json" \
+        "the agent's code runs under runsc (gVisor)" \
+        "ok   runtime: the agent's code runs under runsc (gVisor)" \
+        "Hello from the sandbox"; do
+        grep -qF "$expected" <<<"$out" || { echo "FAIL: setup --gvisor did not say: $expected" >&2; status=1; }
+    done
+    python3 - "$DIR/daemon.json" <<'PY' || status=1
+import glob, json, sys
+config = json.load(open(sys.argv[1]))
+assert config["log-level"] == "info", config
+assert config["runtimes"]["runsc"]["runtimeArgs"] == ["--network=none"], config
+backups = glob.glob(sys.argv[1] + ".backup-*")
+assert len(backups) == 1 and json.load(open(backups[0])) == {"log-level": "info"}, backups
+PY
+    rm -f "$DIR"/daemon.json.backup-*
+    printf '%s\n' "$before" >"$DIR/daemon.json"
+    kill -HUP "$(cat "$DIR/dockerd.pid")"
+    return "$status"
+}
+
 cleanup() {
     bash "$ROOT/scripts/remote-engine.sh" stop "$DIR" || true
     rm -rf "$BASETEMP"
@@ -96,6 +138,7 @@ if [[ ${#failed[@]} == 0 ]]; then
     # Each of these sets its own engine variables (TLS, SSH, the wrong CA): one run covers both.
     part "remote engine tests" pytest_over tls tests/mcp/test_remote_engine.py
     part "tls: engine restart mid-call" restart_over_tls
+    part "setup --gvisor on the second engine" setup_gvisor
 fi
 cleanup
 trap - EXIT

@@ -135,6 +135,7 @@ async fn with_an_engine_but_no_image_setup_builds_it_and_writes_the_client_confi
     assert!(labels.contains_key("io.python-code-sandbox.recipe"));
     // … the doctor passed and the hello world ran …
     assert!(stdout.contains("ok   image"), "{stdout}");
+    assert!(stdout.contains("the agent's code runs under"), "{stdout}");
     assert!(stdout.contains("Hello from the sandbox"), "{stdout}");
     // … and the server was added to the client's file, every other server and setting kept.
     let config: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -149,6 +150,69 @@ async fn with_an_engine_but_no_image_setup_builds_it_and_writes_the_client_confi
     assert_eq!(backup.len(), 1, "one backup of the previous file");
     assert_eq!(std::fs::read_to_string(&backup[0]).unwrap(), EXISTING);
     drop(restore);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn setup_says_which_runtime_runs_the_code_and_registers_gvisor_only_when_asked() {
+    if skip_without_engine() {
+        return;
+    }
+    let home = home("runtime");
+    // `--gvisor` changes the engine: never together with a run that touches no engine.
+    let out = setup(&["--gvisor", "--config-only"], &home, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cannot be used with"));
+
+    let registered = Command::new("docker")
+        .args(["info", "--format", "{{json .Runtimes}}"])
+        .output()
+        .is_ok_and(|o| text(&o.stdout).contains("\"runsc\""));
+    let out = setup(&[], &home, &[("LOG_LEVEL", "warn")]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("2. runtime of the agent's code"),
+        "{stdout}"
+    );
+    if registered {
+        assert!(
+            stdout.contains("   the agent's code runs under runsc (gVisor): gVisor is registered"),
+            "{stdout}"
+        );
+    } else {
+        assert!(
+            stdout.contains("the agent's code runs under runc: gVisor (runsc) is not registered")
+                && stdout.contains("setup --gvisor"),
+            "{stdout}"
+        );
+    }
+    // The operator's choice is said as such.
+    let out = setup(
+        &[],
+        &home,
+        &[("LOG_LEVEL", "warn"), ("SANDBOX_RUNTIME", "runc")],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("   the agent's code runs under runc: SANDBOX_RUNTIME chooses it"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Hello from the sandbox"), "{stdout}");
+    // Asked for gVisor where it is registered, setup changes nothing and says so (registering it
+    // for real is tested on an engine of its own: scripts/test-remote.sh).
+    if registered {
+        let daemon_json = std::fs::read("/etc/docker/daemon.json").ok();
+        let out = setup(&["--gvisor"], &home, &[("LOG_LEVEL", "warn")]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        assert!(
+            stdout.contains("gVisor (runsc) is already registered"),
+            "{stdout}"
+        );
+        assert_eq!(std::fs::read("/etc/docker/daemon.json").ok(), daemon_json);
+    }
     let _ = std::fs::remove_dir_all(&home);
 }
 

@@ -2,7 +2,9 @@
 
 mod client_config;
 mod doctor;
+mod gvisor;
 pub mod progress;
+mod replace;
 mod setup;
 
 use std::io::{Read, Write};
@@ -114,6 +116,11 @@ enum Command {
         /// runs from uv's cache).
         #[arg(long, value_enum)]
         via: Option<setup::Via>,
+        /// Register gVisor (runsc) with the local Docker engine when it is not: installs Debian's
+        /// runsc if missing, adds it to dockerd's daemon.json (backed up) and reloads dockerd.
+        /// Needs root, Linux and a local rootful Docker engine.
+        #[arg(long, conflicts_with = "config_only")]
+        gvisor: bool,
     },
     /// Print a shell completion script (e.g. `python-code-sandbox completions bash >
     /// /etc/bash_completion.d/python-code-sandbox`).
@@ -280,6 +287,7 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
             name,
             config_only,
             via,
+            gvisor,
         }) => {
             let request = setup::SetupRequest {
                 client,
@@ -287,6 +295,7 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
                 name,
                 config_only,
                 via,
+                gvisor,
             };
             setup::setup(config, request).await
         }

@@ -2,19 +2,23 @@
 //! does; the first that fails stops with what to do about it.
 //!
 //! 1. an engine answers (else: how to get one, exit [`EXIT_INFRA`]);
-//! 2. the sandbox image is there (else it is built, or pulled, with progress shown);
-//! 3. the doctor's checks pass;
-//! 4. a hello world runs in a sandbox;
-//! 5. the client's configuration: printed, or merged into its file with `--write`.
+//! 2. the runtime the code will get: gVisor when it is registered (with `--gvisor`, registered
+//!    first where it is not: [`super::gvisor`]), else runc and how to get gVisor;
+//! 3. the sandbox image is there (else it is built, or pulled, with progress shown);
+//! 4. the doctor's checks pass;
+//! 5. a hello world runs in a sandbox;
+//! 6. the client's configuration: printed, or merged into its file with `--write`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::client_config::{self, Client, Home, Launch, Merged};
-use super::{doctor, progress::Progress, EXIT_CONFIG, EXIT_INFRA};
+use super::{doctor, progress::Progress, replace, EXIT_CONFIG, EXIT_INFRA};
 use crate::config::{Config, DEFAULT_IMAGE};
+use crate::engine::backend::Backend;
 use crate::engine::docker::{image, DockerBackend};
+use crate::engine::platform;
 use crate::engine::{Engine, RunOptions, Task};
 
 /// The name the server is listed under in a client's configuration (the seed's).
@@ -30,6 +34,8 @@ pub struct SetupRequest {
     pub config_only: bool,
     /// How the client starts the server; `None`: as this program was started (see [`launch`]).
     pub via: Option<Via>,
+    /// Register gVisor with the local engine when it is not (the user's consent).
+    pub gvisor: bool,
 }
 
 /// How a client's configuration starts the server.
@@ -55,15 +61,15 @@ pub fn how_to_get_an_engine() -> &'static str {
 
 pub async fn setup(config: Config, request: SetupRequest) -> ExitCode {
     if !request.config_only {
-        if let Err(code) = first_result(&config).await {
+        if let Err(code) = first_result(&config, request.gvisor).await {
             return code;
         }
     }
     client_configuration(&config, &request)
 }
 
-/// Steps 1 to 4: engine, image, doctor, hello world.
-async fn first_result(config: &Config) -> Result<(), ExitCode> {
+/// Steps 1 to 5: engine, runtime, image, doctor, hello world.
+async fn first_result(config: &Config, gvisor: bool) -> Result<(), ExitCode> {
     println!("1. engine at {}", crate::engine::docker::endpoint());
     let backend = DockerBackend::for_config(config);
     let docker = match backend.client().await {
@@ -76,7 +82,10 @@ async fn first_result(config: &Config) -> Result<(), ExitCode> {
     };
     println!("   ok: it answers");
 
-    println!("2. sandbox image {}", config.image);
+    println!("2. runtime of the agent's code");
+    runtime(&backend, config, gvisor).await?;
+
+    println!("3. sandbox image {}", config.image);
     if docker.inspect_image(&config.image).await.is_ok() {
         println!("   ok: present");
     } else {
@@ -109,7 +118,7 @@ async fn first_result(config: &Config) -> Result<(), ExitCode> {
         }
     }
 
-    println!("3. doctor: what a sandbox enforces, seen from inside one");
+    println!("4. doctor: what a sandbox enforces, seen from inside one");
     let checked = doctor::doctor(config.clone()).await;
     if checked != ExitCode::SUCCESS {
         eprintln!(
@@ -119,7 +128,7 @@ async fn first_result(config: &Config) -> Result<(), ExitCode> {
         return Err(checked);
     }
 
-    println!("4. hello world in a fresh sandbox");
+    println!("5. hello world in a fresh sandbox");
     let engine = Engine::with_docker(config.clone());
     let hello = engine
         .run_ephemeral(
@@ -148,7 +157,7 @@ async fn first_result(config: &Config) -> Result<(), ExitCode> {
     }
 }
 
-/// Step 5: the entry that starts this server, printed or written into the client's file.
+/// Step 6: the entry that starts this server, printed or written into the client's file.
 fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
     let launch = match launch(config, request.via) {
         Ok(launch) => launch,
@@ -159,7 +168,7 @@ fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
     };
     let Some(client) = request.client else {
         println!(
-            "5. ready. To wire up a client: python-code-sandbox setup --client \
+            "6. ready. To wire up a client: python-code-sandbox setup --client \
              claude-desktop|claude-code|vscode|cursor [--write]"
         );
         return ExitCode::SUCCESS;
@@ -173,7 +182,7 @@ fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
         .map(|f| f.display().to_string())
         .unwrap_or_else(|| "its configuration file".into());
     if !request.write {
-        println!("5. {}: add this to {place}:", client.title());
+        println!("6. {}: add this to {place}:", client.title());
         println!("{pretty}");
         if client == Client::ClaudeCode {
             println!(
@@ -194,7 +203,7 @@ fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
         );
         return ExitCode::from(EXIT_CONFIG);
     };
-    println!("5. {}: {}", client.title(), file.display());
+    println!("6. {}: {}", client.title(), file.display());
     match write_entry(client, &file, &request.name, &launch) {
         Ok((merged, backup)) => {
             let what = match merged {
@@ -237,36 +246,66 @@ fn write_entry(
     if merged == Merged::Unchanged {
         return Ok((merged, None));
     }
-    if let Some(parent) = file.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    }
-    let backup = match existing {
-        Some(_) => {
+    let backup = match &existing {
+        Some(old) => {
             let stamp = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0);
             let backup = client_config::backup_path(file, stamp);
-            std::fs::copy(file, &backup)
+            // Created, never overwritten: a link planted at that name is not followed.
+            replace::create_new(&backup, old.as_bytes())
                 .map_err(|e| format!("cannot keep a backup as {}: {e}", backup.display()))?;
             Some(backup)
         }
         None => None,
     };
-    // Written beside it and renamed over it: the client never reads half a file. The old file's
-    // permissions are kept (such files may hold tokens).
-    let temporary = file.with_extension("json.setup-tmp");
-    std::fs::write(&temporary, text.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", temporary.display()))?;
-    if let Ok(metadata) = std::fs::metadata(file) {
-        let _ = std::fs::set_permissions(&temporary, metadata.permissions());
-    }
-    std::fs::rename(&temporary, file).map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
-        format!("cannot replace it: {e}")
-    })?;
+    // The client never reads half a file; the old file's permissions are kept (such files may
+    // hold tokens), a new one is readable by its owner only.
+    replace::replace(file, text.as_bytes(), 0o600).map_err(|e| e.to_string())?;
     Ok((merged, backup))
+}
+
+/// Step 2: which runtime the code will get, and why; with `--gvisor`, gVisor registered first
+/// where it is not. An engine that refuses every sandbox stops setup here.
+async fn runtime(backend: &DockerBackend, config: &Config, gvisor: bool) -> Result<(), ExitCode> {
+    let describe = || async {
+        backend.info().await.map_err(|e| {
+            eprintln!("python-code-sandbox setup: the engine did not describe itself: {e}");
+            ExitCode::from(EXIT_INFRA)
+        })
+    };
+    let mut info = describe().await?;
+    if gvisor {
+        let say = |step: &str| println!("   {step}");
+        match super::gvisor::register(backend, &info, &say).await {
+            Ok(super::gvisor::Registered::Already) => {
+                println!("   gVisor (runsc) is already registered with {}", info.name)
+            }
+            Ok(super::gvisor::Registered::Now { .. }) => {
+                println!("   ok: gVisor (runsc) registered with {}", info.name);
+                info = describe().await?;
+            }
+            Err(e) => {
+                eprintln!("python-code-sandbox setup: gVisor: {e}");
+                return Err(ExitCode::from(EXIT_INFRA));
+            }
+        }
+    }
+    match platform::decide(config, info) {
+        Ok(platform) => {
+            println!(
+                "   the agent's code runs under {}: {}",
+                platform.code.label(&platform.engine),
+                platform.code.why
+            );
+            Ok(())
+        }
+        Err(refusal) => {
+            eprintln!("python-code-sandbox setup: no sandbox may start here: {refusal}");
+            Err(ExitCode::from(EXIT_INFRA))
+        }
+    }
 }
 
 /// How the client should start this server: this program's path, or uvx when it runs from uv's

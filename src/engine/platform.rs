@@ -169,7 +169,7 @@ fn explicit(
         let known: Vec<&str> = engine.runtimes.keys().map(String::as_str).collect();
         return Err(Refusal(format!(
             "SANDBOX_RUNTIME={name} is not registered with {} (registered: {}); register it \
-             (scripts/runsc.sh does for gVisor) or unset SANDBOX_RUNTIME to let the server choose",
+             (`sudo python-code-sandbox setup --gvisor` does for gVisor with a local Docker engine) or unset SANDBOX_RUNTIME to let the server choose",
             engine.name,
             known.join(", ")
         )));
@@ -191,6 +191,55 @@ fn explicit(
     })
 }
 
+/// gVisor's own installation guide, for engines `setup --gvisor` cannot register it with.
+pub const GVISOR_INSTALL_GUIDE: &str = "https://gvisor.dev/docs/user_guide/install/";
+
+/// What to do to get gVisor on this engine: the exact command where `setup --gvisor` can
+/// register it, else the instructions for that kind of engine.
+pub fn how_to_get_gvisor(engine: &BackendInfo) -> String {
+    match gvisor_registrable(engine) {
+        Ok(()) => "run `sudo python-code-sandbox setup --gvisor` (installs Debian's runsc when it \
+                   is missing, adds it to dockerd's daemon.json and reloads dockerd; running \
+                   sandboxes are not touched)"
+            .to_string(),
+        Err(why) => why,
+    }
+}
+
+/// Whether `setup --gvisor` can register gVisor with this engine (Linux, a local rootful Docker
+/// engine); else what to do instead.
+pub fn gvisor_registrable(engine: &BackendInfo) -> Result<(), String> {
+    if !cfg!(target_os = "linux") {
+        return Err(format!(
+            "gVisor needs a Linux engine; {} here runs containers in a VM without it",
+            engine.name
+        ));
+    }
+    if engine.remote {
+        return Err(format!(
+            "the engine is on another machine ({}): install gVisor there \
+             ({GVISOR_INSTALL_GUIDE}), add \"runtimes\": {{\"runsc\": {{\"path\": \
+             \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=none\"]}}}} to its \
+             /etc/docker/daemon.json and reload dockerd (kill -HUP)",
+            engine.endpoint
+        ));
+    }
+    if engine.kind == EngineKind::Podman {
+        return Err(
+            "Podman cannot choose runsc through its Docker-compatible API (docs/engines.md): \
+             use Docker Engine for gVisor"
+                .to_string(),
+        );
+    }
+    if engine.rootless {
+        return Err(format!(
+            "rootless Docker: add runsc to ~/.config/docker/daemon.json \
+             ({GVISOR_INSTALL_GUIDE}) and restart the daemon (systemctl --user restart docker)"
+        ));
+    }
+    Ok(())
+}
+
 /// No `SANDBOX_RUNTIME`: gVisor when it is registered and can provide what the settings need.
 fn automatic(config: &Config, engine: &BackendInfo, needs_network: bool) -> RuntimeChoice {
     let runc = |why: String| RuntimeChoice {
@@ -200,9 +249,9 @@ fn automatic(config: &Config, engine: &BackendInfo, needs_network: bool) -> Runt
     };
     let Some((name, args)) = gvisor_runtime(engine) else {
         return runc(format!(
-            "gVisor (runsc) is not registered with {}: register it for stronger isolation \
-             (scripts/runsc.sh)",
-            engine.name
+            "gVisor (runsc) is not registered with {}; for its stronger isolation: {}",
+            engine.name,
+            how_to_get_gvisor(engine)
         ));
     };
     if needs_network && without_network(args) {
@@ -272,6 +321,14 @@ mod tests {
         let absent = decide(&Config::default(), engine(&[("runc", &[])])).expect("decided");
         assert_eq!(absent.code.name, None);
         assert!(absent.code.why.contains("not registered"));
+        assert!(
+            absent
+                .code
+                .why
+                .contains("sudo python-code-sandbox setup --gvisor"),
+            "{}",
+            absent.code.why
+        );
         assert_eq!(absent.code.label(&absent.engine), "runc");
 
         let networked = Config {
@@ -344,5 +401,26 @@ mod tests {
             refusal.0.contains("SANDBOX_MEMORY_LIMIT") && refusal.0.contains("SANDBOX_PIDS_LIMIT")
         );
         assert!(refusal.0.contains("delegated"));
+    }
+
+    #[test]
+    fn the_way_to_gvisor_fits_the_engine() {
+        let local = engine(&[("runc", &[])]);
+        assert!(how_to_get_gvisor(&local).contains("sudo python-code-sandbox setup --gvisor"));
+        let mut remote = local.clone();
+        remote.remote = true;
+        remote.endpoint = "tcp://builder:2376".into();
+        let text = how_to_get_gvisor(&remote);
+        assert!(
+            text.contains("another machine (tcp://builder:2376)") && text.contains("daemon.json")
+        );
+        let mut podman = local.clone();
+        podman.kind = EngineKind::Podman;
+        assert!(how_to_get_gvisor(&podman).contains("Podman"));
+        let mut rootless = local.clone();
+        rootless.rootless = true;
+        assert!(how_to_get_gvisor(&rootless).contains("rootless Docker"));
+        assert!(gvisor_registrable(&local).is_ok());
+        assert!(gvisor_registrable(&remote).is_err());
     }
 }
