@@ -643,21 +643,18 @@ fn listing(files: &[&str]) -> String {
     format!("<!DOCTYPE html><html><body>\n{links}</body></html>\n")
 }
 
-/// An engine whose installer's index is `url` on the bridge address; `private`: that address is
-/// allowed (SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE names it).
-fn engine_on_index(url: &str, private: bool, volume: &str) -> python_code_sandbox::engine::Engine {
+/// Installs `dependency` from `url`, which must fail; its failure. The installer's whole output
+/// must be saved under the files directory and named in the message.
+async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFailure {
+    let volume = fresh_deps_volume();
+    let files = std::env::temp_dir().join(format!("pcs-deps-files-{}", uuid::Uuid::new_v4()));
     let host = bridge_address().to_string();
-    engine_with(|c| {
+    let engine = engine_with(|c| {
         c.deps.volume = volume.to_string();
         c.deps.index_url = Some(url.to_string());
         c.deps.egress_allow_private = if private { vec![host] } else { Vec::new() };
-    })
-}
-
-/// Installs `dependency` from `url`, which must fail; its failure.
-async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFailure {
-    let volume = fresh_deps_volume();
-    let engine = engine_on_index(url, private, &volume);
+        c.files.persist_dir = Some(files.clone());
+    });
     let failed =
         no_hang(engine.run_ephemeral(Task::Python("print(1)"), &with_deps(&[dependency]))).await;
     let Err(EngineError::InstallFailed(failure)) = failed else {
@@ -674,10 +671,28 @@ async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFa
             || failure.kind == FailureKind::NoWheel,
         "{failure}"
     );
+    let saved = failure
+        .saved_to
+        .clone()
+        .expect("the installer's output is saved");
+    assert!(saved.starts_with(&files), "{}", saved.display());
+    let whole = std::fs::read_to_string(&saved).expect("read the saved output");
+    assert!(whole.contains("--- stderr ---"), "{whole}");
+    assert!(
+        failure
+            .to_string()
+            .contains(&format!("Its whole output: {}", saved.display())),
+        "{failure}"
+    );
+    if !failure.summary.is_empty() {
+        let first = failure.summary.lines().next().unwrap_or_default();
+        assert!(whole.contains(first.trim()), "{first} in {whole}");
+    }
     assert_nothing_left(&engine).await;
     assert_no_network_left(&engine);
     remove_volume(&volume).await;
-    failure
+    let _ = std::fs::remove_dir_all(&files);
+    *failure
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -536,7 +536,7 @@ fn ensure_real_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// A name part that sorts by time and differs between saves into one directory.
-pub(super) fn unique_stamp() -> String {
+pub(crate) fn unique_stamp() -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

@@ -61,7 +61,7 @@ pub enum EngineError {
     Dependencies(String),
     /// The installer ran and failed: why, as data (`deps::FailureKind`), with its own words.
     #[error("installing the dependencies failed:\n{0}")]
-    InstallFailed(#[source] deps::InstallFailure),
+    InstallFailed(#[source] Box<deps::InstallFailure>),
     /// The installer or the cache's maintenance answered something that is not the JSON the
     /// project's own script prints.
     #[error("installing the dependencies failed:\nunreadable {what}: {source}")]

@@ -99,6 +99,9 @@ pub struct InstallFailure {
     pub index: String,
     /// The installer's error lines (bounded, cleaned); empty when it said nothing.
     pub summary: String,
+    /// Where the installer's whole output was saved on the host (`SANDBOX_FILES_DIR`), when it
+    /// was.
+    pub saved_to: Option<std::path::PathBuf>,
 }
 
 /// Splits the installer's stdout into what pip or uv printed and what the script added.
@@ -122,6 +125,7 @@ pub fn classify(evidence: &Evidence<'_>, setting: &Setting<'_>) -> InstallFailur
     InstallFailure {
         index: index_of(setting.index, host),
         summary: clean_lines(&installer_error_summary(evidence.output)),
+        saved_to: None,
         kind,
     }
 }
@@ -451,6 +455,9 @@ impl fmt::Display for InstallFailure {
         }
         if !self.summary.is_empty() {
             write!(f, "\nThe installer said:\n{}", self.summary)?;
+        }
+        if let Some(path) = &self.saved_to {
+            write!(f, "\nIts whole output: {}", path.display())?;
         }
         Ok(())
     }

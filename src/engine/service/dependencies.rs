@@ -17,7 +17,7 @@ use crate::engine::installer::{
 };
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::Task;
-use crate::engine::EngineError;
+use crate::engine::{artifacts, EngineError};
 
 impl Engine {
     /// Makes `requirements` importable in `sandbox`: finds their set in the cache (checked
@@ -238,7 +238,7 @@ impl Engine {
             Err((execution, connections)) => {
                 let stdout = String::from_utf8_lossy(&execution.stdout);
                 let stderr = String::from_utf8_lossy(&execution.stderr);
-                // pip's or uv's whole text stays in the log; the error has its summary.
+                // The error has its summary; pip's or uv's whole text is saved (and logged).
                 tracing::debug!(key, "installer failed:\n{stdout}\n{stderr}");
                 let (said, diagnosis) = deps::split_diagnosis(&stdout);
                 let output = format!("{said}\n{stderr}");
@@ -258,8 +258,41 @@ impl Engine {
                         install_max_bytes: self.config.deps.install_max_bytes,
                     },
                 );
+                let mut failure = failure;
+                failure.saved_to = self.save_installer_output(&execution, options);
                 tracing::info!(key, kind = ?failure.kind, "an install failed");
-                Err(EngineError::InstallFailed(failure))
+                Err(EngineError::InstallFailed(Box::new(failure)))
+            }
+        }
+    }
+
+    /// A failed installer's whole output (stdout, then stderr, as captured), saved under
+    /// `SANDBOX_FILES_DIR` in a run directory of its own (`install-…`, in the caller's directory,
+    /// kept within the files' retention like a run's). `None` when saving is off or failed
+    /// (logged).
+    fn save_installer_output(
+        &self,
+        execution: &Execution,
+        options: &super::RunOptions,
+    ) -> Option<std::path::PathBuf> {
+        let root = self.config.files.persist_dir.as_ref()?;
+        let run_dir = options.run_dir(format!("install-{}", artifacts::unique_stamp()));
+        let mut text = execution.stdout.clone();
+        text.extend_from_slice(b"\n--- stderr ---\n");
+        text.extend_from_slice(&execution.stderr);
+        let saving = self.retention.as_deref().map(|r| r.saving(&run_dir));
+        let saved = artifacts::save(root, &run_dir, "installer-output.txt", &text);
+        drop(saving);
+        match saved {
+            Ok(path) => {
+                if let Some(retention) = self.retention.as_deref() {
+                    retention.saved();
+                }
+                Some(path)
+            }
+            Err(e) => {
+                tracing::warn!("could not save the installer's output: {e}");
+                None
             }
         }
     }
