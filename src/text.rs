@@ -1,6 +1,9 @@
 //! Text for people: durations, sizes and bounded excerpts, written the same way everywhere
-//! (messages from the engine, tool results, the command line).
+//! (messages from the engine, tool results, the command line), and text from outside (clients,
+//! sandboxes) made fit for one log line.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 /// A duration for people, to the millisecond: `1m 30s`, `250ms`.
@@ -129,9 +132,110 @@ pub fn output_chars(output: &[u8]) -> usize {
     String::from_utf8_lossy(output).chars().count()
 }
 
+/// Whether a character must not reach a log line as it is: every control character (C0 with the
+/// newline, the carriage return and the escape that starts an ANSI sequence; DEL; C1 with the
+/// 8-bit CSI), and the characters that end or reorder a line on screen without being controls
+/// (the Unicode line and paragraph separators, the bidirectional marks, embeddings, overrides and
+/// isolates).
+pub fn unsafe_in_log(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// The form of a log line, for [`escape_log`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogForm {
+    /// Plain text: `\n`, `\r`, `\t`, else `\u{1b}` (Rust's notation).
+    Text,
+    /// A JSON line: `\n`, `\r`, `\t`, else `\u001b` (JSON's, so the line stays valid JSON and
+    /// decodes to the same characters).
+    Json,
+}
+
+/// `text` fit for one log line: each character [`unsafe_in_log`] as an escape in `form`,
+/// everything else as it is (a backslash too: the escapes mark only what was unsafe). The one
+/// escaping function of the log: the log's formatter applies it to every line it writes, and
+/// [`log_excerpt`] to text it bounds.
+pub fn escape_log(text: &str, form: LogForm) -> Cow<'_, str> {
+    if !text.chars().any(unsafe_in_log) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            '\r' => escaped.push_str("\\r"),
+            '\t' => escaped.push_str("\\t"),
+            // Writing to a String cannot fail.
+            c if unsafe_in_log(c) => {
+                let _ = match form {
+                    LogForm::Text => write!(escaped, "\\u{{{:x}}}", c as u32),
+                    // Every unsafe character is in the Basic Multilingual Plane: one \uXXXX.
+                    LogForm::Json => write!(escaped, "\\u{:04x}", c as u32),
+                };
+            }
+            c => escaped.push(c),
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+/// At most `max_chars` characters of `text` from outside, escaped for a log line or an error
+/// message ([`escape_log`], plain form) and, when cut, followed by `…` and its whole size:
+/// `abc…(2 MiB)`.
+pub fn log_excerpt(text: &str, max_chars: usize) -> String {
+    let head = truncate_chars(text, max_chars);
+    let escaped = escape_log(&head, LogForm::Text);
+    if head.len() == text.len() {
+        escaped.into_owned()
+    } else {
+        format!("{escaped}…({})", bytes(text.len() as u64))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_text_has_no_control_characters_left() {
+        let forged = "x\n2026-12-01T21:00:00Z  INFO audit: tool call principal=admin\r\u{1b}[31mred\u{9b}2J\u{7f}\u{2028}\u{202e}";
+        let text = escape_log(forged, LogForm::Text);
+        assert_eq!(
+            text,
+            "x\\n2026-12-01T21:00:00Z  INFO audit: tool call principal=admin\\r\\u{1b}[31mred\\u{9b}2J\\u{7f}\\u{2028}\\u{202e}"
+        );
+        let json = escape_log(forged, LogForm::Json);
+        assert!(
+            json.ends_with("\\u001b[31mred\\u009b2J\\u007f\\u2028\\u202e"),
+            "{json}"
+        );
+        for escaped in [&text, &json] {
+            assert!(!escaped.chars().any(unsafe_in_log), "{escaped:?}");
+        }
+        // JSON's escapes decode to the characters they stand for.
+        let decoded: String = serde_json::from_str(&format!("\"{json}\"")).unwrap_or_default();
+        assert_eq!(decoded, forged);
+        // Safe text is borrowed as it is, backslashes, quotes and non-ASCII letters too.
+        assert!(matches!(
+            escape_log("C:\\x \"é\" 😀", LogForm::Text),
+            Cow::Borrowed(_)
+        ));
+        assert!(!unsafe_in_log(' ') && unsafe_in_log('\0') && unsafe_in_log('\u{85}'));
+    }
+
+    #[test]
+    fn log_excerpts_are_bounded_and_escaped() {
+        assert_eq!(log_excerpt("run_python", 64), "run_python");
+        assert_eq!(log_excerpt("a\nb", 64), "a\\nb");
+        let long = "\u{1b}".repeat(1 << 20);
+        let excerpt = log_excerpt(&long, 4);
+        assert_eq!(excerpt, "\\u{1b}\\u{1b}\\u{1b}\\u{1b}…(1 MiB)");
+        assert_eq!(log_excerpt("héllo", 2), "hé…(6 bytes)");
+    }
 
     #[test]
     fn sizes_and_durations_read_naturally() {

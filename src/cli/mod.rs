@@ -225,19 +225,86 @@ fn limit_malloc_arenas() {
 /// Logs to stderr at `LOG_LEVEL`, else `default_level`, as text or (`LOG_FORMAT=json`) JSON lines: stdout belongs to the code's output, the
 /// MCP protocol or the benchmark's figures.
 pub fn init_logging(config: &Config, default_level: &str) {
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = config.log_level.as_deref().unwrap_or(default_level);
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Logs go to stderr: stdout is the code's output (run) or the MCP protocol (server).
+    let _ = log_dispatch(filter, config.log_json, std::io::stderr).try_init();
+}
+
+/// The log as `init_logging` sets it up, writing to `writer`: every line escaped by
+/// [`EscapedLines`], without colours (their escape sequences would be escaped too).
+fn log_dispatch<W>(
+    filter: tracing_subscriber::EnvFilter,
+    json: bool,
+    writer: W,
+) -> tracing::Dispatch
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // LOG_FORMAT=json: one JSON object per line, the event's fields at the top level.
-    let _ = if config.log_json {
-        logs.json().flatten_event(true).try_init()
+        .with_ansi(false)
+        .with_writer(writer);
+    if json {
+        // LOG_FORMAT=json: one JSON object per line, the event's fields at the top level.
+        let logs = logs.json().flatten_event(true);
+        tracing::Dispatch::new(
+            logs.map_event_format(|inner| EscapedLines {
+                inner,
+                form: crate::text::LogForm::Json,
+            })
+            .finish(),
+        )
     } else {
-        logs.try_init()
-    };
+        tracing::Dispatch::new(
+            logs.map_event_format(|inner| EscapedLines {
+                inner,
+                form: crate::text::LogForm::Text,
+            })
+            .finish(),
+        )
+    }
+}
+
+/// The log's guarantee that one event is one line: an event is formatted by `inner` (text or
+/// JSON), then every character that could end the line, forge another or drive a terminal
+/// (`text::unsafe_in_log`: newlines, carriage returns, ANSI escapes, C1 controls, ...) is
+/// escaped, wherever it came from: a message, a field, a span's fields. No call site can forget
+/// it, whatever clients or sandboxes put in the text it logs. In a JSON line the escapes are
+/// JSON's, so the line stays valid and its values decode to the original text.
+struct EscapedLines<F> {
+    inner: F,
+    form: crate::text::LogForm,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for EscapedLines<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = String::new();
+        self.inner.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        // The formatter ends the event with one newline: the only one the line keeps.
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (line.as_str(), ""),
+        };
+        writer.write_str(&crate::text::escape_log(body, self.form))?;
+        writer.write_str(end)
+    }
 }
 
 /// Prints a new token and its tokens-file line; the line is checked the way the server reads it.
@@ -591,6 +658,93 @@ async fn termination() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log writer into memory.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    /// What the log writes for events that carry `forged` in every place a client's text can be.
+    fn logged(json: bool, forged: &str) -> String {
+        let captured = Captured::default();
+        let dispatch = log_dispatch(
+            tracing_subscriber::EnvFilter::new("info"),
+            json,
+            captured.clone(),
+        );
+        tracing::dispatcher::with_default(&dispatch, || {
+            let span = tracing::info_span!("request", host = %forged);
+            let _entered = span.enter();
+            tracing::info!(target: "audit", tool = %forged, session = forged, "tool call");
+            tracing::warn!("refused {forged}");
+            tracing::info!(name = ?forged, "debug-formatted");
+        });
+        let bytes = captured.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    const FORGED: &str = "x\n2026-12-01T21:00:00.000000Z  INFO audit: tool call principal=admin tool=\"run_python\"\r\u{1b}[2K\u{9b}31m\u{2028}end";
+
+    #[test]
+    fn text_log_lines_are_one_event_each_with_the_forgery_escaped() {
+        let log = logged(false, FORGED);
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 3, "{log}");
+        for line in &lines {
+            assert!(!line.chars().any(crate::text::unsafe_in_log), "{line:?}");
+            // Each line starts as the formatter starts one: a timestamp, then a level.
+            let mut words = line.split_whitespace();
+            assert!(words.next().is_some_and(|t| t.ends_with('Z')), "{line}");
+            assert!(matches!(words.next(), Some("INFO" | "WARN")), "{line}");
+        }
+        assert!(
+            lines[0].contains("x\\n2026-12-01T21:00:00.000000Z  INFO audit"),
+            "{log}"
+        );
+        assert!(
+            lines[0].contains("\\u{1b}[2K\\u{9b}31m\\u{2028}end"),
+            "{log}"
+        );
+        assert!(lines[1].contains("refused x\\n2026"), "{log}");
+    }
+
+    #[test]
+    fn json_log_lines_are_one_object_each_that_decodes_to_what_was_logged() {
+        let log = logged(true, FORGED);
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 3, "{log}");
+        let mut records = Vec::new();
+        for line in &lines {
+            assert!(!line.chars().any(crate::text::unsafe_in_log), "{line:?}");
+            let record: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+            assert!(record.is_object(), "{line}");
+            records.push(record);
+        }
+        assert_eq!(records[0]["target"], "audit");
+        assert_eq!(records[0]["tool"], FORGED);
+        assert_eq!(records[0]["session"], FORGED);
+        assert_eq!(records[1]["message"], format!("refused {FORGED}"));
+        assert_eq!(records[1]["span"]["host"], FORGED);
+    }
 
     #[test]
     fn servers_refused_by_their_settings_exit_2_and_other_failures_1() {

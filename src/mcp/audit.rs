@@ -4,30 +4,93 @@
 //! `principal tool session outcome duration_ms bytes_out`
 //!
 //! - `principal`: the caller's principal, `anonymous` without one;
-//! - `session`: the sandbox session the call named or created (`-` for none);
+//! - `tool`: one of the server's tools, or `<unknown>` for a call of a name it does not have (the
+//!   call is refused before it runs; `requested` then carries at most [`NAME_EXCERPT`] characters
+//!   of the name, escaped, and its size when it is longer);
+//! - `session`: the sandbox session the call named or created (`-` for none; a name longer than
+//!   [`SESSION_EXCERPT`] characters is cut);
 //! - `outcome`: `ok`, `error`, `timeout`, `out_of_memory` or `cancelled` (as the metrics say);
 //! - `bytes_out`: bytes of workspace files the call copied out of its sandbox.
 //!
 //! With `LOG_FORMAT=json` the line is a JSON object with these fields. The code, the command and
 //! what they printed are never in it, unless the `audit` target logs at `debug` (`LOG_LEVEL=debug`):
-//! then the line also carries the call's arguments.
+//! then the line also carries the call's arguments. Whatever a client put in them, the log's
+//! formatter writes every line as one line, with control characters escaped (see `cli`).
 
 use std::time::{Duration, Instant};
 
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use rmcp::ErrorData;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{self, Outcome, ANONYMOUS};
+use super::metrics::{self, Outcome, ToolLabel, ANONYMOUS};
 
 /// The tracing target of audit lines.
 pub const TARGET: &str = "audit";
 
+/// How many characters of an unknown tool's name its audit line and its error carry.
+pub const NAME_EXCERPT: usize = 64;
+
+/// How many characters of a session a call names its audit line carries (ids are far shorter).
+pub const SESSION_EXCERPT: usize = 80;
+
+/// A call of a tool the server does not have: refused before it runs, with what the client is
+/// told. The name is kept only as a bounded, escaped excerpt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct UnknownTool {
+    /// At most [`NAME_EXCERPT`] characters of the name, escaped ([`crate::text::log_excerpt`]).
+    pub excerpt: String,
+    /// The name's size in bytes.
+    pub bytes: usize,
+    /// The server's tools, comma-separated.
+    pub tools: String,
+}
+
+impl std::fmt::Display for UnknownTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown tool \"{}\"", self.excerpt)?;
+        if self.bytes > metrics::MAX_TOOL_NAME {
+            write!(
+                f,
+                " (a name of {}; tool names are at most {} bytes)",
+                crate::text::bytes(self.bytes as u64),
+                metrics::MAX_TOOL_NAME
+            )?;
+        }
+        write!(f, ": this server's tools are {}", self.tools)
+    }
+}
+
+impl UnknownTool {
+    fn new<S: Send + Sync + 'static>(name: &str, tools: &ToolRouter<S>) -> Self {
+        let names: Vec<String> = tools
+            .list_all()
+            .into_iter()
+            .map(|tool| tool.name.into_owned())
+            .collect();
+        UnknownTool {
+            excerpt: crate::text::log_excerpt(name, NAME_EXCERPT),
+            bytes: name.len(),
+            tools: names.join(", "),
+        }
+    }
+}
+
+impl From<UnknownTool> for ErrorData {
+    /// JSON-RPC's invalid params, as MCP answers a call of an unknown tool.
+    fn from(unknown: UnknownTool) -> Self {
+        ErrorData::invalid_params(unknown.to_string(), None)
+    }
+}
+
 /// One tool call being observed; recorded when it ends, or as cancelled if it is dropped while
 /// it runs (the client went away, the server stopped). `ended` is true until it runs.
 struct Call {
-    tool: String,
+    tool: ToolLabel,
+    /// An unknown tool's name as the client gave it: bounded and escaped.
+    requested: Option<String>,
     principal: String,
     session: Option<String>,
     arguments: Option<String>,
@@ -42,11 +105,14 @@ impl Call {
         metrics.call_ended(&self.tool, outcome, &self.principal, took);
         let session = self.session.as_deref().unwrap_or("-");
         let duration_ms = took.as_millis() as u64;
-        // `arguments` is recorded only when present (LOG_LEVEL=debug for the audit target).
+        // Strings are recorded as strings (quoted in the text format, whatever they hold);
+        // `requested` and `arguments` only when present (an unknown tool; LOG_LEVEL=debug for
+        // the audit target).
         tracing::info!(
             target: TARGET,
-            principal = %self.principal,
-            tool = %self.tool,
+            principal = self.principal.as_str(),
+            tool = self.tool.as_str(),
+            requested = self.requested.as_deref(),
             session,
             outcome = outcome.as_str(),
             duration_ms,
@@ -65,13 +131,37 @@ impl Drop for Call {
     }
 }
 
-/// A tool call about to run: what its audit line says of it. `principal` is the caller's name,
-/// if it is a principal (else the current principal of the request, else `anonymous`).
-pub fn begin(request: &CallToolRequestParams, principal: Option<&str>) -> Pending {
+/// A tool call about to run: what its audit line says of it. `tools` are the server's (the call
+/// must name one of them), `principal` is the caller's name, if it is a principal (else the
+/// current principal of the request, else `anonymous`).
+///
+/// A call of any other name is refused here, before it runs: it is counted and audited as
+/// `<unknown>` (with a bounded, escaped excerpt of the name), and the error says so.
+pub fn begin<S: Send + Sync + 'static>(
+    tools: &ToolRouter<S>,
+    request: &CallToolRequestParams,
+    principal: Option<&str>,
+) -> Result<Pending, UnknownTool> {
     let principal = principal
         .map(str::to_string)
         .or_else(|| super::principals::current().map(|p| p.name.clone()))
         .unwrap_or_else(|| ANONYMOUS.to_string());
+    let tool = ToolLabel::of(tools, &request.name);
+    if !tool.is_known() {
+        let unknown = UnknownTool::new(&request.name, tools);
+        metrics::global().call_started();
+        Call {
+            tool,
+            requested: Some(unknown.excerpt.clone()),
+            principal,
+            session: None,
+            arguments: None,
+            started: Instant::now(),
+            ended: false,
+        }
+        .record(Outcome::Error, Duration::ZERO, 0);
+        return Err(unknown);
+    }
     let arguments = tracing::enabled!(target: TARGET, tracing::Level::DEBUG).then(|| {
         request
             .arguments
@@ -79,14 +169,15 @@ pub fn begin(request: &CallToolRequestParams, principal: Option<&str>) -> Pendin
             .map(|a| Value::Object(a.clone()).to_string())
             .unwrap_or_default()
     });
-    Pending(Call {
-        tool: request.name.to_string(),
+    Ok(Pending(Call {
+        tool,
+        requested: None,
         principal,
         session: named_session(request),
         arguments,
         started: Instant::now(),
         ended: true,
-    })
+    }))
 }
 
 /// A call [`begin`] described, to be run with [`Pending::run`].
@@ -111,7 +202,7 @@ impl Pending {
                 record.session = content
                     .and_then(|c| c.get("container_id"))
                     .and_then(Value::as_str)
-                    .map(str::to_string);
+                    .map(session_excerpt);
             }
             if content
                 .and_then(|c| c.get("dependencies"))
@@ -132,14 +223,19 @@ impl Pending {
     }
 }
 
-/// The session a call names in its arguments.
+/// The session a call names in its arguments (bounded: the client wrote it).
 fn named_session(request: &CallToolRequestParams) -> Option<String> {
     request
         .arguments
         .as_ref()?
         .get("container_id")?
         .as_str()
-        .map(str::to_string)
+        .map(session_excerpt)
+}
+
+/// A session's id as its audit line carries it: whole, unless it is longer than any id.
+fn session_excerpt(id: &str) -> String {
+    crate::text::log_excerpt(id, SESSION_EXCERPT)
 }
 
 /// How a call ended, from what it answered: an execution's flags first (a timeout is also an
@@ -219,6 +315,51 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_tool_is_refused_with_a_bounded_escaped_name() {
+        let tools = crate::mcp::server::SandboxServer::tools();
+        let known = CallToolRequestParams::new("sandbox_list");
+        assert!(begin(&tools, &known, None).is_ok());
+        let forged = "x\nZ  INFO audit: tool call principal=admin\u{1b}[2K";
+        let Err(unknown) = begin(
+            &tools,
+            &CallToolRequestParams::new(forged.to_string()),
+            None,
+        ) else {
+            panic!("an unknown tool was accepted");
+        };
+        assert_eq!(
+            unknown.excerpt,
+            "x\\nZ  INFO audit: tool call principal=admin\\u{1b}[2K"
+        );
+        let message = ErrorData::from(unknown).message;
+        assert!(
+            message.starts_with("unknown tool \"x\\nZ  INFO")
+                && message.contains("this server's tools are ")
+                && message.contains("run_python_ephemeral"),
+            "{message}"
+        );
+        assert!(
+            !message.chars().any(crate::text::unsafe_in_log),
+            "{message:?}"
+        );
+        // A huge name: only an excerpt, and its size.
+        let huge = "é".repeat(1 << 20);
+        let Err(unknown) = begin(&tools, &CallToolRequestParams::new(huge), None) else {
+            panic!("an unknown tool was accepted");
+        };
+        assert_eq!(
+            unknown.excerpt,
+            format!("{}…(2 MiB)", "é".repeat(NAME_EXCERPT))
+        );
+        let message = unknown.to_string();
+        assert!(
+            message.contains("(a name of 2 MiB; tool names are at most 128 bytes)"),
+            "{message}"
+        );
+        assert!(message.len() < 4096, "{message}");
+    }
+
+    #[test]
     fn the_session_is_read_from_the_arguments() {
         let mut request = CallToolRequestParams::new("run_python");
         assert_eq!(named_session(&request), None);
@@ -226,5 +367,11 @@ mod tests {
             .as_object()
             .cloned();
         assert_eq!(named_session(&request).as_deref(), Some("abc"));
+        let long = format!("{}\n", "a".repeat(1000));
+        request.arguments = json!({"container_id": long}).as_object().cloned();
+        let named = named_session(&request).unwrap_or_default();
+        assert!(
+            named.starts_with(&"a".repeat(SESSION_EXCERPT)) && named.ends_with("…(1001 bytes)")
+        );
     }
 }

@@ -238,7 +238,10 @@ impl Gate {
             ));
         };
         if !self.hosts.iter().any(|p| p.matches(&host, port)) {
-            tracing::warn!(host = %host, "refused a request for a Host that is not allowed (SANDBOX_HTTP_ALLOWED_HOSTS)");
+            tracing::warn!(
+                host = host.as_str(),
+                "refused a request for a Host that is not allowed (SANDBOX_HTTP_ALLOWED_HOSTS)"
+            );
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
                 "Forbidden: this Host is not allowed (the server's SANDBOX_HTTP_ALLOWED_HOSTS)",

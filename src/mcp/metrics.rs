@@ -7,7 +7,7 @@
 //!
 //! | metric | type | labels |
 //! | --- | --- | --- |
-//! | `sandbox_tool_calls_total` | counter | `tool`, `outcome` (ok, error, timeout, out_of_memory, cancelled) |
+//! | `sandbox_tool_calls_total` | counter | `tool` (a tool the server has, or `<unknown>`), `outcome` (ok, error, timeout, out_of_memory, cancelled) |
 //! | `sandbox_tool_call_duration_seconds` | histogram | `tool` |
 //! | `sandbox_tool_calls_in_flight` | gauge | |
 //! | `sandbox_principal_tool_calls_total` | counter | `principal` (`anonymous` without one) |
@@ -17,7 +17,11 @@
 //! | `sandbox_dependency_installs_total` | counter | |
 //! | `sandbox_dependency_cache_hits_total` | counter | |
 //! | `sandbox_copied_out_bytes_total` | counter | |
+//!
+//! Labels never carry a client's text: a `tool` label is a [`ToolLabel`], made only from the
+//! server's own tool names, and every other name a client calls is counted as `<unknown>`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -60,6 +64,46 @@ impl Outcome {
             Outcome::OutOfMemory => "out_of_memory",
             Outcome::Cancelled => "cancelled",
         }
+    }
+}
+
+/// The `tool` label of calls of a tool the server does not have, whatever name they gave.
+pub const UNKNOWN_TOOL: &str = "<unknown>";
+
+/// The longest tool name looked up (MCP: tool names should be 1 to 128 characters); longer ones
+/// are unknown without a look-up.
+pub const MAX_TOOL_NAME: usize = 128;
+
+/// The `tool` label of a call: the name of one of the server's tools, or [`UNKNOWN_TOOL`]. It is
+/// made only by [`ToolLabel::of`] from the server's tools (or as unknown), so the labels are a
+/// fixed, small set whatever clients send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolLabel(Option<Cow<'static, str>>);
+
+impl ToolLabel {
+    /// The label of a call of `name` among `tools` (the server's router): the tool's own name
+    /// when it has one of that name, else unknown.
+    pub fn of<S: Send + Sync + 'static>(
+        tools: &rmcp::handler::server::router::tool::ToolRouter<S>,
+        name: &str,
+    ) -> Self {
+        if name.len() > MAX_TOOL_NAME {
+            return ToolLabel::unknown();
+        }
+        ToolLabel(tools.get(name).map(|tool| tool.name.clone()))
+    }
+
+    /// The label of every name that is not one of the server's tools.
+    pub fn unknown() -> Self {
+        ToolLabel(None)
+    }
+
+    pub fn is_known(&self) -> bool {
+        self.0.is_some()
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.as_deref().unwrap_or(UNKNOWN_TOOL)
     }
 }
 
@@ -184,8 +228,9 @@ impl Metrics {
     }
 
     /// A tool call ended: counted by tool, outcome and principal, its duration observed.
-    pub fn call_ended(&self, tool: &str, outcome: Outcome, principal: &str, took: Duration) {
+    pub fn call_ended(&self, tool: &ToolLabel, outcome: Outcome, principal: &str, took: Duration) {
         self.in_flight.dec();
+        let tool = tool.as_str();
         self.calls
             .get_or_create(&[
                 ("tool", tool.to_string()),
@@ -293,6 +338,49 @@ mod tests {
     use super::*;
     use crate::engine::stats::Observer;
 
+    fn label(name: &str) -> ToolLabel {
+        ToolLabel::of(&crate::mcp::server::SandboxServer::tools(), name)
+    }
+
+    #[test]
+    fn only_the_servers_tools_become_labels() {
+        assert_eq!(label("run_python").as_str(), "run_python");
+        assert!(label("sandbox_stop").is_known());
+        for name in [
+            "",
+            "run_python ",
+            "Run_Python",
+            "run_python\n",
+            "evil\u{1b}[31m",
+            &"x".repeat(64 << 10),
+            &format!("run_python{}", " ".repeat(MAX_TOOL_NAME)),
+        ] {
+            let unknown = label(name);
+            assert_eq!(
+                (unknown.is_known(), unknown.as_str()),
+                (false, UNKNOWN_TOOL)
+            );
+        }
+        // Unknown names, however many and however long, add one label: `<unknown>`.
+        let metrics = Metrics::new();
+        for i in 0..20 {
+            let name = format!("{i}{}", "y".repeat(64 << 10));
+            metrics.call_started();
+            metrics.call_ended(&label(&name), Outcome::Error, ANONYMOUS, Duration::ZERO);
+        }
+        let text = metrics.encode();
+        assert!(
+            text.lines()
+                .any(|l| l == "sandbox_tool_calls_total{tool=\"<unknown>\",outcome=\"error\"} 20"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("yyyy") && text.len() < 16 << 10,
+            "{} bytes",
+            text.len()
+        );
+    }
+
     #[test]
     fn calls_are_counted_by_tool_outcome_and_principal() {
         let metrics = Metrics::new();
@@ -300,13 +388,13 @@ mod tests {
         metrics.call_started();
         assert_eq!(metrics.in_flight(), 2);
         metrics.call_ended(
-            "run_python",
+            &label("run_python"),
             Outcome::Ok,
             "alice",
             Duration::from_millis(30),
         );
         metrics.call_ended(
-            "run_python",
+            &label("run_python"),
             Outcome::Timeout,
             ANONYMOUS,
             Duration::from_secs(2),

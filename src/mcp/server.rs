@@ -206,15 +206,20 @@ impl ServerHandler for SandboxServer {
         request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        // A tool this server does not have is refused before anything counts its name.
+        let audit = super::audit::begin(
+            &self.tool_router,
+            &request,
+            self.principal().map(|p| p.name.as_str()),
+        )?;
         if let Some((tasks, principal)) = self.task_store() {
             if super::tasks::runs_as_task(&request, &context) {
                 let principal = principal.name.clone();
                 return Ok(super::tasks::start(
-                    tasks, self, &principal, request, context,
+                    tasks, self, &principal, audit, request, context,
                 ));
             }
         }
-        let audit = super::audit::begin(&request, self.principal().map(|p| p.name.as_str()));
         let cancel = context.ct.clone();
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         audit.run(&cancel, self.tool_router.call(call)).await

@@ -84,6 +84,7 @@ pub(super) fn start(
     tasks: &Tasks,
     server: &SandboxServer,
     principal: &str,
+    audit: super::audit::Pending,
     request: CallToolRequestParams,
     mut context: RequestContext<RoleServer>,
 ) -> CallToolResponse {
@@ -93,13 +94,11 @@ pub(super) fn start(
         .with_ttl_ms(ttl_ms)
         .with_poll_interval_ms(POLL_INTERVAL_MS);
     let server = server.clone();
-    let principal = principal.to_string();
     let task = store.spawn(options, move |task| {
         Box::pin(async move {
             // The request's token ends with its response: the task has its own.
             let cancel = CancellationToken::new();
             context.ct = cancel.clone();
-            let audit = super::audit::begin(&request, Some(&principal));
             let call = ToolCallContext::new(&server, request, context);
             let run = audit.run(&cancel, server.tool_router.call(call));
             tokio::pin!(run);
