@@ -695,6 +695,17 @@ async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFa
     *failure
 }
 
+/// The failure's text, after checking its kind and how the text begins.
+fn said(failure: &InstallFailure, kind: FailureKind, opening: &str) -> String {
+    assert_eq!(failure.kind, kind, "{failure}");
+    let text = failure.to_string();
+    assert!(
+        text.starts_with(opening),
+        "expected {opening:?} first: {text}"
+    );
+    text
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_refused_as_non_public_is_named_with_its_address_and_the_setting() {
     if skip_without_engine() {
@@ -706,22 +717,17 @@ async fn an_index_refused_as_non_public_is_named_with_its_address_and_the_settin
     let port = listener.local_addr().expect("port").port();
     let url = format!("http://{host}:{port}/simple/");
     let failure = failed_install(&url, false, "pcs-fake").await;
-    assert_eq!(
-        failure.kind,
+    let text = said(
+        &failure,
         FailureKind::Refused {
             host: host.to_string(),
             port,
             stopped: Stopped::NonPublic(host.into()),
         },
-        "{failure}"
-    );
-    let text = failure.to_string();
-    assert!(
-        text.starts_with(&format!(
+        &format!(
             "the egress proxy refused {host}:{port} (for the index {url}): {host} is a \
              non-public address"
-        )),
-        "{text}"
+        ),
     );
     assert!(
         text.contains(&format!("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE={host}")),
@@ -746,22 +752,17 @@ async fn an_index_that_does_not_answer_is_named_with_what_to_check() {
         .port();
     let url = format!("http://{host}:{port}/simple/");
     let failure = failed_install(&url, true, "pcs-fake").await;
-    assert_eq!(
-        failure.kind,
+    let text = said(
+        &failure,
         FailureKind::NoAnswer {
             host: host.to_string(),
             port,
             how: NoAnswer::Refused,
         },
-        "{failure}"
-    );
-    let text = failure.to_string();
-    assert!(
-        text.starts_with(&format!(
+        &format!(
             "the index {url} did not answer: the egress proxy could not connect to \
              {host}:{port} (the connection was refused)"
-        )),
-        "{text}"
+        ),
     );
     assert!(
         text.contains("PIP_INDEX_URL") && text.contains("SANDBOX_CA_BUNDLE"),
@@ -800,19 +801,15 @@ async fn a_project_the_index_does_not_have_is_named() {
     }
     let index = FakeIndex::start(|_| (404, "not found".into()));
     let failure = failed_install(&index.url(), true, "pcs-missing").await;
-    assert_eq!(
-        failure.kind,
+    said(
+        &failure,
         FailureKind::UnknownProject {
-            name: Some("pcs-missing".into())
+            name: Some("pcs-missing".into()),
         },
-        "{failure}"
-    );
-    assert!(
-        failure.to_string().starts_with(&format!(
+        &format!(
             "the index {} has no project named pcs-missing (HTTP 404)",
             index.url()
-        )),
-        "{failure}"
+        ),
     );
 }
 
@@ -832,20 +829,16 @@ async fn a_version_that_does_not_exist_names_those_that_do() {
         _ => (404, "not found".into()),
     });
     let failure = failed_install(&index.url(), true, "pcs-fake==9.9").await;
-    assert_eq!(
-        failure.kind,
+    said(
+        &failure,
         FailureKind::NoSuchVersion {
             requirement: "pcs-fake==9.9".into(),
             versions: vec!["1.0".into(), "2.0".into()],
         },
-        "{failure}"
-    );
-    assert!(
-        failure.to_string().starts_with(&format!(
+        &format!(
             "no version of pcs-fake==9.9 exists on the index {}; it has 1.0, 2.0.",
             index.url()
-        )),
-        "{failure}"
+        ),
     );
 }
 
@@ -859,14 +852,13 @@ async fn only_a_project_without_a_wheel_gets_the_source_build_text() {
         _ => (404, "not found".into()),
     });
     let failure = failed_install(&index.url(), true, "pcs-sdist").await;
-    assert_eq!(failure.kind, FailureKind::NoWheel, "{failure}");
-    let text = failure.to_string();
-    assert!(
-        text.starts_with(&format!(
+    let text = said(
+        &failure,
+        FailureKind::NoWheel,
+        &format!(
             "a requested project has no wheel for this platform on the index {}.",
             index.url()
-        )),
-        "{text}"
+        ),
     );
     assert!(text.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{text}");
 }
