@@ -3,7 +3,7 @@
 //!
 //! Pure logic over paths and JSON values; `setup` does the reading, backing up and writing.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::{json, Map, Value};
 
@@ -184,15 +184,10 @@ pub fn merge(
 }
 
 /// Where the previous version of `file` is kept before it is rewritten.
-pub fn backup_path(file: &Path, stamp: u64) -> PathBuf {
-    let mut name = file.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".backup-{stamp}"));
-    file.with_file_name(name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn launch() -> Launch {
         Launch {
@@ -291,10 +286,6 @@ mod tests {
         assert_eq!(vscode["servers"]["python-sandbox"]["type"], "stdio");
         let cursor = Client::Cursor.snippet("python-sandbox", &launch());
         assert!(cursor["mcpServers"]["python-sandbox"].get("type").is_none());
-        assert_eq!(
-            backup_path(Path::new("/a/b.json"), 7),
-            Path::new("/a/b.json.backup-7")
-        );
         assert!(Client::Cursor.config_file(&Home::default()).is_none());
     }
 }

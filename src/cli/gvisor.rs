@@ -139,16 +139,10 @@ pub async fn register(
         why,
     })?;
     let backup = match &old {
-        Some(text) => {
-            let backup = backup_path(&file);
-            replace::create_new(&backup, text.as_bytes()).map_err(|source| {
-                GvisorError::Backup {
-                    path: backup.clone(),
-                    source,
-                }
-            })?;
-            Some(backup)
-        }
+        Some(text) => Some(
+            replace::keep_backup(&file, text.as_bytes())
+                .map_err(|(path, source)| GvisorError::Backup { path, source })?,
+        ),
         None => None,
     };
     replace::replace(&file, merged.as_bytes(), 0o644)?;
@@ -206,16 +200,6 @@ fn with_runtime(old: Option<&str>, runsc: &Path) -> Result<String, String> {
         .map_err(|e| format!("cannot write it back: {e}"))?;
     text.push('\n');
     Ok(text)
-}
-
-fn backup_path(file: &Path) -> PathBuf {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let mut name = file.as_os_str().to_owned();
-    name.push(format!(".backup-{stamp}"));
-    PathBuf::from(name)
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {

@@ -101,6 +101,28 @@ pub fn replace(file: &Path, bytes: &[u8], mode: u32) -> Result<PathBuf, ReplaceE
     Ok(target)
 }
 
+/// Where a backup of `file` made at `stamp` (Unix seconds) goes: `FILE.backup-STAMP` beside it.
+pub fn backup_path(file: &Path, stamp: u64) -> PathBuf {
+    let mut name = file.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".backup-{stamp}"));
+    file.with_file_name(name)
+}
+
+/// Keeps `old`, the content `file` had before it is replaced, as `FILE.backup-NOW`: created,
+/// never overwritten, so a link planted at that name is not followed. Returns its path; the
+/// error names it.
+pub fn keep_backup(file: &Path, old: &[u8]) -> Result<PathBuf, (PathBuf, io::Error)> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let backup = backup_path(file, stamp);
+    match create_new(&backup, old) {
+        Ok(()) => Ok(backup),
+        Err(e) => Err((backup, e)),
+    }
+}
+
 /// Creates `path` with `bytes`, mode 0600, failing if anything (a link too) is already there.
 pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut out = OpenOptions::new()
@@ -130,6 +152,24 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pcs-replace-{}", uuid::Uuid::new_v4()));
         fs::create_dir_all(&dir).expect("scratch directory");
         dir
+    }
+
+    #[test]
+    fn a_backup_sits_beside_the_file_and_is_never_written_through_a_link() {
+        assert_eq!(
+            backup_path(Path::new("/a/b.json"), 7),
+            Path::new("/a/b.json.backup-7")
+        );
+        let dir = scratch();
+        let file = dir.join("daemon.json");
+        let backup = keep_backup(&file, b"old").expect("backup");
+        assert_eq!(backup.parent(), Some(dir.as_path()));
+        assert_eq!(fs::read(&backup).expect("read"), b"old");
+        // A second one in the same second finds the name taken: refused, not overwritten.
+        let (taken, _) = keep_backup(&file, b"newer").expect_err("name taken");
+        assert_eq!(taken, backup);
+        assert_eq!(fs::read(&backup).expect("read"), b"old");
+        fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]

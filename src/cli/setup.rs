@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::client_config::{self, Client, Home, Launch, Merged};
 use super::{doctor, progress::Progress, replace, EXIT_CONFIG, EXIT_INFRA};
@@ -246,20 +245,13 @@ fn write_entry(
     if merged == Merged::Unchanged {
         return Ok((merged, None));
     }
-    let backup = match &existing {
-        Some(old) => {
-            let stamp = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let backup = client_config::backup_path(file, stamp);
-            // Created, never overwritten: a link planted at that name is not followed.
-            replace::create_new(&backup, old.as_bytes())
-                .map_err(|e| format!("cannot keep a backup as {}: {e}", backup.display()))?;
-            Some(backup)
-        }
-        None => None,
-    };
+    let backup =
+        match &existing {
+            Some(old) => Some(replace::keep_backup(file, old.as_bytes()).map_err(
+                |(backup, e)| format!("cannot keep a backup as {}: {e}", backup.display()),
+            )?),
+            None => None,
+        };
     // The client never reads half a file; the old file's permissions are kept (such files may
     // hold tokens), a new one is readable by its owner only.
     replace::replace(file, text.as_bytes(), 0o600).map_err(|e| e.to_string())?;
