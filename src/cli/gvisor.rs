@@ -86,15 +86,13 @@ pub enum GvisorError {
 }
 
 /// What registration did.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Registered {
     /// The engine already listed it: nothing was changed.
     Already,
-    /// Written into `file` (the old one kept as `backup`) and reloaded.
-    Now {
-        file: PathBuf,
-        backup: Option<PathBuf>,
-    },
+    /// Written into the engine's configuration (the old file backed up, both said as they
+    /// happened) and reloaded; how the engine describes itself since.
+    Now(Box<BackendInfo>),
 }
 
 /// Registers gVisor with the engine `backend` speaks to (see the module's documentation).
@@ -166,7 +164,7 @@ pub async fn register(
     loop {
         if let Ok(info) = backend.info().await {
             if info.runtimes.contains_key(RUNTIME_NAME) {
-                return Ok(Registered::Now { file, backup });
+                return Ok(Registered::Now(Box::new(info)));
             }
         }
         if tokio::time::Instant::now() >= deadline {

@@ -261,22 +261,19 @@ fn write_entry(
 /// Step 2: which runtime the code will get, and why; with `--gvisor`, gVisor registered first
 /// where it is not. An engine that refuses every sandbox stops setup here.
 async fn runtime(backend: &DockerBackend, config: &Config, gvisor: bool) -> Result<(), ExitCode> {
-    let describe = || async {
-        backend.info().await.map_err(|e| {
-            eprintln!("python-code-sandbox setup: the engine did not describe itself: {e}");
-            ExitCode::from(EXIT_INFRA)
-        })
-    };
-    let mut info = describe().await?;
+    let mut info = backend.info().await.map_err(|e| {
+        eprintln!("python-code-sandbox setup: the engine did not describe itself: {e}");
+        ExitCode::from(EXIT_INFRA)
+    })?;
     if gvisor {
         let say = |step: &str| println!("   {step}");
         match super::gvisor::register(backend, &info, &say).await {
             Ok(super::gvisor::Registered::Already) => {
                 println!("   gVisor (runsc) is already registered with {}", info.name)
             }
-            Ok(super::gvisor::Registered::Now { .. }) => {
+            Ok(super::gvisor::Registered::Now(engine)) => {
                 println!("   ok: gVisor (runsc) registered with {}", info.name);
-                info = describe().await?;
+                info = *engine;
             }
             Err(e) => {
                 eprintln!("python-code-sandbox setup: gVisor: {e}");
