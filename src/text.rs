@@ -127,6 +127,18 @@ pub fn share_budget(budget: usize, a: usize, b: usize) -> (usize, usize) {
     }
 }
 
+/// Untrusted text shown on one line to a person or a model: trimmed, every character
+/// [`unsafe_in_log`] (controls, line separators, bidirectional marks) a space, at most
+/// `max_chars` characters.
+pub fn one_line(text: &str, max_chars: usize) -> String {
+    let line: String = text
+        .trim()
+        .chars()
+        .map(|c| if unsafe_in_log(c) { ' ' } else { c })
+        .collect();
+    truncate_chars(&line, max_chars)
+}
+
 /// The characters of a stream of output as a reader sees it (invalid UTF-8 replaced).
 pub fn output_chars(output: &[u8]) -> usize {
     String::from_utf8_lossy(output).chars().count()
@@ -199,6 +211,15 @@ pub fn log_excerpt(text: &str, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_line_has_no_line_breaks_controls_or_reordering_and_is_bounded() {
+        assert_eq!(
+            one_line("  a\nb\r\u{1b}[2Kc\u{202e}d  ", 100),
+            "a b  [2Kc d"
+        );
+        assert_eq!(one_line("abcdef", 3), "abc");
+    }
 
     #[test]
     fn log_text_has_no_control_characters_left() {

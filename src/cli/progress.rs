@@ -84,12 +84,7 @@ impl Progress {
 /// Steps are single lines: control characters (from an engine's or a package's output) would
 /// move the cursor on a terminal.
 fn one_line(step: &str) -> String {
-    let line: String = step
-        .trim()
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    crate::text::truncate_chars(&line, 200)
+    crate::text::one_line(step, 200)
 }
 
 #[cfg(test)]

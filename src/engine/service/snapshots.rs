@@ -90,12 +90,8 @@ fn session_owner(session: &Session) -> String {
 
 /// A snapshot's name as the agent gave it: one line, at most 100 characters.
 fn clean_name(name: Option<String>) -> Option<String> {
-    let name: String = name?
-        .trim()
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    (!name.is_empty()).then(|| truncate_chars(&name, 100))
+    let name = crate::text::one_line(&name?, 100);
+    (!name.is_empty()).then_some(name)
 }
 
 impl Engine {
