@@ -23,8 +23,10 @@
 
 pub mod artifacts;
 pub mod backend;
+mod bounded;
 mod compose;
 pub mod deps;
+pub mod displays;
 pub mod docker;
 pub mod egress;
 pub mod error;

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use super::displays::{Metadata, MimeBundle, Output, StreamName};
 use super::protocol::{ChangedEntry, RaisedException, RunnerResult};
-pub use super::protocol::{MimeBundle, Output, StreamName};
 
 /// The outcome of one execution.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,6 +47,9 @@ pub struct Execution {
     pub outputs: Vec<Output>,
     /// Outputs the runner dropped over their bounds.
     pub outputs_dropped: u64,
+    /// The code cleared its output (`clear_output`): `outputs` is what a notebook shows after
+    /// the cell; `stdout` and `stderr` stay whole.
+    pub outputs_cleared: bool,
     /// The connections the code tried through the egress proxy during this execution
     /// (`SANDBOX_NETWORK=allowlist`; `None` in the other modes).
     pub network: Option<Vec<NetworkEntry>>,
@@ -64,6 +67,7 @@ impl Execution {
             error: result.error,
             outputs: result.outputs,
             outputs_dropped: result.outputs_dropped,
+            outputs_cleared: result.outputs_cleared,
             changes: Changes {
                 entries: result.changed,
                 left_out: result.changed_left_out,

@@ -12,6 +12,8 @@
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use super::bounded::at_most;
+pub use super::displays::{MimeBundle, Output, RawOutput, StreamName, MAX_OUTPUTS};
 use crate::text::truncate_chars;
 
 /// The runner's loader: the first frame, which the bootstrap executes.
@@ -324,35 +326,6 @@ struct PreloadedBody {
 /// Entries of one directory listing, at most.
 pub const MAX_LISTED_ENTRIES: usize = 1000;
 
-/// A list of at most `N` items: parsing stops with an error at item `N + 1`, so a list the
-/// sandbox makes long costs no more memory than `N` items, whatever the frame holds.
-fn at_most<'de, D, T, const N: usize>(deserializer: D) -> Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    struct Bounded<T, const N: usize>(std::marker::PhantomData<T>);
-    impl<'de, T: Deserialize<'de>, const N: usize> serde::de::Visitor<'de> for Bounded<T, N> {
-        type Value = Vec<T>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            write!(f, "a list of at most {N} items")
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut items = Vec::new();
-            while let Some(item) = seq.next_element()? {
-                if items.len() == N {
-                    return Err(serde::de::Error::custom(format!("more than {N} items")));
-                }
-                items.push(item);
-            }
-            Ok(items)
-        }
-    }
-    deserializer.deserialize_seq(Bounded::<T, N>(std::marker::PhantomData))
-}
-
 #[derive(Deserialize)]
 struct WrittenBody {
     id: u64,
@@ -652,175 +625,6 @@ pub struct RawResult {
     pub outputs_dropped: u64,
 }
 
-/// Outputs other than streams one execution may return (the runner drops and counts the rest).
-pub const MAX_OUTPUTS: usize = 200;
-/// MIME types in one display's bundle, and lines of one traceback.
-pub const MAX_MIME_TYPES: usize = 32;
-pub const MAX_TRACEBACK_LINES: usize = 512;
-
-/// One output as the runner sent it: not a stream (those are cut from the captured streams at
-/// the positions `at` and `through` give).
-#[derive(Debug, Clone, Deserialize)]
-pub struct RawOutput {
-    pub output_type: String,
-    /// `[mime, value]` pairs: text, base64 for images, JSON text for `application/json`.
-    #[serde(default, deserialize_with = "at_most::<_, _, MAX_MIME_TYPES>")]
-    pub data: Vec<(String, String)>,
-    #[serde(default)]
-    pub execution_count: Option<u64>,
-    #[serde(default)]
-    pub ename: String,
-    #[serde(default)]
-    pub evalue: String,
-    #[serde(default, deserialize_with = "at_most::<_, _, MAX_TRACEBACK_LINES>")]
-    pub traceback: Vec<String>,
-    /// Bytes of stdout and stderr written before this output.
-    pub at: [u64; 2],
-    /// An error's traceback is also on stderr, up to here: that text is the error output, not a
-    /// stream.
-    #[serde(default)]
-    pub through: Option<[u64; 2]>,
-}
-
-/// One output of an execution, in the order the code produced it: Jupyter's nbformat v4 outputs.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Output {
-    Stream {
-        name: StreamName,
-        text: String,
-    },
-    DisplayData {
-        data: MimeBundle,
-    },
-    ExecuteResult {
-        data: MimeBundle,
-        execution_count: u64,
-    },
-    Error {
-        ename: String,
-        evalue: String,
-        traceback: Vec<String>,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamName {
-    Stdout,
-    Stderr,
-}
-
-impl StreamName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamName::Stdout => "stdout",
-            StreamName::Stderr => "stderr",
-        }
-    }
-}
-
-/// `(mime type, value)` pairs, `text/plain` always among them: values are text, base64 for
-/// `image/png` and `image/jpeg` (checked), JSON text for `application/json` (checked).
-pub type MimeBundle = Vec<(String, String)>;
-
-/// A MIME bundle from the runner, checked: well-formed type names, each once; images that decode;
-/// JSON that parses. Values that fail are left out; `text/plain` is always there.
-fn checked_bundle(raw: Vec<(String, String)>) -> MimeBundle {
-    let mut bundle: MimeBundle = Vec::with_capacity(raw.len());
-    for (mime, value) in raw {
-        let well_formed = mime.len() <= 100
-            && mime.split_once('/').is_some_and(|(a, b)| {
-                !a.is_empty()
-                    && !b.is_empty()
-                    && mime
-                        .bytes()
-                        .all(|c| c.is_ascii_alphanumeric() || b"/.+-_".contains(&c))
-            });
-        if !well_formed || bundle.iter().any(|(m, _)| *m == mime) {
-            continue;
-        }
-        let valid = match mime.as_str() {
-            "image/png" | "image/jpeg" => base64::engine::general_purpose::STANDARD
-                .decode(&value)
-                .is_ok_and(|bytes| {
-                    bytes.starts_with(if mime == "image/png" {
-                        b"\x89PNG\r\n\x1a\n"
-                    } else {
-                        b"\xff\xd8\xff"
-                    })
-                }),
-            "application/json" => serde_json::from_str::<serde::de::IgnoredAny>(&value).is_ok(),
-            _ => true,
-        };
-        if valid {
-            bundle.push((mime, value));
-        }
-    }
-    if !bundle.iter().any(|(m, _)| m == "text/plain") {
-        bundle.push(("text/plain".into(), String::new()));
-    }
-    bundle
-}
-
-/// The outputs in order: stream text cut from the kept stdout and stderr at the positions each
-/// output carries (positions beyond what was kept, or going back, are clamped), consecutive text
-/// of one stream merged.
-fn ordered_outputs(raw: Vec<RawOutput>, stdout: &[u8], stderr: &[u8]) -> Vec<Output> {
-    let streams = [(StreamName::Stdout, stdout), (StreamName::Stderr, stderr)];
-    let mut outputs = Vec::with_capacity(raw.len() * 2 + 2);
-    let mut done = [0usize; 2];
-    let advance = |outputs: &mut Vec<Output>, done: &mut [usize; 2], to: [u64; 2], emit: bool| {
-        for (i, (name, bytes)) in streams.iter().enumerate() {
-            let end = usize::try_from(to[i])
-                .unwrap_or(usize::MAX)
-                .min(bytes.len())
-                .max(done[i]);
-            if emit && end > done[i] {
-                let text = String::from_utf8_lossy(&bytes[done[i]..end]);
-                match outputs.last_mut() {
-                    Some(Output::Stream {
-                        name: last,
-                        text: so_far,
-                    }) if last == name => so_far.push_str(&text),
-                    _ => outputs.push(Output::Stream {
-                        name: *name,
-                        text: text.into_owned(),
-                    }),
-                }
-            }
-            done[i] = end;
-        }
-    };
-    for output in raw {
-        advance(&mut outputs, &mut done, output.at, true);
-        match output.output_type.as_str() {
-            "display_data" => outputs.push(Output::DisplayData {
-                data: checked_bundle(output.data),
-            }),
-            "execute_result" => outputs.push(Output::ExecuteResult {
-                data: checked_bundle(output.data),
-                execution_count: output.execution_count.unwrap_or(0),
-            }),
-            "error" => {
-                outputs.push(Output::Error {
-                    ename: truncate_chars(&output.ename, 200),
-                    evalue: truncate_chars(&output.evalue, 1000),
-                    traceback: output
-                        .traceback
-                        .iter()
-                        .map(|line| truncate_chars(line, 2000))
-                        .collect(),
-                });
-                if let Some(through) = output.through {
-                    advance(&mut outputs, &mut done, through, false);
-                }
-            }
-            _ => {} // a type this host does not know: nothing to show
-        }
-    }
-    advance(&mut outputs, &mut done, [u64::MAX; 2], true);
-    outputs
-}
-
 /// The exception that ended the code, when one did.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct RaisedException {
@@ -848,8 +652,10 @@ pub struct RunnerResult {
     pub changed_truncated: bool,
     /// PNG images of the matplotlib figures the code showed or left open.
     pub figures: Vec<Vec<u8>>,
-    /// Everything the code showed, in order (nbformat v4 outputs).
+    /// Everything the code showed, in order (nbformat v4 outputs), its clears and updates applied.
     pub outputs: Vec<Output>,
+    /// The code cleared its output: `outputs` is what a notebook shows, the streams are whole.
+    pub outputs_cleared: bool,
     /// Outputs dropped over their bounds.
     pub outputs_dropped: u64,
 }
@@ -950,9 +756,10 @@ impl RawResult {
             }
             figures.push(png);
         }
-        let outputs = ordered_outputs(self.outputs, &stdout, &stderr);
+        let shown = super::displays::ordered(self.outputs, &stdout, &stderr);
         Ok(RunnerResult {
-            outputs,
+            outputs: shown.outputs,
+            outputs_cleared: shown.cleared,
             outputs_dropped: self.outputs_dropped,
             stdout,
             stderr,
@@ -1218,68 +1025,6 @@ mod tests {
         assert!(Reply::parse(br#"{"type":"surprise","id":1}"#).is_err());
         assert!(Reply::parse(br#"{"id":1}"#).is_err());
         assert!(Reply::parse(b"[1,2]").is_err());
-    }
-
-    #[test]
-    fn outputs_cut_the_streams_at_their_positions_and_bad_values_are_left_out() {
-        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
-        let body = format!(
-            r#"{{"type":"result","id":1,"exit_code":1,"stdout":"{}","stderr":"{}","stdout_dropped":0,"stderr_dropped":0,"duration_ms":1,"interrupted":false,"error":null,"outputs":[
-              {{"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png","{}"],["bad mime","v"],["application/json","{{nope"],["text/plain","x"]],"at":[2,0]}},
-              {{"output_type":"execute_result","data":[["application/json","[1]"]],"execution_count":4,"at":[4,1]}},
-              {{"output_type":"error","ename":"E","evalue":"v","traceback":["Traceback","E: v"],"at":[99,999],"through":[4,6]}},
-              {{"output_type":"display_data","data":[["text/plain","late"]],"at":[1,0]}}],"outputs_dropped":3}}"#,
-            b64(b"a
-b
-c
-"),
-            b64(b"w
-TB!!
-"),
-            b64(b"not a png")
-        );
-        let Ok(Reply::Result(raw)) = Reply::parse(body.as_bytes()) else {
-            panic!("no result")
-        };
-        let result = raw.validate(1, 1 << 20).unwrap();
-        assert_eq!(result.outputs_dropped, 3);
-        let stream = |name, text: &str| Output::Stream {
-            name,
-            text: text.into(),
-        };
-        assert_eq!(
-            result.outputs,
-            vec![
-                stream(StreamName::Stdout, "a\n"),
-                Output::DisplayData {
-                    data: vec![
-                        ("text/html".into(), "<b>x</b>".into()),
-                        ("text/plain".into(), "x".into())
-                    ]
-                },
-                stream(StreamName::Stdout, "b\n"),
-                stream(StreamName::Stderr, "w"),
-                Output::ExecuteResult {
-                    data: vec![
-                        ("application/json".into(), "[1]".into()),
-                        ("text/plain".into(), String::new())
-                    ],
-                    execution_count: 4
-                },
-                // Positions past the kept text are clamped; the traceback's text is the error.
-                stream(StreamName::Stdout, "c\n"),
-                stream(StreamName::Stderr, "\nTB!!\n"),
-                Output::Error {
-                    ename: "E".into(),
-                    evalue: "v".into(),
-                    traceback: vec!["Traceback".into(), "E: v".into()]
-                },
-                // A position going back counts as no new text.
-                Output::DisplayData {
-                    data: vec![("text/plain".into(), "late".into())]
-                },
-            ]
-        );
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub enum OutputJson {
         /// By MIME type: text; base64 for images; the JSON itself for application/json.
         data: serde_json::Map<String, serde_json::Value>,
         metadata: serde_json::Map<String, serde_json::Value>,
+        /// The display's id, when it has one (`display(..., display_id=True)`): a later
+        /// `update_display_data` with this id replaces it. Not kept in a saved notebook.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        transient: Option<Transient>,
     },
     ExecuteResult {
         /// By MIME type: text; base64 for images; the JSON itself for application/json.
@@ -38,11 +42,24 @@ pub enum OutputJson {
         /// Counts the session's executions, like a notebook's `Out[n]`.
         execution_count: u64,
     },
+    /// New content for a display an earlier call showed (its `transient.display_id`); an update
+    /// of a display of this call is already applied to it.
+    UpdateDisplayData {
+        data: serde_json::Map<String, serde_json::Value>,
+        metadata: serde_json::Map<String, serde_json::Value>,
+        transient: Transient,
+    },
     Error {
         ename: String,
         evalue: String,
         traceback: Vec<String>,
     },
+}
+
+/// What identifies a display across calls (Jupyter's `transient`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Transient {
+    pub display_id: String,
 }
 
 fn bundle_json(bundle: &[(String, String)]) -> serde_json::Map<String, serde_json::Value> {
@@ -67,17 +84,36 @@ impl OutputJson {
                 name: name.as_str().to_string(),
                 text: text.clone(),
             },
-            Output::DisplayData { data } => OutputJson::DisplayData {
+            Output::DisplayData {
+                data,
+                metadata,
+                display_id,
+            } => OutputJson::DisplayData {
                 data: bundle_json(data),
-                metadata: Default::default(),
+                metadata: metadata.clone(),
+                transient: display_id.as_ref().map(|id| Transient {
+                    display_id: id.clone(),
+                }),
             },
             Output::ExecuteResult {
                 data,
+                metadata,
                 execution_count,
             } => OutputJson::ExecuteResult {
                 data: bundle_json(data),
-                metadata: Default::default(),
+                metadata: metadata.clone(),
                 execution_count: *execution_count,
+            },
+            Output::UpdateDisplayData {
+                data,
+                metadata,
+                display_id,
+            } => OutputJson::UpdateDisplayData {
+                data: bundle_json(data),
+                metadata: metadata.clone(),
+                transient: Transient {
+                    display_id: display_id.clone(),
+                },
             },
             Output::Error {
                 ename,
@@ -128,10 +164,14 @@ pub fn output_blocks(outputs: &[Output], execution_count: Option<u64>) -> Vec<Co
                 blocks.push(ContentBlock::text(traceback.join("\n")));
                 continue;
             }
-            Output::DisplayData { data } => (data, String::new()),
+            Output::DisplayData { data, .. } => (data, String::new()),
+            Output::UpdateDisplayData { data, .. } => {
+                (data, "(an earlier display, updated) ".into())
+            }
             Output::ExecuteResult {
                 data,
                 execution_count,
+                ..
             } => (data, format!("Out[{execution_count}]: ")),
         };
         let get = |mime: &str| {
@@ -178,9 +218,7 @@ pub fn output_blocks(outputs: &[Output], execution_count: Option<u64>) -> Vec<Co
 
 /// Outputs beyond what the stdout/stderr summary says: displays or a last value.
 pub fn has_rich_outputs(outputs: &[Output]) -> bool {
-    outputs
-        .iter()
-        .any(|o| matches!(o, Output::DisplayData { .. } | Output::ExecuteResult { .. }))
+    outputs.iter().any(|o| o.bundle().is_some())
 }
 
 /// MIME types that are images, not text: outside the text budget.
@@ -209,9 +247,9 @@ pub fn bounded(
     let mut room = budget.saturating_mul(2);
     for output in outputs.iter_mut().flatten() {
         match output {
-            Output::DisplayData { data } | Output::ExecuteResult { data, .. } => {
-                bound_bundle(data, &mut room, budget / 2)
-            }
+            Output::DisplayData { data, .. }
+            | Output::ExecuteResult { data, .. }
+            | Output::UpdateDisplayData { data, .. } => bound_bundle(data, &mut room, budget / 2),
             Output::Error { traceback, .. } => bound_traceback(traceback, budget / 2),
             Output::Stream { .. } => {}
         }
@@ -358,12 +396,11 @@ mod tests {
     }
 
     fn display(data: &[(&str, &str)]) -> Output {
-        Output::DisplayData {
-            data: data
-                .iter()
+        Output::display(
+            data.iter()
                 .map(|(m, v)| (m.to_string(), v.to_string()))
                 .collect(),
-        }
+        )
     }
 
     fn lines(from: usize, to: usize) -> String {
@@ -404,7 +441,7 @@ mod tests {
             .iter()
             .map(|o| match o {
                 Output::Stream { name, .. } => name.as_str().to_string(),
-                Output::DisplayData { data } => data[0].1.clone(),
+                Output::DisplayData { data, .. } => data[0].1.clone(),
                 _ => "other".into(),
             })
             .collect();
@@ -436,7 +473,7 @@ mod tests {
         ];
         let bounded = bounded(&outputs, [0, 0], 20_000, &line_for);
         let data = |i: usize| match &bounded[i] {
-            Output::DisplayData { data } => data.clone(),
+            Output::DisplayData { data, .. } => data.clone(),
             other => panic!("{other:?}"),
         };
         let first = data(0);
@@ -462,7 +499,7 @@ mod tests {
         let texts: Vec<&str> = bounded
             .iter()
             .map(|o| match o {
-                Output::DisplayData { data } => data[0].1.as_str(),
+                Output::DisplayData { data, .. } => data[0].1.as_str(),
                 _ => "",
             })
             .collect();

@@ -409,7 +409,7 @@ pub fn execution(
         .map(|a| delivery(a, container_id, readable_max))
         .collect();
     // With displays or a last value, the streams come in order among them rather than first.
-    let rich = notebook::has_rich_outputs(&outputs);
+    let rich = execution.outputs_cleared || notebook::has_rich_outputs(&outputs);
     let text = summary(execution, limits, &stdout, &stderr, &deliveries, rich);
     let output = ExecutionOutput {
         stdout,
@@ -466,7 +466,7 @@ pub fn execution(
         });
         content.extend(notebook::output_blocks(&outputs, count));
         for output in &outputs {
-            if let Output::DisplayData { data } | Output::ExecuteResult { data, .. } = output {
+            if let Some(data) = output.bundle() {
                 shown_images.extend(
                     data.iter()
                         .filter(|(m, _)| m == "image/png")
@@ -826,18 +826,17 @@ mod tests {
                 name: StreamName::Stdout,
                 text: "hi\n".into(),
             },
-            Output::DisplayData {
-                data: vec![
-                    ("image/png".into(), png64.clone()),
-                    ("text/plain".into(), "<Figure>".into()),
-                ],
-            },
+            Output::display(vec![
+                ("image/png".into(), png64.clone()),
+                ("text/plain".into(), "<Figure>".into()),
+            ]),
             Output::ExecuteResult {
                 data: vec![
                     ("text/html".into(), "<table/>".into()),
                     ("application/json".into(), "{\"a\":1}".into()),
                     ("text/plain".into(), "   a\n0  1".into()),
                 ],
+                metadata: Default::default(),
                 execution_count: 7,
             },
         ];

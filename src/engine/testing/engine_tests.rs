@@ -568,7 +568,7 @@ async fn a_session_shows_its_last_value_and_keeps_it_in_underscore() {
     };
     let first = run("print('a')\ndisplay('b')\nprint('c')\n6 * 7").await;
     let plain = |output: &Output| match output {
-        Output::DisplayData { data } | Output::ExecuteResult { data, .. } => data
+        Output::DisplayData { data, .. } | Output::ExecuteResult { data, .. } => data
             .iter()
             .find(|(mime, _)| mime == "text/plain")
             .map(|(_, value)| value.clone()),

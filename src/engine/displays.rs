@@ -1,0 +1,518 @@
+//! What an execution showed, as the runner reports it and as a notebook keeps it.
+//!
+//! The runner sends its outputs other than streams (IPython's display publisher and display hook:
+//! `display_data`, `execute_result`, `error`, and the two messages that change what was shown,
+//! `update_display_data` and `clear_output`), each with the byte positions of stdout and stderr
+//! when it came; the stream text itself is cut here from the captured streams at those positions.
+//! Then what a notebook shows after the cell is computed: a `clear_output` removes everything
+//! before it (with `wait`, only when the next output arrives), an update replaces the displays of
+//! this call with its id. An update for a display of an earlier call stays an output of its own
+//! (the caller that keeps the earlier call's outputs applies it there).
+//!
+//! Everything here came from the sandbox: bounded on parsing (counts) and checked (MIME names,
+//! images that decode, JSON that parses); what fails is left out, never trusted.
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+use super::bounded::at_most;
+use crate::text::truncate_chars;
+
+/// Outputs other than streams one execution may return (the runner drops and counts the rest).
+pub const MAX_OUTPUTS: usize = 200;
+/// MIME types in one display's bundle, and lines of one traceback.
+pub const MAX_MIME_TYPES: usize = 32;
+pub const MAX_TRACEBACK_LINES: usize = 512;
+/// Entries of one output's metadata, and bytes of its JSON.
+const MAX_METADATA_ENTRIES: usize = 32;
+const MAX_METADATA_BYTES: usize = 16 << 10;
+/// Characters of a display id.
+const MAX_DISPLAY_ID_CHARS: usize = 200;
+
+/// One output as the runner sent it: not a stream (those are cut from the captured streams at
+/// the positions `at` and `through` give).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawOutput {
+    pub output_type: String,
+    /// `[mime, value]` pairs: text, base64 for images, JSON text for `application/json`.
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_MIME_TYPES>")]
+    pub data: Vec<(String, String)>,
+    #[serde(default)]
+    pub metadata: Option<serde_json::Value>,
+    /// The display's id (IPython's `transient.display_id`).
+    #[serde(default)]
+    pub display_id: Option<String>,
+    /// `clear_output(wait=True)`: clear when the next output arrives.
+    #[serde(default)]
+    pub wait: bool,
+    #[serde(default)]
+    pub execution_count: Option<u64>,
+    #[serde(default)]
+    pub ename: String,
+    #[serde(default)]
+    pub evalue: String,
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_TRACEBACK_LINES>")]
+    pub traceback: Vec<String>,
+    /// Bytes of stdout and stderr written before this output.
+    pub at: [u64; 2],
+    /// An error's traceback is also on stderr, up to here: that text is the error output, not a
+    /// stream.
+    #[serde(default)]
+    pub through: Option<[u64; 2]>,
+}
+
+/// An output's metadata (nbformat's `metadata`, e.g. an image's width), bounded.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// One output of an execution, in the order the code produced it: Jupyter's nbformat v4 outputs,
+/// and an update of an earlier call's display.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    Stream {
+        name: StreamName,
+        text: String,
+    },
+    DisplayData {
+        data: MimeBundle,
+        metadata: Metadata,
+        /// The id `update_display` finds it by (not part of a saved notebook).
+        display_id: Option<String>,
+    },
+    ExecuteResult {
+        data: MimeBundle,
+        metadata: Metadata,
+        execution_count: u64,
+    },
+    Error {
+        ename: String,
+        evalue: String,
+        traceback: Vec<String>,
+    },
+    /// New content for the display with this id, shown by an earlier call.
+    UpdateDisplayData {
+        data: MimeBundle,
+        metadata: Metadata,
+        display_id: String,
+    },
+}
+
+impl Output {
+    /// A display without metadata or id.
+    pub fn display(data: MimeBundle) -> Output {
+        Output::DisplayData {
+            data,
+            metadata: Metadata::new(),
+            display_id: None,
+        }
+    }
+
+    /// The MIME bundle of a display, a value or an update.
+    pub fn bundle(&self) -> Option<&MimeBundle> {
+        match self {
+            Output::DisplayData { data, .. }
+            | Output::ExecuteResult { data, .. }
+            | Output::UpdateDisplayData { data, .. } => Some(data),
+            Output::Stream { .. } | Output::Error { .. } => None,
+        }
+    }
+
+    /// Applies an update for `id` when this is that display: true when it was.
+    pub fn update(&mut self, id: &str, new: &MimeBundle, new_metadata: &Metadata) -> bool {
+        match self {
+            Output::DisplayData {
+                data,
+                metadata,
+                display_id: Some(own),
+            } if own == id => {
+                data.clone_from(new);
+                metadata.clone_from(new_metadata);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamName {
+    Stdout,
+    Stderr,
+}
+
+impl StreamName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+        }
+    }
+}
+
+/// `(mime type, value)` pairs, `text/plain` always among them: values are text, base64 for
+/// `image/png` and `image/jpeg` (checked), JSON text for `application/json` (checked).
+pub type MimeBundle = Vec<(String, String)>;
+
+/// A MIME bundle from the runner, checked: well-formed type names, each once; images that decode;
+/// JSON that parses. Values that fail are left out; `text/plain` is always there.
+fn checked_bundle(raw: Vec<(String, String)>) -> MimeBundle {
+    let mut bundle: MimeBundle = Vec::with_capacity(raw.len());
+    for (mime, value) in raw {
+        let well_formed = mime.len() <= 100
+            && mime.split_once('/').is_some_and(|(a, b)| {
+                !a.is_empty()
+                    && !b.is_empty()
+                    && mime
+                        .bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || b"/.+-_".contains(&c))
+            });
+        if !well_formed || bundle.iter().any(|(m, _)| *m == mime) {
+            continue;
+        }
+        let valid = match mime.as_str() {
+            "image/png" | "image/jpeg" => base64::engine::general_purpose::STANDARD
+                .decode(&value)
+                .is_ok_and(|bytes| {
+                    bytes.starts_with(if mime == "image/png" {
+                        b"\x89PNG\r\n\x1a\n"
+                    } else {
+                        b"\xff\xd8\xff"
+                    })
+                }),
+            "application/json" => serde_json::from_str::<serde::de::IgnoredAny>(&value).is_ok(),
+            _ => true,
+        };
+        if valid {
+            bundle.push((mime, value));
+        }
+    }
+    if !bundle.iter().any(|(m, _)| m == "text/plain") {
+        bundle.push(("text/plain".into(), String::new()));
+    }
+    bundle
+}
+
+/// Metadata from the runner: a JSON object within its bounds, or none at all.
+fn checked_metadata(raw: Option<serde_json::Value>) -> Metadata {
+    match raw {
+        Some(serde_json::Value::Object(map))
+            if map.len() <= MAX_METADATA_ENTRIES
+                && serde_json::to_string(&map).is_ok_and(|s| s.len() <= MAX_METADATA_BYTES) =>
+        {
+            map
+        }
+        _ => Metadata::new(),
+    }
+}
+
+/// A display id from the runner: a bounded, non-empty string of printable characters.
+fn checked_display_id(raw: Option<String>) -> Option<String> {
+    raw.filter(|id| {
+        !id.is_empty()
+            && id.chars().count() <= MAX_DISPLAY_ID_CHARS
+            && !id.chars().any(char::is_control)
+    })
+}
+
+/// What an execution showed, after its clears and updates.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shown {
+    pub outputs: Vec<Output>,
+    /// The code cleared its output (`clear_output`): the streams it printed are no longer all
+    /// shown, so what a model reads comes from `outputs`, not from the whole streams.
+    pub cleared: bool,
+}
+
+/// The outputs in order: stream text cut from the kept stdout and stderr at the positions each
+/// output carries (positions beyond what was kept, or going back, are clamped), consecutive text
+/// of one stream merged; clears and updates applied.
+pub fn ordered(raw: Vec<RawOutput>, stdout: &[u8], stderr: &[u8]) -> Shown {
+    let mut shown = Showing {
+        streams: [(StreamName::Stdout, stdout), (StreamName::Stderr, stderr)],
+        done: [0; 2],
+        outputs: Vec::with_capacity(raw.len() * 2 + 2),
+        clear_pending: false,
+        cleared: false,
+    };
+    for output in raw {
+        shown.advance(output.at, true);
+        match output.output_type.as_str() {
+            "display_data" => shown.push(Output::DisplayData {
+                data: checked_bundle(output.data),
+                metadata: checked_metadata(output.metadata),
+                display_id: checked_display_id(output.display_id),
+            }),
+            "execute_result" => shown.push(Output::ExecuteResult {
+                data: checked_bundle(output.data),
+                metadata: checked_metadata(output.metadata),
+                execution_count: output.execution_count.unwrap_or(0),
+            }),
+            "update_display_data" => {
+                let Some(id) = checked_display_id(output.display_id) else {
+                    continue; // an update of nothing
+                };
+                let data = checked_bundle(output.data);
+                let metadata = checked_metadata(output.metadata);
+                let mut found = false;
+                for earlier in shown.outputs.iter_mut() {
+                    found |= earlier.update(&id, &data, &metadata);
+                }
+                if !found {
+                    // A display of an earlier call, or one cleared away: the latest update stands.
+                    shown.outputs.retain(|o| {
+                        !matches!(o, Output::UpdateDisplayData { display_id, .. } if *display_id == id)
+                    });
+                    shown.outputs.push(Output::UpdateDisplayData {
+                        data,
+                        metadata,
+                        display_id: id,
+                    });
+                }
+            }
+            "clear_output" => {
+                if output.wait {
+                    shown.clear_pending = true;
+                } else {
+                    shown.clear();
+                }
+            }
+            "error" => {
+                shown.push(Output::Error {
+                    ename: truncate_chars(&output.ename, 200),
+                    evalue: truncate_chars(&output.evalue, 1000),
+                    traceback: output
+                        .traceback
+                        .iter()
+                        .map(|line| truncate_chars(line, 2000))
+                        .collect(),
+                });
+                if let Some(through) = output.through {
+                    shown.advance(through, false);
+                }
+            }
+            _ => {} // a type this host does not know: nothing to show
+        }
+    }
+    shown.advance([u64::MAX; 2], true);
+    Shown {
+        outputs: shown.outputs,
+        cleared: shown.cleared,
+    }
+}
+
+/// The state of [`ordered`] while it walks the runner's outputs.
+struct Showing<'a> {
+    streams: [(StreamName, &'a [u8]); 2],
+    /// Bytes of each stream already placed (shown or skipped).
+    done: [usize; 2],
+    outputs: Vec<Output>,
+    /// A `clear_output(wait=True)` waits for the next output.
+    clear_pending: bool,
+    cleared: bool,
+}
+
+impl Showing<'_> {
+    fn clear(&mut self) {
+        self.outputs.clear();
+        self.clear_pending = false;
+        self.cleared = true;
+    }
+
+    fn push(&mut self, output: Output) {
+        if self.clear_pending {
+            self.clear();
+        }
+        self.outputs.push(output);
+    }
+
+    /// Places the stream text written before `to`: shown when `emit`, else skipped.
+    fn advance(&mut self, to: [u64; 2], emit: bool) {
+        for i in 0..2 {
+            let (name, bytes) = self.streams[i];
+            let end = usize::try_from(to[i])
+                .unwrap_or(usize::MAX)
+                .min(bytes.len())
+                .max(self.done[i]);
+            if emit && end > self.done[i] {
+                let text = String::from_utf8_lossy(&bytes[self.done[i]..end]).into_owned();
+                if self.clear_pending {
+                    self.clear();
+                }
+                match self.outputs.last_mut() {
+                    Some(Output::Stream {
+                        name: last,
+                        text: so_far,
+                    }) if *last == name => so_far.push_str(&text),
+                    _ => self.outputs.push(Output::Stream { name, text }),
+                }
+            }
+            self.done[i] = end;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: serde_json::Value) -> RawOutput {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn plain(text: &str) -> MimeBundle {
+        vec![("text/plain".into(), text.into())]
+    }
+
+    fn stream(name: StreamName, text: &str) -> Output {
+        Output::Stream {
+            name,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn the_streams_are_cut_at_the_positions_and_bad_values_are_left_out() {
+        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+        let raws = vec![
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png",b64(b"not a png")],["bad mime","v"],["application/json","{nope"],["text/plain","x"]],"at":[2,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"execute_result","data":[["application/json","[1]"]],"execution_count":4,"at":[4,1],"metadata":{"isolated":true}}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"error","ename":"E","evalue":"v","traceback":["Traceback","E: v"],"at":[99,999],"through":[4,6]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","late"]],"at":[1,0],"metadata":[1]}),
+            ),
+        ];
+        let shown = ordered(raws, b"a\nb\nc\n", b"w\nTB!!\n");
+        assert!(!shown.cleared);
+        assert_eq!(
+            shown.outputs,
+            vec![
+                stream(StreamName::Stdout, "a\n"),
+                Output::display(vec![
+                    ("text/html".into(), "<b>x</b>".into()),
+                    ("text/plain".into(), "x".into())
+                ]),
+                stream(StreamName::Stdout, "b\n"),
+                stream(StreamName::Stderr, "w"),
+                Output::ExecuteResult {
+                    data: vec![
+                        ("application/json".into(), "[1]".into()),
+                        ("text/plain".into(), String::new())
+                    ],
+                    metadata: serde_json::json!({"isolated": true})
+                        .as_object()
+                        .cloned()
+                        .unwrap(),
+                    execution_count: 4
+                },
+                // Positions past the kept text are clamped; the traceback's text is the error.
+                stream(StreamName::Stdout, "c\n"),
+                stream(StreamName::Stderr, "\nTB!!\n"),
+                Output::Error {
+                    ename: "E".into(),
+                    evalue: "v".into(),
+                    traceback: vec!["Traceback".into(), "E: v".into()]
+                },
+                // A position going back counts as no new text; metadata that is not an object
+                // is dropped.
+                Output::display(plain("late")),
+            ]
+        );
+    }
+
+    #[test]
+    fn clear_output_removes_what_came_before_it() {
+        let raws = vec![
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","D"]],"at":[2,0]}),
+            ),
+            raw(serde_json::json!({"output_type":"clear_output","at":[4,1]})),
+        ];
+        let shown = ordered(raws, b"a\nb\nc\n", b"w");
+        assert!(shown.cleared);
+        assert_eq!(shown.outputs, vec![stream(StreamName::Stdout, "c\n")]);
+    }
+
+    #[test]
+    fn clear_output_with_wait_clears_at_the_next_output() {
+        // Progress as a notebook shows it: each line replaces the last.
+        let raws = (0..3)
+            .map(|i| {
+                raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[i * 2, 0]}))
+            })
+            .collect();
+        let shown = ordered(raws, b"0\n1\n2\n", b"");
+        assert_eq!(shown.outputs, vec![stream(StreamName::Stdout, "2\n")]);
+        // A wait with nothing after it clears nothing.
+        let raws = vec![
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","D"]],"at":[0,0]}),
+            ),
+            raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[0,0]})),
+        ];
+        let shown = ordered(raws, b"", b"");
+        assert!(!shown.cleared);
+        assert_eq!(shown.outputs, vec![Output::display(plain("D"))]);
+        // The next display clears too.
+        let raws = vec![
+            raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[2,0]})),
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","D"]],"at":[2,0]}),
+            ),
+        ];
+        assert_eq!(
+            ordered(raws, b"a\n", b"").outputs,
+            vec![Output::display(plain("D"))]
+        );
+    }
+
+    #[test]
+    fn an_update_replaces_the_display_of_this_call_or_stays_for_an_earlier_one() {
+        let raws = vec![
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","v1"]],"display_id":"d","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","other"]],"display_id":"e","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"update_display_data","data":[["text/plain","v2"]],"display_id":"d","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"update_display_data","data":[["text/plain","old 1"]],"display_id":"earlier","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"update_display_data","data":[["text/plain","old 2"]],"display_id":"earlier","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"update_display_data","data":[["text/plain","x"]],"display_id":"\u{1b}[2J","at":[0,0]}),
+            ),
+        ];
+        let shown = ordered(raws, b"", b"");
+        let id = |s: &str| Some(s.to_string());
+        assert_eq!(
+            shown.outputs,
+            vec![
+                Output::DisplayData {
+                    data: plain("v2"),
+                    metadata: Metadata::new(),
+                    display_id: id("d")
+                },
+                Output::DisplayData {
+                    data: plain("other"),
+                    metadata: Metadata::new(),
+                    display_id: id("e")
+                },
+                Output::UpdateDisplayData {
+                    data: plain("old 2"),
+                    metadata: Metadata::new(),
+                    display_id: "earlier".into()
+                },
+            ]
+        );
+    }
+}
