@@ -74,6 +74,8 @@ pub mod paths {
     pub const CA_BUNDLE: &str = "/etc/ssl/certs/sandbox-ca-bundle.crt";
     /// Installed dependency sets, one directory per cache key (read-only in sandboxes).
     pub const DEPS: &str = "/opt/deps";
+    /// The runner's IPython set where the sandbox image carries it (`image build` puts it there).
+    pub const BAKED_IPYTHON: &str = "/opt/sandbox-ipython";
     /// The installers' download cache.
     pub const DOWNLOAD_CACHE: &str = "/opt/pip-cache";
     pub const HOME: &str = "/home/sandbox";

@@ -32,6 +32,18 @@ pub const OFFLINE_BASE: &str = "python-code-sandbox-base:bookworm";
 const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates";
 /// Label carrying a hash of the recipe, so a stale image is recognisable.
 pub const RECIPE_LABEL: &str = "io.python-code-sandbox.recipe";
+/// The runner's IPython set (pinned and hashed), installed by the recipe.
+pub const IPYTHON_SET: &str = include_str!("../python/ipython-set.txt");
+/// Label saying the image carries the runner's IPython at `paths::BAKED_IPYTHON`: the digest of
+/// the set it was built from ([`ipython_set_digest`]).
+pub const IPYTHON_LABEL: &str = "io.python-code-sandbox.ipython";
+
+/// The digest of the runner's IPython set as an image label carries it.
+pub fn ipython_set_digest() -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(IPYTHON_SET.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
 
 /// Why the image could not be built or fetched; the tool or client error is kept as the source.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +105,7 @@ pub enum BuildMode {
 pub fn recipe_hash() -> String {
     // FNV-1a: stable across Rust versions, unlike DefaultHasher.
     let mut hash: u64 = 0xcbf29ce484222325;
-    for byte in RECIPE.bytes() {
+    for byte in RECIPE.bytes().chain(IPYTHON_SET.bytes()) {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x100000001b3);
     }
@@ -327,6 +339,7 @@ async fn build_recipe(
     let context = pack_context(&[
         ("Dockerfile", RECIPE.as_bytes()),
         ("ca-bundle.crt", ca.as_slice()),
+        ("ipython-set.txt", IPYTHON_SET.as_bytes()),
     ])?;
     let options = BuildImageOptions {
         t: Some(tag.to_string()),
@@ -334,7 +347,10 @@ async fn build_recipe(
         rm: true,
         forcerm: true,
         buildargs: Some(HashMap::from([("BASE".to_string(), base.to_string())])),
-        labels: Some(HashMap::from([(RECIPE_LABEL.to_string(), recipe_hash())])),
+        labels: Some(HashMap::from([
+            (RECIPE_LABEL.to_string(), recipe_hash()),
+            (IPYTHON_LABEL.to_string(), ipython_set_digest()),
+        ])),
         ..Default::default()
     };
     let stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
