@@ -1778,6 +1778,10 @@ mod tests {
             "MPLCONFIGDIR",
             "set by the server in every sandbox, read by the runner there",
         ),
+        (
+            "PCS_TEST_IPYTHON",
+            "tests only: the runner's IPython for the fake backend's host runner (scripts/test.sh)",
+        ),
     ];
 
     /// Calls that read the variable their first argument names.

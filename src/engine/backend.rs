@@ -271,6 +271,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The content id of `image` (changes whenever the image is rebuilt).
     async fn image_id(&self, image: &str) -> Result<String, BackendError>;
 
+    /// Whether this backend gives the runner its IPython itself (a backend that runs the runner
+    /// as a host process, for tests): then the engine installs no set for it (see
+    /// `engine::runner_set`). A container platform does not.
+    fn gives_runner_ipython(&self) -> bool {
+        false
+    }
+
     /// Creates (but does not start) a sandbox.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError>;
 

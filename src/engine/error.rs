@@ -22,6 +22,18 @@ pub enum EngineError {
     /// ran (the caller takes another sandbox).
     #[error("the sandbox died while it waited in the pool, before the code started")]
     DiedBeforeUse,
+    /// The sandbox's runner was given the runner's IPython set (`PCS_IPYTHON`) and could not
+    /// import it: no code runs there (see `engine::runner_set`).
+    #[error("the sandbox's runner could not import its IPython, so it runs no code: {0}")]
+    RunnerIpython(String),
+    /// The server could not install its runner's own IPython set for an image: the cause, with
+    /// what to set, as a dependency install's.
+    #[error(
+        "the server could not install its runner's IPython, which every sandbox needs to run code \
+         (installed once per image from the package index, whether or not agents may install \
+         dependencies):\n{0}"
+    )]
+    RunnerSetFailed(#[source] Box<deps::InstallFailure>),
     #[error("the sandbox was lost: {0}")]
     SandboxLost(String),
     #[error("no session {0}: it was stopped or never created by this server; start one with sandbox_initialize")]

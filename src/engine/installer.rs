@@ -91,6 +91,10 @@ pub(super) struct UsageIndex {
 pub struct Dependencies {
     pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(super) installs: AtomicU64,
+    /// Installs of the runner's own IPython (see `engine::runner_set`), counted apart.
+    pub(super) runner_installs: AtomicU64,
+    /// The keys of the runner's sets this process uses: never evicted.
+    pub(super) runner_sets: Mutex<std::collections::BTreeSet<String>>,
     pub(super) usage: Mutex<UsageIndex>,
     pub(super) usage_file: PathBuf,
     /// Sets checked against their digest in this process: key -> directory name.
@@ -110,6 +114,8 @@ impl Dependencies {
         Dependencies {
             locks: Mutex::default(),
             installs: AtomicU64::new(0),
+            runner_installs: AtomicU64::new(0),
+            runner_sets: Mutex::default(),
             usage: Mutex::new(usage),
             usage_file,
             verified: Mutex::default(),
@@ -120,6 +126,23 @@ impl Dependencies {
     /// requests start one.
     pub fn installs_started(&self) -> u64 {
         self.installs.load(Ordering::Relaxed)
+    }
+
+    /// How many installs of the runner's own IPython this engine started.
+    pub fn runner_installs_started(&self) -> u64 {
+        self.runner_installs.load(Ordering::Relaxed)
+    }
+
+    /// Keeps the runner's set of `key` from eviction in this process.
+    pub(super) fn keep_runner_set(&self, key: &str) {
+        let mut sets = self.runner_sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.insert(key.to_string());
+    }
+
+    /// The keys of the runner's sets this process uses.
+    pub(super) fn runner_set_keys(&self) -> Vec<String> {
+        let sets = self.runner_sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.iter().cloned().collect()
     }
 
     pub(super) fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -360,42 +383,59 @@ pub(super) fn uses_download_cache(config: &Config) -> bool {
     !config.deps.allow_source_builds && config.deps.download_cache != DownloadCache::Off
 }
 
+/// What an installer installs.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Install<'a> {
+    /// A request's validated requirements: each its own argv element, after `--`.
+    Requirements(&'a [Requirement]),
+    /// A lock file's text (every entry pinned with its hashes: the runner's own set). It travels
+    /// in the arguments' JSON document; the script writes it to [`LOCK_FILE`] in its build
+    /// directory, and the installer reads it from there with `--require-hashes --no-deps`.
+    Lock(&'a str),
+}
+
+/// Where the installer's script writes a lock file it was given (in its build directory).
+const LOCK_FILE: &str = "pcs-lock.txt";
+
 /// The installer's arguments, as the environment entry its script reads: where to stage, and
-/// uv's and pip's argv (the script picks the one the image has). Each requirement is its own
-/// argv element, after `--`.
+/// uv's and pip's argv (the script picks the one the image has), and a lock file's text when it
+/// installs one.
 pub(super) fn installer_arguments(
-    requirements: &[Requirement],
+    install: Install<'_>,
     index: &IndexConfig,
     cache: bool,
 ) -> String {
     let cache_dir = |sub: &str| cache.then(|| format!("{}/{sub}", paths::DOWNLOAD_CACHE));
     let target = format!("{STAGE}/target");
-    let uv = deps::installer_argv(
-        requirements,
-        &target,
-        Installer::Uv,
-        index,
-        cache_dir("uv").as_deref(),
-    );
-    let pip = deps::installer_argv(
-        requirements,
-        &target,
-        Installer::Pip,
-        index,
-        cache_dir("pip").as_deref(),
-    );
+    let build = format!("{STAGE}/build");
+    let lock_path = format!("{build}/{LOCK_FILE}");
+    let argv = |installer: Installer, cache: Option<String>| match install {
+        Install::Requirements(requirements) => {
+            deps::installer_argv(requirements, &target, installer, index, cache.as_deref())
+        }
+        Install::Lock(_) => {
+            deps::locked_installer_argv(&lock_path, &target, installer, index, cache.as_deref())
+        }
+    };
+    let uv = argv(Installer::Uv, cache_dir("uv"));
+    let pip = argv(Installer::Pip, cache_dir("pip"));
     // pip keeps a verbose log (why it skipped each link, what each index answered): read after a
     // failure, and pip asked again in a dry run when uv failed (uv says less of why).
-    let log = format!("{STAGE}/build/{PIP_LOG}");
+    let log = format!("{build}/{PIP_LOG}");
     let diagnose = deps::pip_with_options(&pip, &["--dry-run", "--log", &log]);
     let pip = deps::pip_with_options(&pip, &["--log", &log]);
+    let lock = match install {
+        Install::Lock(text) => serde_json::json!({"path": lock_path, "text": text}),
+        Install::Requirements(_) => serde_json::Value::Null,
+    };
     let arguments = serde_json::json!({
         "target": target,
-        "build": format!("{STAGE}/build"),
+        "build": build,
         "uv": uv,
         "pip": pip,
         "diagnose": diagnose,
         "log": log,
+        "lock": lock,
     });
     format!("{INSTALL_ARGUMENTS_VAR}={arguments}")
 }
@@ -425,7 +465,11 @@ mod tests {
     #[test]
     fn the_install_script_carries_arguments_as_data() {
         let requirements = deps::parse_requirements(&["six==1.16.0".to_string()], false).unwrap();
-        let entry = installer_arguments(&requirements, &IndexConfig::default(), true);
+        let entry = installer_arguments(
+            Install::Requirements(&requirements),
+            &IndexConfig::default(),
+            true,
+        );
         assert!(entry.contains("six==1.16.0"));
         assert!(entry.contains("--only-binary"), "wheels only by default");
         assert!(entry.contains("/opt/pip-cache/pip"));
@@ -448,6 +492,46 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_travels_as_data_and_is_installed_from_the_build_directory() {
+        let lock =
+            "a==1 --hash=sha256:00\nb==2 ; python_version < \"3.12\" --hash=sha256:11\n\"); x\n";
+        let entry = installer_arguments(Install::Lock(lock), &IndexConfig::default(), false);
+        assert!(
+            !entry.contains(['\n', '\0']),
+            "one environment entry: {entry:?}"
+        );
+        let (_, arguments) = decode(&entry);
+        assert_eq!(arguments["lock"]["text"], lock);
+        assert_eq!(arguments["lock"]["path"], "/opt/stage/build/pcs-lock.txt");
+        for installer in ["uv", "pip", "diagnose"] {
+            let argv: Vec<&str> = arguments[installer]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            assert!(
+                argv.ends_with(&[
+                    "--require-hashes",
+                    "--no-deps",
+                    "-r",
+                    "/opt/stage/build/pcs-lock.txt"
+                ]),
+                "{argv:?}"
+            );
+        }
+        // A request's arguments carry no lock.
+        let requirements = deps::parse_requirements(&["six".to_string()], false).unwrap();
+        let entry = installer_arguments(
+            Install::Requirements(&requirements),
+            &IndexConfig::default(),
+            false,
+        );
+        assert!(decode(&entry).1["lock"].is_null());
+        assert!(INSTALL_SCRIPT.contains("\"lock\""));
+    }
+
+    #[test]
     fn arguments_cannot_break_out_of_the_document() {
         // Requirements are validated before they get here; the transport must not depend on it.
         let evil = Requirement {
@@ -458,8 +542,11 @@ mod tests {
             url: None,
             marker: None,
         };
-        let entry =
-            installer_arguments(std::slice::from_ref(&evil), &IndexConfig::default(), false);
+        let entry = installer_arguments(
+            Install::Requirements(std::slice::from_ref(&evil)),
+            &IndexConfig::default(),
+            false,
+        );
         assert!(
             !entry.contains(['\n', '\0']),
             "one environment entry: {entry:?}"

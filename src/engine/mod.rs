@@ -10,7 +10,8 @@
 //! - [`files_dir`]: the host directory they are saved in: checked at start-up, kept within its
 //!   retention.
 //! - [`deps`] and [`installer`]: validated requirements, installed in a separate sandbox into a
-//!   shared read-only cache.
+//!   shared read-only cache; [`runner_set`]: the runner's own IPython, installed there once per
+//!   image.
 //! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
@@ -39,6 +40,7 @@ pub mod pool;
 pub mod prepared;
 pub mod progress;
 pub mod protocol;
+pub mod runner_set;
 pub mod sandbox;
 pub mod service;
 pub mod sessions;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bounded::at_most;
 pub use super::displays::{MimeBundle, Output, RawOutput, StreamName, MAX_OUTPUTS};
+use super::runner_set::RunnerIpython;
 use crate::text::truncate_chars;
 
 /// The runner's loader: the first frame, which the bootstrap executes.
@@ -197,6 +198,8 @@ impl Request<'_> {
 pub enum Reply {
     Ready {
         python: String,
+        /// What it said of its IPython (see `engine::runner_set`), bounded and on one line.
+        ipython: RunnerIpython,
     },
     Result(RawResult),
     /// Output of a live execution so far, before its result.
@@ -305,6 +308,26 @@ struct ReplyType<'a> {
 #[derive(Deserialize)]
 struct ReadyBody {
     python: String,
+    /// The version of the IPython it imported.
+    #[serde(default)]
+    ipython: Option<String>,
+    /// Why it could not import it.
+    #[serde(default)]
+    ipython_error: Option<String>,
+}
+
+/// The most characters kept of what a runner says of its IPython (a version, or why not).
+const IPYTHON_SAID_MAX: usize = 1000;
+
+impl ReadyBody {
+    fn ipython(&self) -> RunnerIpython {
+        let said = |text: &str| crate::text::one_line(text, IPYTHON_SAID_MAX);
+        match (&self.ipython_error, &self.ipython) {
+            (Some(why), _) => RunnerIpython::Failed(said(why)),
+            (None, Some(version)) => RunnerIpython::Imported(said(version)),
+            (None, None) => RunnerIpython::Unsaid,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -358,9 +381,13 @@ impl Reply {
         }
         let kind: ReplyType = body_as(body)?;
         Ok(match kind.kind.as_ref() {
-            "ready" => Reply::Ready {
-                python: body_as::<ReadyBody>(body)?.python,
-            },
+            "ready" => {
+                let ready: ReadyBody = body_as(body)?;
+                Reply::Ready {
+                    ipython: ready.ipython(),
+                    python: ready.python,
+                }
+            }
             "result" => Reply::Result(body_as(body)?),
             "output" => Reply::Output(body_as(body)?),
             "listing" => Reply::Listing(body_as(body)?),
@@ -1010,7 +1037,31 @@ mod tests {
     #[test]
     fn replies_parse_by_their_type_and_unknown_types_are_errors() {
         let ready = Reply::parse(br#"{"type":"ready","python":"3.11.2","pid":7}"#).unwrap();
-        assert!(matches!(ready, Reply::Ready { python } if python == "3.11.2"));
+        assert!(matches!(
+            ready,
+            Reply::Ready { python, ipython: RunnerIpython::Unsaid } if python == "3.11.2"
+        ));
+        let ready =
+            Reply::parse(br#"{"type":"ready","python":"3.11.2","ipython":"9.18.1"}"#).unwrap();
+        assert!(matches!(
+            ready,
+            Reply::Ready { ipython: RunnerIpython::Imported(v), .. } if v == "9.18.1"
+        ));
+        // Why not is untrusted: on one line, bounded; it wins over a version said beside it.
+        let long = "x".repeat(5000);
+        let frame = format!(
+            r#"{{"type":"ready","python":"3","ipython":"9","ipython_error":"No module\nnamed {long}"}}"#
+        );
+        match Reply::parse(frame.as_bytes()).unwrap() {
+            Reply::Ready {
+                ipython: RunnerIpython::Failed(why),
+                ..
+            } => {
+                assert!(why.starts_with("No module named xx"), "{why}");
+                assert_eq!(why.chars().count(), IPYTHON_SAID_MAX);
+            }
+            other => panic!("{other:?}"),
+        }
         let file = Reply::parse(br#"{"type":"file","id":3,"data":"aGk=","size":2,"inode":"1:2"}"#);
         assert!(matches!(file, Ok(Reply::File(f)) if f.id == 3 && f.data == "aGk="));
         let written = Reply::parse(br#"{"type":"written","id":4,"error":"a directory"}"#);

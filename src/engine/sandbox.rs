@@ -30,6 +30,7 @@ use super::protocol::{
     runner_start_frames, ChangedEntry, DirEntry, FrameDecoder, LiveOutput, ProtocolError,
     RaisedException, RawRestoreReport, RawSnapshotReport, Reply, Request, RunnerExit,
 };
+use super::runner_set::{self, RunnerIpython};
 use super::EngineError;
 use crate::text::{self, truncate_chars};
 
@@ -162,6 +163,12 @@ struct Runner {
     live: Option<LiveTarget>,
 }
 
+/// What a runner's `ready` frame said.
+struct Ready {
+    python: String,
+    ipython: RunnerIpython,
+}
+
 enum RunnerFailure {
     /// The supervisor reported the runner dead; it is starting a new one.
     Exited(RunnerExit),
@@ -174,7 +181,7 @@ enum RunnerFailure {
 impl Runner {
     async fn connect(
         streams: super::backend::RunnerStreams,
-    ) -> Result<(Runner, String), (RunnerFailure, Vec<u8>)> {
+    ) -> Result<(Runner, Ready), (RunnerFailure, Vec<u8>)> {
         let mut runner = Runner {
             input: streams.input,
             output: streams.output,
@@ -186,15 +193,15 @@ impl Runner {
             return Err((e, runner.diagnostics));
         }
         match runner.await_ready().await {
-            Ok(python) => Ok((runner, python)),
+            Ok(ready) => Ok((runner, ready)),
             Err(e) => Err((e, runner.diagnostics)),
         }
     }
 
     /// Waits for a (new) runner's start-up message.
-    async fn await_ready(&mut self) -> Result<String, RunnerFailure> {
+    async fn await_ready(&mut self) -> Result<Ready, RunnerFailure> {
         match tokio::time::timeout(START_TIMEOUT, self.next_reply()).await {
-            Ok(Ok(Reply::Ready { python })) => Ok(python),
+            Ok(Ok(Reply::Ready { python, ipython })) => Ok(Ready { python, ipython }),
             Ok(Ok(_)) => Err(RunnerFailure::Protocol(ProtocolError::Malformed(
                 "a reply before the runner was ready".into(),
             ))),
@@ -255,6 +262,11 @@ pub struct Sandbox {
     state: State,
     next_request: u64,
     python_version: String,
+    /// Whether its runner was told of the runner's IPython set (`PCS_IPYTHON`, a code sandbox):
+    /// then it runs code only once its runner said it imported it (see `runner_set::check`).
+    ipython_told: bool,
+    /// What its runner said of its IPython when it last said it was ready.
+    ipython: RunnerIpython,
     /// Its place on the egress network, when it is on it, and its adoption there (renewed when a
     /// restart gives it another address).
     attachment: Option<super::egress::Attachment>,
@@ -351,6 +363,8 @@ impl Sandbox {
             state: State::Down("not started".into()),
             next_request: 0,
             python_version: String::new(),
+            ipython_told: runner_set::is_named_in(&spec.env),
+            ipython: RunnerIpython::Unsaid,
             attachment,
             egress: None,
             unverified: false,
@@ -380,12 +394,20 @@ impl Sandbox {
         &self.python_version
     }
 
+    /// The version of IPython its runner imported, when it did.
+    pub fn ipython_version(&self) -> Option<&str> {
+        match &self.ipython {
+            RunnerIpython::Imported(version) => Some(version),
+            _ => None,
+        }
+    }
+
     async fn start_runner(&mut self) -> Result<(), EngineError> {
         let streams = self.backend.start(&self.id).await?;
         // Adopted on the egress network under its (possibly new) address before any code runs.
         self.adopt_on_egress().await?;
         match Runner::connect(streams).await {
-            Ok((runner, python)) => self.adopt(runner, python).await,
+            Ok((runner, ready)) => self.adopt(runner, ready).await,
             Err((failure, diagnostics)) => {
                 let reason =
                     Self::describe_failure(&self.backend, &self.id, failure, &diagnostics).await;
@@ -420,9 +442,16 @@ impl Sandbox {
     }
 
     /// Makes a runner that just said it is ready the sandbox's runner, giving a restarted one its
-    /// dependencies back.
-    async fn adopt(&mut self, mut runner: Runner, python: String) -> Result<(), EngineError> {
-        self.python_version = python;
+    /// dependencies back. A runner told of the IPython set that did not import it is refused:
+    /// no code runs there.
+    async fn adopt(&mut self, mut runner: Runner, ready: Ready) -> Result<(), EngineError> {
+        self.python_version = ready.python;
+        self.ipython = ready.ipython;
+        if let Err(why) = runner_set::check(self.ipython_told, &self.ipython) {
+            tracing::warn!(sandbox = %self.id, "its runner has no IPython: {why}");
+            self.state = State::Down(format!("its runner has no IPython: {why}"));
+            return Err(EngineError::RunnerIpython(why));
+        }
         if !self.paths.is_empty() {
             self.next_request += 1;
             let request = Request::Paths {
@@ -449,7 +478,7 @@ impl Sandbox {
     /// Waits for the runner the supervisor is starting after a death.
     async fn respawned(&mut self, mut runner: Runner) -> Result<(), EngineError> {
         match runner.await_ready().await {
-            Ok(python) => self.adopt(runner, python).await,
+            Ok(ready) => self.adopt(runner, ready).await,
             Err(failure) => {
                 let reason =
                     Self::describe_failure(&self.backend, &self.id, failure, &runner.diagnostics)

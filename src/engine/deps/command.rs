@@ -38,6 +38,35 @@ pub fn installer_argv(
     index: &IndexConfig,
     cache_dir: Option<&str>,
 ) -> Vec<String> {
+    let mut argv = options_argv(target_dir, installer, index, cache_dir);
+    argv.push("--".into());
+    argv.extend(requirements.iter().map(Requirement::canonical));
+    argv
+}
+
+/// The installer's argv for a lock file (a pip requirements file at `lock_path` in the
+/// installer, every entry pinned with the hashes of its files, like the runner's own set): the
+/// options of [`installer_argv`], then `--require-hashes --no-deps -r lock_path`. Exactly what the
+/// file names is installed, each file checked against its hashes, nothing resolved beyond it.
+pub fn locked_installer_argv(
+    lock_path: &str,
+    target_dir: &str,
+    installer: Installer,
+    index: &IndexConfig,
+    cache_dir: Option<&str>,
+) -> Vec<String> {
+    let mut argv = options_argv(target_dir, installer, index, cache_dir);
+    argv.extend(["--require-hashes", "--no-deps", "-r", lock_path].map(String::from));
+    argv
+}
+
+/// Everything of an installer's argv before what it installs.
+fn options_argv(
+    target_dir: &str,
+    installer: Installer,
+    index: &IndexConfig,
+    cache_dir: Option<&str>,
+) -> Vec<String> {
     let mut argv: Vec<String> = match installer {
         Installer::Pip => [
             "python3",
@@ -91,8 +120,6 @@ pub fn installer_argv(
         (None, Installer::Pip) => argv.push("--no-cache-dir".into()),
         (None, Installer::Uv) => argv.push("--no-cache".into()),
     }
-    argv.push("--".into());
-    argv.extend(requirements.iter().map(Requirement::canonical));
     argv
 }
 
@@ -257,6 +284,34 @@ mod tests {
         };
         let built = installer_argv(&[], "/t", Installer::Uv, &sources, None);
         assert!(!built.contains(&"--no-build".to_string()), "{built:?}");
+    }
+
+    #[test]
+    fn a_lock_file_is_installed_as_locked() {
+        let index = IndexConfig {
+            index_url: Some("https://mirror/simple".into()),
+            ..IndexConfig::default()
+        };
+        for installer in [Installer::Pip, Installer::Uv] {
+            let argv = locked_installer_argv("/b/lock.txt", "/t", installer, &index, None);
+            let plain = installer_argv(&[], "/t", installer, &index, None);
+            // The same options (wheels only, the index, no cache), then the file, hashes required.
+            assert_eq!(
+                argv[..plain.len() - 1],
+                plain[..plain.len() - 1],
+                "{argv:?}"
+            );
+            assert_eq!(
+                argv[plain.len() - 1..],
+                strings(&["--require-hashes", "--no-deps", "-r", "/b/lock.txt"]),
+            );
+            assert!(!argv.contains(&"--".to_string()), "{argv:?}");
+        }
+        let pip = locked_installer_argv("/l", "/t", Installer::Pip, &IndexConfig::default(), None);
+        assert!(
+            pip.windows(2).any(|w| w == ["--only-binary", ":all:"]),
+            "{pip:?}"
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ mod requirement;
 mod summary;
 
 pub use cache_key::cache_key;
-pub use command::{installer_argv, pip_with_options, IndexConfig, Installer};
+pub use command::{
+    installer_argv, locked_installer_argv, pip_with_options, IndexConfig, Installer,
+};
 pub use eviction::{select_evictions, CacheEntry};
 pub use failure::{
     classify, split_diagnosis, Evidence, FailureKind, InstallFailure, Setting, DIAGNOSIS_MARK,

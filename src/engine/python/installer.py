@@ -2,7 +2,9 @@
 
 The host passes its arguments as one JSON document in the environment (never spliced into this
 source, never through a shell): the staging target and build directories, and the argv of each
-installer (uv's when the image has uv, pip's otherwise), each requirement its own element.
+installer (uv's when the image has uv, pip's otherwise), each requirement its own element; or,
+for a lock file (the runner's own pinned, hashed set), the file's text and where to write it in the
+build directory, which both argvs read with `-r`.
 
 After a failure it adds what the host needs to tell why, after a line `pcs-installer-diagnosis`:
 when uv failed, pip's answer to the same request in a dry run (pip names the versions that exist);
@@ -16,6 +18,10 @@ target = ARGUMENTS["target"]
 build = ARGUMENTS["build"]
 os.makedirs(target)
 os.makedirs(build)
+lock = ARGUMENTS.get("lock")
+if lock is not None:
+    with open(lock["path"], "x", encoding="utf-8") as f:
+        f.write(lock["text"])
 uv = shutil.which("uv") is not None
 argv = ARGUMENTS["uv"] if uv else ARGUMENTS["pip"]
 print("installer:", os.path.basename(argv[0]), flush=True)

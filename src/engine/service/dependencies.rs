@@ -12,12 +12,28 @@ use crate::engine::backend::{paths, SandboxSpec};
 use crate::engine::deps::{self, IndexConfig, Requirement};
 use crate::engine::installer::{
     index_config, installer_arguments, installer_spec, maintenance_operation, maintenance_spec,
-    preparer_spec, uses_download_cache, CachedSet, Measured, Verified, INSTALL_SCRIPT,
+    preparer_spec, uses_download_cache, CachedSet, Install, Measured, Verified, INSTALL_SCRIPT,
     MAINTENANCE_SCRIPT, PREPARE_SCRIPT, SET_LAYOUT,
 };
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::Task;
 use crate::engine::{artifacts, EngineError};
+
+/// A set to find in the cache or install (see [`Engine::find_or_install`]): a request's
+/// dependencies, or the runner's own IPython (`engine::runner_set`).
+pub(super) struct WantedSet<'a> {
+    pub(super) key: String,
+    /// What the cache lists it as (`cache list`, the manifest).
+    pub(super) listed: Vec<String>,
+    pub(super) install: Install<'a>,
+    /// The normalized names of its projects, for the words of a failed install.
+    pub(super) projects: Vec<String>,
+    /// What progress says while it installs, and once it is installed.
+    pub(super) installing: String,
+    pub(super) installed: &'static str,
+    /// Counts its installs.
+    pub(super) counter: &'a std::sync::atomic::AtomicU64,
+}
 
 impl Engine {
     /// Makes `requirements` importable in `sandbox`: finds their set in the cache (checked
@@ -52,37 +68,17 @@ impl Engine {
             // Gone (evicted by another server): look again under the lock.
             self.deps.set_verified(&key, None);
         }
-        let lock = self.deps.lock_for(&key);
-        let _installing = lock.lock().await;
-        let name = match self.deps.verified_name(&key) {
-            Some(name) => name,
-            None => match self.verify_set(base, &key).await? {
-                Verified::Ok(measured) => {
-                    self.deps.record(&key, &canonical, &measured);
-                    measured.name
-                }
-                found => {
-                    if matches!(found, Verified::Tampered) {
-                        tracing::warn!(
-                            key,
-                            "a cached dependency set was changed after it was published: \
-                             removed, installing it again"
-                        );
-                        options
-                            .report("the cached set was changed after publication; reinstalling");
-                    }
-                    options.report(&format!("installing {}", canonical.join(" ")));
-                    let measured = self
-                        .install(base, &key, requirements, &index, options)
-                        .await?;
-                    report.installed = true;
-                    self.deps.record(&key, &canonical, &measured);
-                    options.report("dependencies ready");
-                    measured.name
-                }
-            },
+        let wanted = WantedSet {
+            key: key.clone(),
+            listed: canonical.clone(),
+            install: Install::Requirements(requirements),
+            projects: requirements.iter().map(|r| r.normalized.clone()).collect(),
+            installing: format!("installing {}", canonical.join(" ")),
+            installed: "dependencies ready",
+            counter: &self.deps.installs,
         };
-        self.deps.set_verified(&key, Some(&name));
+        let (name, installed) = self.find_or_install(base, &wanted, &index, options).await?;
+        report.installed = installed;
         if !self.use_set(sandbox, &path_of(&name), replaces).await? {
             self.deps.set_verified(&key, None);
             return Err(EngineError::Dependencies(
@@ -95,6 +91,48 @@ impl Engine {
             self.evict(base, std::slice::from_ref(&key)).await;
         }
         Ok(report)
+    }
+
+    /// Finds `wanted` in the cache (checked against its digest once per process: a set changed
+    /// after publication is removed and installed again) or installs and publishes it, once
+    /// whoever else asks for it at the same time. Returns its directory's name in the cache, and
+    /// whether this call installed it.
+    pub(super) async fn find_or_install(
+        &self,
+        base: &SandboxSpec,
+        wanted: &WantedSet<'_>,
+        index: &IndexConfig,
+        options: &super::RunOptions,
+    ) -> Result<(String, bool), EngineError> {
+        let key = &wanted.key;
+        let lock = self.deps.lock_for(key);
+        let _installing = lock.lock().await;
+        if let Some(name) = self.deps.verified_name(key) {
+            return Ok((name, false));
+        }
+        let (name, installed) = match self.verify_set(base, key).await? {
+            Verified::Ok(measured) => {
+                self.deps.record(key, &wanted.listed, &measured);
+                (measured.name, false)
+            }
+            found => {
+                if matches!(found, Verified::Tampered) {
+                    tracing::warn!(
+                        key,
+                        "a cached dependency set was changed after it was published: \
+                         removed, installing it again"
+                    );
+                    options.report("the cached set was changed after publication; reinstalling");
+                }
+                options.report(&wanted.installing);
+                let measured = self.install(base, wanted, index, options).await?;
+                self.deps.record(key, &wanted.listed, &measured);
+                options.report(wanted.installed);
+                (measured.name, true)
+            }
+        };
+        self.deps.set_verified(key, Some(&name));
+        Ok((name, installed))
     }
 
     /// The key `requirements` are cached under for `image`.
@@ -155,17 +193,18 @@ impl Engine {
     async fn install(
         &self,
         base: &SandboxSpec,
-        key: &str,
-        requirements: &[Requirement],
+        wanted: &WantedSet<'_>,
         index: &IndexConfig,
         options: &super::RunOptions,
     ) -> Result<Measured, EngineError> {
-        self.deps.installs.fetch_add(1, Ordering::Relaxed);
+        let key = wanted.key.as_str();
+        wanted.counter.fetch_add(1, Ordering::Relaxed);
         let staging = format!("pcs-stage-{}", uuid::Uuid::new_v4().simple());
         let mut spec = installer_spec(base, &self.config, &staging);
         spec.runtime = self.platform().await?.installer.name.clone();
         spec.labels = self.owner.labels("installer");
-        let arguments = installer_arguments(requirements, index, uses_download_cache(&self.config));
+        let arguments =
+            installer_arguments(wanted.install, index, uses_download_cache(&self.config));
         let outcome = async {
             spec.env.push(arguments);
             let outcome = async {
@@ -191,7 +230,7 @@ impl Engine {
                         let op = serde_json::json!({
                             "op": "publish",
                             "key": key,
-                            "requirements": requirements.iter().map(Requirement::canonical).collect::<Vec<_>>(),
+                            "requirements": wanted.listed,
                         });
                         self.run_maintenance(base, Some(&staging), &op)
                             .await
@@ -242,8 +281,6 @@ impl Engine {
                 tracing::debug!(key, "installer failed:\n{stdout}\n{stderr}");
                 let (said, diagnosis) = deps::split_diagnosis(&stdout);
                 let output = format!("{said}\n{stderr}");
-                let projects: Vec<String> =
-                    requirements.iter().map(|r| r.normalized.clone()).collect();
                 let failure = deps::classify(
                     &deps::Evidence {
                         output: &output,
@@ -253,7 +290,7 @@ impl Engine {
                     },
                     &deps::Setting {
                         index,
-                        projects: &projects,
+                        projects: &wanted.projects,
                         timeout: self.config.deps.install_timeout,
                         install_max_bytes: self.config.deps.install_max_bytes,
                     },
@@ -405,10 +442,11 @@ impl Engine {
 
     /// Removes least-recently-used sets until the cache fits its cap, never `keep` nor a set a
     /// live session uses.
-    async fn evict(&self, base: &SandboxSpec, keep: &[String]) {
+    pub(super) async fn evict(&self, base: &SandboxSpec, keep: &[String]) {
         let in_use: HashSet<String> = self
             .sessions_dependency_keys()
             .into_iter()
+            .chain(self.deps.runner_set_keys())
             .chain(keep.iter().cloned())
             .collect();
         let entries: Vec<deps::CacheEntry> = self
@@ -491,7 +529,13 @@ impl Engine {
     /// the cap. Returns what was removed.
     pub async fn prune_dependency_sets(&self, all: bool) -> Result<Vec<CachedSet>, EngineError> {
         let sets = self.cached_dependency_sets().await?;
-        let in_use: HashSet<String> = self.sessions_dependency_keys().into_iter().collect();
+        let mut in_use: HashSet<String> = self.sessions_dependency_keys().into_iter().collect();
+        // The runner's IPython is in use wherever code runs: its sets for the images this process
+        // used, and the default image's (another process may be a server using it).
+        in_use.extend(self.deps.runner_set_keys());
+        if let Ok(key) = self.runner_set_key(&self.config.image).await {
+            in_use.insert(key);
+        }
         let remove: Vec<String> = if all {
             sets.iter()
                 .filter(|s| !in_use.contains(&s.key))

@@ -131,6 +131,7 @@ impl Engine {
     /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
     /// an MCP client gives a closing server only a moment before it kills it.
     pub async fn shutdown(&self) {
+        self.closing.cancel();
         for sandbox in self.pool.close() {
             self.retire(sandbox);
         }

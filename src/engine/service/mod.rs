@@ -22,6 +22,7 @@ mod lifecycle;
 mod pool;
 mod prepared;
 mod run;
+mod runner_set;
 mod sessions;
 mod snapshots;
 
@@ -132,6 +133,9 @@ pub struct Engine {
     snapshots: Option<super::snapshots::SnapshotStore>,
     /// The egress proxy, once started (see `engine::egress`).
     egress: tokio::sync::Mutex<Option<Arc<Gateway>>>,
+    /// Cancelled at shutdown: what the engine does in the background for itself (the pool's
+    /// starts, the runner's IPython installed at start-up) stops.
+    closing: CancellationToken,
 }
 
 /// Removes a sandbox and logs how long it took since `started` (`destroy_ms`).
@@ -173,6 +177,7 @@ impl Engine {
             retention: files_dir::Retention::new(&config.files),
             snapshots: super::snapshots::SnapshotStore::new(&config.snapshots),
             egress: tokio::sync::Mutex::new(None),
+            closing: CancellationToken::new(),
             backend,
             config,
             owner: Owner::current(),
@@ -337,16 +342,34 @@ impl Engine {
         launched
     }
 
-    /// Starts a sandbox for the agent's code from a [`Engine::base_spec`]: with
-    /// `SANDBOX_NETWORK=allowlist` on an egress network of its own, adopted there as code.
+    /// Starts a sandbox for the agent's code from a [`Engine::base_spec`] (its image ensured):
+    /// its runner's IPython found or installed first and named in its environment (see
+    /// [`Engine::code_spec`]); with `SANDBOX_NETWORK=allowlist` on an egress network of its own,
+    /// adopted there as code.
     pub(crate) async fn launch_code_sandbox(
         &self,
         spec: &SandboxSpec,
+        options: &RunOptions,
     ) -> Result<Sandbox, EngineError> {
-        if self.config.network == NetworkPolicy::Allowlist {
-            self.launch_on_egress(spec, Role::Code(None)).await
+        let (spec, key) = self.code_spec(spec, options).await?;
+        let launched = if self.config.network == NetworkPolicy::Allowlist {
+            self.launch_on_egress(&spec, Role::Code(None)).await
         } else {
-            Sandbox::launch(self.backend.clone(), spec).await
+            Sandbox::launch(self.backend.clone(), &spec).await
+        };
+        if let (Err(EngineError::RunnerIpython(_)), Some(key)) = (&launched, &key) {
+            // The set may be gone from the cache (pruned meanwhile): looked up again next time.
+            self.deps.set_verified(key, None);
+        }
+        launched
+    }
+
+    /// The options of what the engine starts for itself in the background: cancelled at
+    /// shutdown.
+    pub(crate) fn background_options(&self) -> RunOptions {
+        RunOptions {
+            cancel: Some(self.closing.child_token()),
+            ..RunOptions::default()
         }
     }
 
@@ -389,7 +412,7 @@ impl Engine {
                 options.report(&format!("preparing image {}", spec.image));
                 self.backend.ensure_image(&spec.image).await?;
                 options.report("starting the sandbox");
-                self.launch_code_sandbox(&spec).await?
+                self.launch_code_sandbox(&spec, options).await?
             }
         };
         if requirements.is_empty() {
@@ -578,7 +601,9 @@ impl Engine {
             .base_spec(self.config.image.clone(), "ephemeral")
             .await?;
         self.backend.ensure_image(&spec.image).await?;
-        let mut sandbox = self.launch_code_sandbox(&spec).await?;
+        let mut sandbox = self
+            .launch_code_sandbox(&spec, &RunOptions::default())
+            .await?;
         let mut samples = Vec::with_capacity(count);
         let mut outcome = Ok(());
         for _ in 0..count {

@@ -40,13 +40,16 @@ impl Engine {
     pub(crate) async fn launch_pooled(&self) -> Result<Sandbox, EngineError> {
         let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         self.backend.ensure_image(&spec.image).await?;
-        self.launch_code_sandbox(&spec).await
+        self.launch_code_sandbox(&spec, &self.background_options())
+            .await
     }
 
     /// Starts keeping the warm pool full (`SANDBOX_POOL_SIZE`), and preparing sandboxes per
     /// dependency set (`SANDBOX_PRELOAD` and the sets calls use), in the background, until
-    /// `shutdown`.
+    /// `shutdown`; and finding or installing the runner's IPython for the default image now, so
+    /// that the first call rarely waits for it.
     pub fn start_pool(self: &Arc<Self>) {
+        self.warm_runner_set();
         if let Some(task) = spawn_refill(self) {
             *self.pool_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         }

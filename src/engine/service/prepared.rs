@@ -136,7 +136,9 @@ impl Engine {
         let requirements = self.requirements(&wanted.requirements)?;
         let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         self.backend.ensure_image(&spec.image).await?;
-        let mut sandbox = self.launch_code_sandbox(&spec).await?;
+        let mut sandbox = self
+            .launch_code_sandbox(&spec, &self.background_options())
+            .await?;
         let outcome = async {
             let report = self
                 .prepare_dependencies(

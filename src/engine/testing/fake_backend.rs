@@ -331,6 +331,11 @@ impl Backend for FakeBackend {
         Ok(format!("fake:{image}"))
     }
 
+    /// The runner's IPython is the test process's `PCS_TEST_IPYTHON` (see [`spawn_runner`]).
+    fn gives_runner_ipython(&self) -> bool {
+        true
+    }
+
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
         let id = self.add_foreign(spec.labels.clone());
         let workspace = {
@@ -842,11 +847,18 @@ fn forward(
 
 /// The runner as a host process: the bootstrap, told it runs on the host, in a process group of
 /// its own, in its workspace.
+///
+/// Its IPython is the directory the test process names in `PCS_TEST_IPYTHON` (scripts/test.sh
+/// makes it), passed on as `PCS_IPYTHON` the way the engine names a sandbox's set.
 fn spawn_runner(argv: &[String], workspace: &Path) -> std::io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "an empty command"))?;
-    tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    if let Ok(dir) = std::env::var("PCS_TEST_IPYTHON") {
+        command.env("PCS_IPYTHON", dir);
+    }
+    command
         .args(args)
         .current_dir(workspace)
         .stdin(Stdio::piped())
