@@ -846,13 +846,18 @@ fn spawn_runner(argv: &[String], workspace: &Path) -> std::io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "an empty command"))?;
-    tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .current_dir(workspace)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+        .kill_on_drop(true);
+    // The runner's IPython set, made on the host (scripts/test.sh): PCS_IPYTHON in a sandbox.
+    if let Ok(dir) = std::env::var("PCS_TEST_IPYTHON") {
+        command.env("PCS_IPYTHON", dir);
+    }
+    command.spawn()
 }
