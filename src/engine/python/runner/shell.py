@@ -8,6 +8,7 @@
 
 import builtins
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -30,6 +31,12 @@ MATPLOTLIB_MESSAGE = (
     "The sandbox shows matplotlib figures inline only: %s is ignored, figures come back as PNG "
     "images"
 )
+# What IPython's input transformers act on (escapes and magics, help, prompts pasted with the
+# code, a cell's leading indentation or empty lines): a cell with none of it, and not a single
+# line IPython's prefilter would treat as a magic (automagic) or macro, is plain Python, and
+# run_cell skips the transformers, which cost most of its own time (tokenizing every cell).
+IPYTHON_SYNTAX = re.compile(r"[%!?]|>>>|\]:|\.\.\.:|^[ \t]*[,;/]", re.M)
+FIRST_WORD = re.compile(r"\s*([\w*.]+)")
 # Python executables whose `-m pip` goes to the installer; the first word of a command, its
 # directory stripped.
 PYTHON_NAMES = ("python", "python3", os.path.basename(sys.executable or "python3"))
@@ -78,7 +85,9 @@ def make_shell_class(IPython):
     """The InteractiveShell subclass, made once IPython is imported (from its set)."""
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.autocall import IPyAutocall
     from IPython.core.error import StdinNotImplementedError, UsageError
+    from IPython.core.macro import Macro
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.text import LSString, SList
     from traitlets import Type
@@ -153,6 +162,53 @@ def make_shell_class(IPython):
             self.register_magic_function(self.uv_magic, "line", "uv")
             for name in ("conda", "mamba", "micromamba"):
                 self.register_magic_function(refuse(name), "line", name)
+            self.init_transformers_snapshot()
+
+        def init_transformers_snapshot(self):
+            manager = self.input_transformer_manager
+            self.default_transformers = (
+                list(manager.cleanup_transforms),
+                list(manager.line_transforms),
+                list(manager.token_transformers),
+            )
+
+        def plain_python(self, cell):
+            """True when IPython's transformers would leave `cell` as it is (see IPYTHON_SYNTAX)."""
+            if not cell or cell[0] in " \t\r\n\f\v" or IPYTHON_SYNTAX.search(cell):
+                return False
+            manager = self.input_transformer_manager
+            if self.input_transformers_post or self.default_transformers != (
+                manager.cleanup_transforms,
+                manager.line_transforms,
+                manager.token_transformers,
+            ):
+                return False  # the code or an extension added transformers of its own
+            if "\n" not in cell.rstrip("\n"):
+                # One line: IPython's prefilter may take its first word as a magic or a macro.
+                word = FIRST_WORD.match(cell)
+                if word is not None:
+                    name = word.group(1)
+                    if self.automagic and name in self.magics_manager.magics["line"]:
+                        return False
+                    value = self.user_ns.get(name)
+                    if value is not None and isinstance(value, (Macro, IPyAutocall)):
+                        return False
+            return True
+
+        def transform_cell(self, raw_cell):
+            if self.plain_python(raw_cell):
+                return raw_cell if raw_cell.endswith("\n") else raw_cell + "\n"
+            return super().transform_cell(raw_cell)
+
+        def should_run_async(self, raw_cell, *, transformed_cell=None, preprocessing_exc_tuple=None):
+            # Only a cell that says await (or async for/with) needs the event loop; asking IPython
+            # costs one more compilation of every cell.
+            cell = transformed_cell if transformed_cell is not None else raw_cell
+            if "await" not in cell and "async" not in cell:
+                return False
+            return super().should_run_async(
+                raw_cell, transformed_cell=transformed_cell, preprocessing_exc_tuple=preprocessing_exc_tuple
+            )
 
         def init_virtualenv(self):
             pass  # the sandbox's Python is the one that runs; no virtualenv to adopt
