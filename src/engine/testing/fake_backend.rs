@@ -865,6 +865,10 @@ fn spawn_runner(argv: &[String], workspace: &Path) -> std::io::Result<Child> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+        .kill_on_drop(true);
+    // The runner's IPython set, made on the host (scripts/test.sh): PCS_IPYTHON in a sandbox.
+    if let Ok(dir) = std::env::var("PCS_TEST_IPYTHON") {
+        command.env("PCS_IPYTHON", dir);
+    }
+    command.spawn()
 }

@@ -1,21 +1,22 @@
-# Notebook-grade results: the value of the code's last expression, display(), and the outputs of an
-# execution in production order, shaped like Jupyter's nbformat v4 outputs.
+# Notebook-grade results: what IPython's display publisher and display hook send (shell.py), kept
+# as the outputs of the running execution in production order, shaped like Jupyter's nbformat v4
+# outputs: display_data (with metadata and a display id), execute_result, update_display_data,
+# clear_output and error.
 #
-# Objects are rendered through IPython's display protocol (_repr_mimebundle_, _repr_html_, ...,
-# then repr), all of it the code's own methods: they run while the execution does, so the timeout
-# and interrupts apply to them as to the code. One that raises or returns the wrong type costs only
-# that MIME type (a failing repr shows the error as text/plain); values and the whole list are
-# bounded, and what goes over is dropped and counted.
+# The MIME bundles are IPython's (its DisplayFormatter runs the objects' own _repr_*_ methods while
+# the execution does, so the timeout and interrupts apply to them as to the code). What they return
+# is checked here: a value of the wrong type or too big costs only that MIME type, a metadata
+# object that is not JSON or too big is left out; values and the whole list are bounded, and what
+# goes over is dropped and counted. Outputs a later clear_output removes, and updates a later
+# update of the same display replaces, are forgotten here already (the host would drop them), so a
+# progress loop that clears or updates a display thousands of times stays within the bounds.
 #
 # Stream text is not copied here: each output records how many bytes of stdout and stderr had been
 # written when it was produced (capture.py's positions), and the host cuts the streams it already
 # has at those offsets. So outputs and prints interleave exactly, at no cost in the reply's size.
 
-# ast is imported with the runner, not at the first execution: there it cost a pooled sandbox's
-# first call about 3 ms of its 0.5 CPU, which the pool now spends before the call arrives.
-import ast
 import base64
-import builtins
+import io
 import json
 import sys
 
@@ -24,67 +25,20 @@ from . import after_import
 # Outputs other than streams an execution may return, the bytes of one MIME value, and of
 # text/plain (cut, not dropped: the model still sees the head).
 MAX_OUTPUTS = 200
+MAX_MIME_TYPES = 32
 MAX_VALUE_BYTES = 4 << 20
 MAX_PLAIN_CHARS = 100_000
 MAX_TRACEBACK_LINES = 200
+MAX_METADATA_ENTRIES = 32
+MAX_METADATA_BYTES = 16 << 10
+MAX_DISPLAY_ID_CHARS = 200
 
-# IPython's order: the first method an object has for a MIME type gives that type.
-REPR_METHODS = (
-    ("text/html", "_repr_html_"),
-    ("text/markdown", "_repr_markdown_"),
-    ("image/svg+xml", "_repr_svg_"),
-    ("image/png", "_repr_png_"),
-    ("image/jpeg", "_repr_jpeg_"),
-    ("text/latex", "_repr_latex_"),
-    ("application/json", "_repr_json_"),
-)
 BINARY = ("image/png", "image/jpeg")
-
-INPUT_MESSAGE = (
-    "input() is not available: the sandbox has no terminal. Put the data in the code, or write "
-    "a file with sandbox_write_file and read it."
-)
-
-
-def no_input(prompt=""):
-    raise EOFError(INPUT_MESSAGE)
-
-
-def _warn(text):
-    try:
-        sys.stderr.write(text + "\n")
-    except Exception:
-        pass
-
-
-def _describe_failure(obj, method, exc):
-    try:
-        detail = "%s: %s" % (type(exc).__name__, str(exc)[:500])
-    except Exception:
-        detail = type(exc).__name__
-    return "<%s object: %s failed with %s>" % (type(obj).__name__, method, detail)
-
-
-def _plain(obj):
-    try:
-        text = repr(obj)
-        if not isinstance(text, str):
-            raise TypeError("__repr__ returned %s" % type(text).__name__)
-    except Exception as exc:  # user code; KeyboardInterrupt passes (the timeout)
-        return _describe_failure(obj, "__repr__", exc)
-    if len(text) > MAX_PLAIN_CHARS:
-        text = "%s\n... [%d more characters of the repr cut]" % (
-            text[:MAX_PLAIN_CHARS],
-            len(text) - MAX_PLAIN_CHARS,
-        )
-    return text
 
 
 def _checked(mime, value):
-    """The value in nbformat's form (str; base64 for images; JSON text for application/json, which
-    the host parses), or None when it is of the wrong type or too big."""
-    if isinstance(value, tuple) and len(value) == 2:
-        value = value[0]  # (data, metadata), as _repr_*_ may return
+    """The value in nbformat's form (str; base64 for images; JSON text for JSON types, which the
+    host parses), or None when it is of the wrong type or too big."""
     if value is None:
         return None
     if mime in BINARY:
@@ -93,7 +47,7 @@ def _checked(mime, value):
         if not isinstance(value, (bytes, bytearray)) or len(value) > MAX_VALUE_BYTES:
             return None
         return base64.b64encode(bytes(value)).decode("ascii")
-    if mime == "application/json":
+    if mime == "application/json" or mime.endswith("+json"):
         if isinstance(value, str):
             try:
                 json.loads(value)
@@ -107,161 +61,186 @@ def _checked(mime, value):
                 return None
     elif isinstance(value, str):
         text = value
+        if mime == "text/plain" and len(text) > MAX_PLAIN_CHARS:
+            return "%s\n... [%d more characters of the repr cut]" % (
+                text[:MAX_PLAIN_CHARS],
+                len(text) - MAX_PLAIN_CHARS,
+            )
+    elif isinstance(value, (bytes, bytearray)):
+        # Binary data of another type: base64, as Jupyter sends it.
+        if len(value) > MAX_VALUE_BYTES:
+            return None
+        return base64.b64encode(bytes(value)).decode("ascii")
     else:
         return None
     return text if len(text) <= MAX_VALUE_BYTES else None
 
 
-def mime_bundle(obj):
-    """The MIME bundle of an object: [(mime, value)], text/plain always last."""
-    data = {}
-    method = getattr(type(obj), "_repr_mimebundle_", None)
-    if method is not None:
-        try:
-            bundle = obj._repr_mimebundle_(include=None, exclude=None)
-            if isinstance(bundle, tuple):
-                bundle = bundle[0]
-            if isinstance(bundle, dict):
-                for mime, value in list(bundle.items())[:32]:
-                    if isinstance(mime, str) and 0 < len(mime) <= 100 and "/" in mime:
-                        checked = _checked(mime, value)
-                        if checked is not None:
-                            data[mime] = checked
-        except Exception as exc:
-            _warn(_describe_failure(obj, "_repr_mimebundle_", exc))
-    for mime, name in REPR_METHODS:
-        if mime in data or not hasattr(type(obj), name):
+def bundle(data):
+    """A formatter's {mime: value} as [(mime, value)], checked, text/plain last."""
+    pairs = []
+    plain = None
+    if not isinstance(data, dict):
+        return [("text/plain", "")]
+    for mime, value in list(data.items())[:MAX_MIME_TYPES]:
+        if not (isinstance(mime, str) and 0 < len(mime) <= 100 and "/" in mime):
             continue
-        try:
-            checked = _checked(mime, getattr(obj, name)())
-        except Exception as exc:
-            _warn(_describe_failure(obj, name, exc))
+        checked = _checked(mime, value)
+        if checked is None:
             continue
-        if checked is not None:
-            data[mime] = checked
-    figure_png = _figure_png(obj)
-    if figure_png is not None and "image/png" not in data:
-        data["image/png"] = figure_png
-    if not isinstance(data.get("text/plain"), str):
-        data["text/plain"] = _plain(obj)
-    plain = data.pop("text/plain")
-    return list(data.items()) + [("text/plain", plain)]
+        if mime == "text/plain":
+            plain = checked
+        else:
+            pairs.append((mime, checked))
+    pairs.append(("text/plain", plain if plain is not None else ""))
+    return pairs
 
 
-def _figure_png(obj):
-    """A matplotlib Figure has no PNG repr outside a notebook: drawn here, and closed in pyplot so
-    that it does not come back a second time as a figure left open."""
-    figure_module = sys.modules.get("matplotlib.figure")
-    if figure_module is None or not isinstance(obj, figure_module.Figure):
+def metadata_of(metadata):
+    """The metadata as a JSON object within its bounds, or None."""
+    if not isinstance(metadata, dict) or not metadata or len(metadata) > MAX_METADATA_ENTRIES:
         return None
-    import io
-
-    buffer = io.BytesIO()
     try:
-        obj.savefig(buffer, format="png")
-    except Exception as exc:
-        _warn(_describe_failure(obj, "savefig", exc))
+        text = json.dumps(metadata, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
         return None
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None:
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_METADATA_BYTES:
+        return None
+    return json.loads(text)  # a copy the code can no longer change
+
+
+def display_id_of(display_id):
+    if isinstance(display_id, str) and 0 < len(display_id) <= MAX_DISPLAY_ID_CHARS:
+        return display_id
+    return None
+
+
+def _flush_streams():
+    for stream in (sys.stdout, sys.stderr):
         try:
-            pyplot.close(obj)
+            stream.flush()
         except Exception:
             pass
-    return _checked("image/png", buffer.getvalue())
 
 
 class Outputs:
     """One execution's outputs other than streams, each with the stream positions it came at."""
 
-    def __init__(self, position, budget, execution_count):
+    def __init__(self, position, budget):
         self.position = position  # () -> [stdout bytes, stderr bytes] written so far
         self.room = budget
-        self.execution_count = execution_count
         self.items = []
+        self.sizes = []
         self.dropped = 0
+        # The index of a clear_output(wait=True) not yet in effect (it is when the next output
+        # comes, streams included).
+        self.pending_clear = None
 
     def _add(self, item, size):
+        self._settle(item)
         if len(self.items) >= MAX_OUTPUTS or size > self.room:
             self.dropped += 1
             return False
         self.room -= size
         self.items.append(item)
+        self.sizes.append(size)
         return True
 
-    def display(self, obj, result=False):
-        data = mime_bundle(obj)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        item = {"output_type": "execute_result" if result else "display_data", "data": data}
-        if result:
-            item["execution_count"] = self.execution_count
-        item["at"] = self.position()
-        # Its size in the reply: JSON with every non-ASCII character escaped is an upper bound.
-        return self._add(item, len(json.dumps(data)) + 100)
+    def _settle(self, item):
+        """A pending clear is in effect once anything came after it (an output, or stream text:
+        the position moved): what came before it is gone, here as in the host."""
+        pending = self.pending_clear
+        if pending is None:
+            return
+        if item["output_type"] in ("clear_output", "update_display_data") and (
+            item["at"] == self.items[pending]["at"]
+        ):
+            # Neither is shown by itself: with no stream text since the clear, it still waits.
+            return
+        self.pending_clear = None
+        self._forget_before(pending)
 
-    def image(self, png):
+    def _forget_before(self, index):
+        self.room += sum(self.sizes[:index])
+        del self.items[:index]
+        del self.sizes[:index]
+
+    def _item(self, output_type, data, metadata):
+        _flush_streams()
+        item = {"output_type": output_type, "data": bundle(data)}
+        metadata = metadata_of(metadata)
+        if metadata is not None:
+            item["metadata"] = metadata
+        return item
+
+    def _size(self, item):
+        # Its size in the reply: JSON with every non-ASCII character escaped is an upper bound.
+        return len(json.dumps(item)) + 40
+
+    def display(self, data, metadata=None, display_id=None):
+        item = self._item("display_data", data, metadata)
+        display_id = display_id_of(display_id)
+        if display_id is not None:
+            item["display_id"] = display_id
+        item["at"] = self.position()
+        return self._add(item, self._size(item))
+
+    def update(self, data, metadata=None, display_id=None):
+        display_id = display_id_of(display_id)
+        if display_id is None:
+            return False  # an update of no display (IPython requires an id)
+        item = self._item("update_display_data", data, metadata)
+        item["display_id"] = display_id
+        item["at"] = self.position()
+        # Only the latest update of a display matters (each replaces the whole display).
+        for index in range(len(self.items) - 1, -1, -1):
+            earlier = self.items[index]
+            if earlier["output_type"] == "update_display_data" and earlier.get("display_id") == display_id:
+                self.room += self.sizes.pop(index)
+                del self.items[index]
+                if self.pending_clear is not None and self.pending_clear > index:
+                    self.pending_clear -= 1
+                break
+        return self._add(item, self._size(item))
+
+    def result(self, data, metadata, execution_count):
+        item = self._item("execute_result", data, metadata)
+        item["execution_count"] = execution_count
+        item["at"] = self.position()
+        return self._add(item, self._size(item))
+
+    def clear(self, wait):
+        _flush_streams()
+        item = {"output_type": "clear_output", "wait": wait, "at": self.position()}
+        if not self._add(item, 60):
+            return
+        if wait:
+            self.pending_clear = len(self.items) - 1
+        else:
+            self.pending_clear = None
+            self._forget_before(len(self.items) - 1)
+
+    def image(self, png, plain="<Figure>"):
         """A matplotlib figure shown or left open."""
-        data = [("image/png", base64.b64encode(png).decode("ascii")), ("text/plain", "<Figure>")]
+        data = [("image/png", base64.b64encode(png).decode("ascii")), ("text/plain", plain)]
         item = {"output_type": "display_data", "data": data, "at": self.position()}
         return self._add(item, len(data[0][1]) + 100)
 
-    def error(self, exc, traceback_text, at, through):
-        lines = traceback_text.splitlines()
+    def error(self, ename, evalue, lines, at, through):
+        """IPython's structured traceback: its entries (a frame each, possibly several lines)."""
         if len(lines) > MAX_TRACEBACK_LINES:
             half = MAX_TRACEBACK_LINES // 2
             lines = lines[:half] + ["... [%d lines cut]" % (len(lines) - 2 * half)] + lines[-half:]
         lines = [line[:2000] for line in lines]
-        try:
-            evalue = str(exc)[:1000]
-        except Exception:
-            evalue = "(the exception's message could not be read)"
         item = {
             "output_type": "error",
-            "ename": type(exc).__name__,
-            "evalue": evalue,
+            "ename": ename[:200],
+            "evalue": evalue[:1000],
             "traceback": lines,
             "at": at,
             "through": through,
         }
-        self._add(item, len(json.dumps(lines)) + len(json.dumps(evalue)) + 200)
-
-
-class Display:
-    """The `display` builtin, writing to the outputs of the execution that runs."""
-
-    def __init__(self):
-        self.outputs = None
-
-    def __call__(self, *objs, **kwargs):
-        outputs = self.outputs
-        for obj in objs:
-            if outputs is None:
-                print(repr(obj))  # code that outlived its execution (a thread): plain text
-            else:
-                outputs.display(obj)
-
-
-def last_expression_split(code, filename):
-    """(body, expression): the code compiled without its last top-level statement and that
-    statement's expression, when it is an expression not ended by `;` (IPython's rule, read from
-    the source text); else (code compiled whole, None). Both halves keep the user's line numbers."""
-    tree = ast.parse(code, filename)
-    last = tree.body[-1] if tree.body else None
-    if not isinstance(last, ast.Expr):
-        return compile(tree, filename, "exec"), None
-    lines = code.splitlines(True)
-    tail = lines[last.end_lineno - 1].encode("utf-8", "surrogatepass")[last.end_col_offset :]
-    rest = [tail.decode("utf-8", "replace")] + lines[last.end_lineno :]
-    # Only `;`, blanks and comments can follow the last statement (no strings): a `#` starts one.
-    if any(";" in line.split("#", 1)[0] for line in rest):
-        return compile(tree, filename, "exec"), None
-    tree.body.pop()
-    expression = compile(ast.Expression(last.value), filename, "eval")
-    return compile(tree, filename, "exec"), expression
+        self._add(item, len(json.dumps(lines)) + len(json.dumps(item["evalue"])) + 200)
 
 
 def _bound_pandas(pandas):
@@ -278,16 +257,22 @@ def _bound_pandas(pandas):
         pandas.set_option(option, value)
 
 
-def _route_ipython(module):
-    # IPython.display.display outside a kernel prints reprs; in the sandbox it is ours.
-    module.display = builtins.display
+def _figure_png(figure):
+    """A matplotlib Figure shown as a value or passed to display(): drawn here, and closed in
+    pyplot so that it does not come back a second time as a figure left open (figures.py)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        try:
+            pyplot.close(figure)
+        except Exception:
+            pass
+    return buffer.getvalue()
 
 
-def install():
-    """`display` and a failing `input` as builtins, bounded pandas display; returns the Display."""
-    display = Display()
-    builtins.display = display
-    builtins.input = no_input
+def install(shell):
+    """Bounded pandas display; matplotlib figures as PNG through IPython's formatter."""
     after_import.on_import("pandas", _bound_pandas)
-    after_import.on_import("IPython.core.display_functions", _route_ipython)
-    return display
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type_by_name("matplotlib.figure", "Figure", _figure_png)

@@ -1,18 +1,18 @@
-# Execution: the code runs in the runner process, in one globals namespace that lives as long as the
-# runner, so a session keeps its variables between executions. Its stdout and stderr are captured
-# within the request's cap; a SIGINT (which the supervisor passes on from the host) interrupts it
-# with KeyboardInterrupt. The result names the workspace files the execution created or changed and
-# carries the matplotlib figures it showed or left open. The value of the code's last expression
-# and what it passed to display() come back as outputs in order with its prints (display.py).
+# Execution: the code runs in the runner process through IPython's run_cell (shell.py), in the
+# shell's namespace, which lives as long as the runner, so a session keeps its variables between
+# executions. Its stdout and stderr are captured within the request's cap; a SIGINT (which the
+# supervisor passes on from the host) interrupts it with KeyboardInterrupt. SystemExit(n) ends it
+# with exit code n, an uncaught exception with 1 and IPython's traceback as an `error` output. The
+# result names the workspace files the execution created or changed and carries the matplotlib
+# figures it showed or left open. The last expression's value and what the code displayed come
+# back as outputs in order with its prints (display.py).
 
 import base64
-import linecache
 import os
 import signal
 import subprocess
 import sys
 import time
-import traceback
 
 # Called through the module, like protocol.send_frame (see runner.main).
 from . import changes as workspace_changes
@@ -22,30 +22,34 @@ from .capture import Capture
 from .processes import kill_others, other_processes
 from .streams import Streams
 
-# Frames of the runner's own code (the loader's and every module's) are named <sandbox-runner...>.
-RUNNER_FILENAME_PREFIX = "<sandbox-runner"
-
-
-def without_runner_frames(te, seen):
-    if te is None or id(te) in seen:
-        return
-    seen.add(id(te))
-    kept = [frame for frame in te.stack if not frame.filename.startswith(RUNNER_FILENAME_PREFIX)]
-    te.stack = traceback.StackSummary.from_list(kept)
-    without_runner_frames(te.__cause__, seen)
-    without_runner_frames(te.__context__, seen)
-
-
-def user_traceback(exc):
-    """The exception's traceback as Python would print it, without the runner's own frames."""
-    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
-    without_runner_frames(te, set())
-    return "".join(te.format())
-
 
 def run_shell(command):
     completed = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL)
     return completed.returncode
+
+
+def message_of(exc):
+    try:
+        return str(exc)[:1000]
+    except Exception:  # a __str__ that raises
+        return "(the exception's message could not be read)"
+
+
+def hidden_names(namespace, hidden):
+    """IPython's names in `namespace`: those it keeps in user_ns_hidden (where they still hold
+    IPython's value), the output cache's _, __, ___, _N and the input cache's _i, _ii, _iii, _iN,
+    and _exit_code."""
+    names = set()
+    for name, value in list(namespace.items()):
+        if not isinstance(name, str):
+            continue
+        if name in hidden and hidden[name] is value:
+            names.add(name)
+        elif name in ("_", "__", "___", "_i", "_ii", "_iii", "_exit_code"):
+            names.add(name)
+        elif name.startswith("_i") and name[2:].isdigit() or name.startswith("_") and name[1:].isdigit():
+            names.add(name)
+    return frozenset(names)
 
 
 def exit_status_of(exc):
@@ -61,21 +65,29 @@ def exit_status_of(exc):
 
 
 class Executor:
-    """The runner's executions: its namespace, the capture thread, and whether code is running.
-    Made once per runner, after its standard streams point at /dev/null (`devnull`)."""
+    """The runner's executions: its shell (its namespace is the session's), the capture thread,
+    and whether code is running. Made once per runner, after its standard streams point at
+    /dev/null (`devnull`). `shell` is None when IPython could not be imported (`why`): code is
+    then refused, with that reason."""
 
-    def __init__(self, devnull, figures, display):
+    def __init__(self, devnull, figures, shell, why=None):
         self.pid = os.getpid()
         self.devnull = devnull
         self.figures = figures
-        self.display = display
+        self.shell = shell
+        self.why = why
         self.outputs = None
+        self.job = None
+        self.error = None
         self.executing = False
-        self.counter = 0
         self.capture = Capture()
         self.streams = Streams()
         self.streams.install()
-        self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        if shell is not None:
+            self.namespace = shell.user_ns
+            shell.on_traceback = self.record_traceback
+        else:
+            self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         self.original_stdin = sys.stdin
 
     def on_sigint(self, signum, frame):
@@ -89,17 +101,12 @@ class Executor:
         stays under the host's grace (INTERRUPT_GRACE in sandbox.rs), so the answer comes in time."""
         kill_others(2.0, lambda children: not other_processes(self.pid))
 
-    def run_code(self, code):
-        filename = "<run %d>" % self.counter
-        # Register the source so tracebacks can show the failing lines.
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        body, expression = rich.last_expression_split(code, filename)
-        exec(body, self.namespace)
-        if expression is not None:
-            value = eval(expression, self.namespace)
-            if value is not None:
-                self.namespace["_"] = value
-                self.outputs.display(value, result=True)
+    def hidden_names(self):
+        """The namespace's names that are IPython's, not the session's: never saved in a snapshot
+        nor restored over (In, Out, _, _3, _i3, get_ipython, ...)."""
+        if self.shell is None:
+            return frozenset()
+        return hidden_names(self.namespace, self.shell.user_ns_hidden)
 
     def position(self, job):
         """How many bytes of stdout and stderr the code has written so far, its buffers flushed."""
@@ -110,13 +117,48 @@ class Executor:
         self.streams.flush(sys.stdout, sys.stderr)
         return job.position()
 
-    def record_error(self, exc, job):
-        """The exception as an `error` output and, as before, its traceback on stderr; the
-        output records where the traceback's text is, so that it is not shown twice."""
-        text = user_traceback(exc)
+    def record_traceback(self, etype, evalue, stb, text):
+        """IPython's traceback (its structured lines, no colours) as an `error` output and, as
+        before, its text on stderr; the output records where that text is, so that it is not
+        shown twice."""
+        job = self.job
+        outputs = self.outputs
+        if job is None or outputs is None or os.getpid() != self.pid:
+            print(text, file=sys.stderr)
+            return
         at = self.position(job)
-        sys.stderr.write(text)
-        self.outputs.error(exc, text, at, self.position(job))
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        # IPython's entries as a notebook keeps them (one a frame, lines joined by newlines).
+        entries = [entry if isinstance(entry, str) else str(entry) for entry in stb]
+        outputs.error(etype.__name__, message_of(evalue), entries, at, self.position(job))
+
+    def show_escaped(self, exc):
+        """An exception that escaped run_cell (an interrupt in IPython's own code around the
+        code's): its type and message only, IPython's frames are not the code's."""
+        if isinstance(exc, SystemExit):
+            return
+        if self.shell is not None:
+            try:
+                stb = self.shell.InteractiveTB.get_exception_only(type(exc), exc)
+                self.record_traceback(type(exc), exc, stb, self.shell.InteractiveTB.stb2text(stb))
+                return
+            except Exception:
+                pass
+        text = "%s: %s" % (type(exc).__name__, message_of(exc))
+        self.record_traceback(type(exc), exc, [text], text)
+
+    def run_code(self, code):
+        """The code through IPython's run_cell; what it raised (None when it ran through)."""
+        if self.shell is None:
+            print("The sandbox cannot run code: %s" % self.why, file=sys.stderr)
+            return RuntimeError(self.why)
+        result = self.shell.run_cell(code, store_history=True)
+        history = self.shell.history_manager
+        if history is not None:
+            # Without a database these queues are never emptied: In and Out keep what they need.
+            history.db_input_cache.clear()
+            history.db_output_cache.clear()
+        return result.error_before_exec or result.error_in_exec
 
     def execute(self, request):
         op = request.get("op")
@@ -133,10 +175,10 @@ class Executor:
                 protocol.send_frame(frame)
 
         job = self.capture.start(out_r, err_r, cap, live)
-        if op != "shell":
-            self.counter += 1  # the execution count of nbformat, and <run N> in tracebacks
-        self.outputs = rich.Outputs(lambda: self.position(job), cap, self.counter)
-        self.display.outputs = self.outputs
+        self.job = job
+        self.outputs = rich.Outputs(lambda: self.position(job), cap)
+        if self.shell is not None:
+            self.shell.outputs = self.outputs
         self.figures.outputs = self.outputs
         # What the code's threads printed between executions went to /dev/null, as it always has,
         # not into this execution's output.
@@ -156,25 +198,25 @@ class Executor:
             try:
                 if op == "shell":
                     exit_code = run_shell(request["command"])
+                    raised = None
                 else:
-                    self.run_code(request["code"])
+                    raised = self.run_code(request["code"])
             finally:
                 self.executing = False
-        except SystemExit as exc:
-            exit_code = exit_status_of(exc)
-        except KeyboardInterrupt as exc:
+        except BaseException as exc:
+            # Raised outside the code's own frames (an interrupt in IPython's machinery around it,
+            # a failing shell command).
+            raised = exc
+            self.show_escaped(exc)
+        if isinstance(raised, SystemExit):
+            exit_code = exit_status_of(raised)
+        elif isinstance(raised, KeyboardInterrupt):
             interrupted = True
             exit_code = 130
             error = {"type": "KeyboardInterrupt", "message": "interrupted"}
-            self.record_error(exc, job)
-        except BaseException as exc:  # the code's own failure, reported like Python would
+        elif raised is not None:  # the code's own failure, shown as IPython shows it
             exit_code = 1
-            try:
-                message = str(exc)[:1000]
-            except Exception:  # a __str__ that raises
-                message = "(the exception's message could not be read)"
-            error = {"type": type(exc).__name__, "message": message}
-            self.record_error(exc, job)
+            error = {"type": type(raised).__name__, "message": message_of(raised)}
         duration = time.monotonic() - started
         if os.getpid() != self.pid:
             # A child the code forked has finished the code: it must not go on as a runner (its
@@ -184,7 +226,10 @@ class Executor:
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is not None and not interrupted:
             self.figures.capture(pyplot, skip_saved=True)
-        self.display.outputs = self.figures.outputs = None
+        self.figures.outputs = None
+        if self.shell is not None:
+            self.shell.outputs = None
+        self.job = None
         self.streams.running.clear()
         self.streams.flush(sys.stdout, sys.stderr)
         sys.stdin = self.original_stdin

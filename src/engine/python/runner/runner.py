@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 
-from . import display, figures, prepared, protocol, snapshot
+from . import display, figures, importer, prepared, protocol, snapshot
+from . import shell as sandbox_shell
 from .execute import Executor
 from .seccomp import forbid_targeting_init
 from .workspace import list_directory, read_file, write_file
@@ -28,6 +29,19 @@ def update_paths(request):
     return {"type": "paths", "id": request.get("id"), "missing": missing}
 
 
+def start_shell():
+    """(the IPython shell, None) or (None, why there is none)."""
+    IPython, why = importer.load_ipython()
+    if IPython is None:
+        return None, why
+    try:
+        shell = sandbox_shell.create(IPython)
+        display.install(shell)
+    except Exception as exc:  # IPython imported but its shell failed: the host is told why
+        return None, "IPython's shell could not be made: %s: %s" % (type(exc).__name__, str(exc)[:500])
+    return shell, None
+
+
 def main():
     # Frames go through the protocol module's attributes, not names bound here: code that rewrites
     # protocol.send_frame in the runner's memory (the tests of a lying runner do) changes what the
@@ -37,18 +51,24 @@ def main():
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    executor = Executor(devnull, figures.install(), display.install())
+    ready = {
+        "type": "ready",
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "python": sys.version.split()[0],
+        "init_protected": init_protected,
+    }
+    # IPython's import and its shell are paid here, before the runner says ready (a pooled
+    # sandbox pays them before any call comes).
+    shell, why = start_shell()
+    if shell is not None:
+        ready["ipython"] = sys.modules["IPython"].__version__
+    else:
+        ready["ipython_error"] = why
+    executor = Executor(devnull, figures.install(), shell, why)
     signal.signal(signal.SIGINT, executor.on_sigint)
     sys.argv = [""]
-    protocol.send_frame(
-        {
-            "type": "ready",
-            "pid": executor.pid,
-            "uid": os.getuid(),
-            "python": sys.version.split()[0],
-            "init_protected": init_protected,
-        }
-    )
+    protocol.send_frame(ready)
     while True:
         request = protocol.read_frame()
         if request is None:
@@ -66,13 +86,13 @@ def main():
         elif request.get("op") == "write":
             protocol.send_frame(write_file(request))
         elif request.get("op") == "snapshot":
-            protocol.send_frame(snapshot.snapshot(request, executor.namespace))
+            protocol.send_frame(snapshot.snapshot(request, executor.namespace, executor.hidden_names()))
         elif request.get("op") == "snapshot_read":
             protocol.send_frame(snapshot.snapshot_read(request))
         elif request.get("op") == "restore_write":
             protocol.send_frame(snapshot.restore_write(request, protocol.read_raw_frame()))
         elif request.get("op") == "restore":
-            protocol.send_frame(snapshot.restore(request, executor.namespace))
+            protocol.send_frame(snapshot.restore(request, executor.namespace, executor.hidden_names()))
         elif request.get("op") == "snapshot_discard":
             protocol.send_frame(snapshot.discard(request))
         else:

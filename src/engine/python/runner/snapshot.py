@@ -231,12 +231,13 @@ def is_dunder(name):
     return name.startswith("__") and name.endswith("__") and len(name) > 4
 
 
-def sort_names(namespace):
+def sort_names(namespace, hidden=frozenset()):
     """The namespace's names split into (variables, {name: module name}, unsaved) after a trial
-    pickling of each; dunder names are the runner's, not the session's."""
+    pickling of each; dunder names are the runner's and `hidden` ones IPython's (In, Out, _N, ...),
+    not the session's."""
     variables, modules, unsaved = [], {}, []
     for name, value in list(namespace.items()):
-        if not isinstance(name, str) or is_dunder(name):
+        if not isinstance(name, str) or is_dunder(name) or name in hidden:
             continue
         if isinstance(value, types.ModuleType):
             module_name = getattr(value, "__name__", None)
@@ -440,14 +441,14 @@ def write_entry(out, data):
     out.write(data)
 
 
-def snapshot(request, namespace):
+def snapshot(request, namespace, hidden=frozenset()):
     """The `snapshot` op: the blob into the private snapshot file, at most max_bytes of it."""
     reply = {"type": "snapshot", "id": request.get("id")}
     try:
         limit = max(0, int(request.get("max_bytes", 1 << 30)))
         remove_private(SNAPSHOT_NAME)
         # The trial pickling first: it runs the values' own code, which may change the workspace.
-        variables, modules, unsaved = sort_names(namespace)
+        variables, modules, unsaved = sort_names(namespace, hidden)
         fd = open_private(SNAPSHOT_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         with os.fdopen(fd, "w+b") as file:
             out = BoundedWriter(file, limit)
@@ -692,8 +693,9 @@ class MemoTracker:
         return memoized, read
 
 
-def load_variables(file, segment, start, end, namespace):
-    """The variables section into `namespace`: returns (variables, failed, modules)."""
+def load_variables(file, segment, start, end, namespace, hidden=frozenset()):
+    """The variables section into `namespace`: returns (variables, failed, modules). Names in
+    `hidden` (IPython's own) are never restored over."""
     file.seek(start)
     length = read_length(file, "variable list", end - start - LENGTH.size)
     try:
@@ -707,6 +709,8 @@ def load_variables(file, segment, start, end, namespace):
     restored, failed, imported = [], [], []
     for name, module_name in modules.items():
         if not isinstance(name, str) or not isinstance(module_name, str) or is_dunder(name):
+            continue
+        if name in hidden:
             continue
         try:
             namespace[name] = importlib.import_module(module_name)
@@ -764,6 +768,8 @@ def load_variables(file, segment, start, end, namespace):
                 failed.append({"name": name, "reason": reason_of(e)})
                 unpickler, memo = recover(unpickler, memo, memo_before, segment, entries, index, name)
                 continue
+            if loaded[0] in hidden:
+                continue
             namespace[loaded[0]] = loaded[1]
             restored.append(loaded[0])
     finally:
@@ -799,7 +805,7 @@ def recover(unpickler, memo, memo_before, segment, entries, index, name):
     return python_unpickler, memo
 
 
-def restore(request, namespace):
+def restore(request, namespace, hidden=frozenset()):
     """The `restore` op: the uploaded blob's workspace and variables, then the upload removed."""
     reply = {"type": "restored", "id": request.get("id")}
     try:
@@ -817,7 +823,8 @@ def restore(request, namespace):
             segment.point(tar_start, tar_length)
             files, file_bytes = extract_workspace(segment)
             variables_start = tar_start + tar_length
-            variables, failed, modules = load_variables(file, segment, variables_start, size, namespace)
+            variables, failed, modules = load_variables(file, segment, variables_start, size, namespace,
+                                                        hidden)
         reply.update({"files": files, "file_bytes": file_bytes, "variables": variables, "failed": failed,
                       "modules": modules})
     except SnapshotError as e:

@@ -1,0 +1,352 @@
+# The IPython shell every execution of code runs in (execute.py calls its run_cell): one
+# InteractiveShell for the runner's life, made before the runner says ready, whose user_ns is the
+# session's namespace. What IPython would show on a terminal goes to the execution's outputs
+# instead (display.py): its display publisher and display hook feed them, its tracebacks become
+# `error` outputs. Made to suit a sandbox: no history database, no colours, no autocall, its
+# directory under /tmp; `!cmd` runs /bin/sh as the sandbox's user with the captured streams;
+# `%pip` and `!pip` go to the server's installer (pip.py); `input()` fails at once.
+
+import builtins
+import os
+import re
+import shlex
+import subprocess
+import sys
+import warnings
+
+# How IPython's traceback names a frame of the runner's own code (load_runner.py names them).
+RUNNER_FRAME = "File <sandbox-runner"
+# Where IPython keeps its profile (never the workspace, which the code's results are made of).
+IPYTHON_DIR = "/tmp/.ipython"
+
+INPUT_MESSAGE = (
+    "input() is not available: the sandbox has no terminal and no one to answer. Put the data in "
+    "the code, or write a file with sandbox_write_file and read it."
+)
+CONDA_MESSAGE = (
+    "%%%s is not available in the sandbox: install packages with %%pip install NAME, which goes "
+    "through the server's installer"
+)
+MATPLOTLIB_MESSAGE = (
+    "The sandbox shows matplotlib figures inline only: %s is ignored, figures come back as PNG "
+    "images"
+)
+# What IPython's input transformers act on (escapes and magics, help, prompts pasted with the
+# code, a cell's leading indentation or empty lines): a cell with none of it, and not a single
+# line IPython's prefilter would treat as a magic (automagic) or macro, is plain Python, and
+# run_cell skips the transformers, which cost most of its own time (tokenizing every cell).
+IPYTHON_SYNTAX = re.compile(r"[%!?]|>>>|\]:|\.\.\.:|^[ \t]*[,;/]", re.M)
+FIRST_WORD = re.compile(r"\s*([\w*.]+)")
+# Python executables whose `-m pip` goes to the installer; the first word of a command, its
+# directory stripped.
+PYTHON_NAMES = ("python", "python3", os.path.basename(sys.executable or "python3"))
+
+
+def pip_arguments(command):
+    """The text after `pip` when a shell command runs pip (`pip ...`, `pip3 ...`, `python -m pip
+    ...`, `python3 -m pip ...`, with or without a directory), else None."""
+    stripped = command.strip()
+    try:
+        words = shlex.split(stripped)
+    except ValueError:
+        words = stripped.split()
+    if not words:
+        return None
+    first = os.path.basename(words[0])
+    if first in ("pip", "pip3") or (first.startswith("pip3.") and first[5:].isdigit()):
+        skip = 1
+    elif (first in PYTHON_NAMES or first.startswith("python3.")) and words[1:3] == ["-m", "pip"]:
+        skip = 3
+    else:
+        return None
+    # The rest of the command's own text (not re-joined words), so the installer sees what was
+    # written, shell syntax included, and can refuse it by name.
+    rest = stripped
+    for _ in range(skip):
+        rest = rest.lstrip()
+        rest = rest[len(rest.split(None, 1)[0]) :]
+    return rest.strip()
+
+
+def run_pip(line):
+    """`line` (what follows `pip`) through the server's installer."""
+    try:
+        from . import pip as pip_client
+    except ImportError as exc:
+        print(
+            "pip is not available in this sandbox yet: the runner has no installer client (%s)" % exc,
+            file=sys.stderr,
+        )
+        return 1
+    return pip_client.run(line)
+
+
+def make_shell_class(IPython):
+    """The InteractiveShell subclass, made once IPython is imported (from its set)."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.autocall import IPyAutocall
+    from IPython.core.error import StdinNotImplementedError, UsageError
+    from IPython.core.macro import Macro
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.text import LSString, SList
+    from traitlets import Type
+
+    class Publisher(DisplayPublisher):
+        """display(), update_display() and clear_output() into the running execution's outputs."""
+
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+            __tracebackhide__ = True
+            outputs = self.shell.outputs
+            if outputs is None:
+                # A thread of the code that outlived its execution: plain text, as a terminal shows.
+                if isinstance(data, dict) and isinstance(data.get("text/plain"), str):
+                    print(data["text/plain"])
+                return
+            display_id = transient.get("display_id") if isinstance(transient, dict) else None
+            if update:
+                outputs.update(data, metadata, display_id)
+            else:
+                outputs.display(data, metadata, display_id)
+
+        def clear_output(self, wait=False):
+            __tracebackhide__ = True
+            outputs = self.shell.outputs
+            if outputs is not None:
+                outputs.clear(bool(wait))
+
+    class ResultHook(DisplayHook):
+        """The last expression's value as an `execute_result` (the base class keeps Out, _, __, _N)."""
+
+        def write_output_prompt(self):
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None):
+            __tracebackhide__ = True
+            outputs = self.shell.outputs
+            if outputs is not None:
+                outputs.result(format_dict, md_dict, self.prompt_count)
+
+        def log_output(self, format_dict):
+            pass  # no second copy of every value's bundle in the history
+
+        def finish_displayhook(self):
+            self._is_active = False
+
+    def no_input(prompt=""):
+        __tracebackhide__ = True
+        raise StdinNotImplementedError(INPUT_MESSAGE)
+
+    def no_getpass(prompt="Password: ", stream=None):
+        __tracebackhide__ = True
+        raise StdinNotImplementedError(INPUT_MESSAGE)
+
+    class SandboxShell(InteractiveShell):
+        displayhook_class = Type(ResultHook)
+        display_pub_class = Type(Publisher)
+
+        def __init__(self, **kwargs):
+            # The running execution's outputs (display.Outputs), and what receives a traceback:
+            # set by execute.py around each run_cell.
+            self.outputs = None
+            self.on_traceback = None
+            super().__init__(**kwargs)
+            # exit() and quit() end the execution (SystemExit, as in a script), not a terminal
+            # session: IPython's own exiter only asks its terminal to stop.
+            exiter = Exit()
+            for name in ("exit", "quit"):
+                self.user_ns[name] = exiter
+                self.user_ns_hidden[name] = exiter
+            self.set_hook("show_in_pager", show_in_pager)
+            self.register_magic_function(self.pip_magic, "line", "pip")
+            self.register_magic_function(self.uv_magic, "line", "uv")
+            for name in ("conda", "mamba", "micromamba"):
+                self.register_magic_function(refuse(name), "line", name)
+            self.init_transformers_snapshot()
+
+        def init_transformers_snapshot(self):
+            manager = self.input_transformer_manager
+            self.default_transformers = (
+                list(manager.cleanup_transforms),
+                list(manager.line_transforms),
+                list(manager.token_transformers),
+            )
+
+        def plain_python(self, cell):
+            """True when IPython's transformers would leave `cell` as it is (see IPYTHON_SYNTAX)."""
+            if not cell or cell[0] in " \t\r\n\f\v" or IPYTHON_SYNTAX.search(cell):
+                return False
+            manager = self.input_transformer_manager
+            if self.input_transformers_post or self.default_transformers != (
+                manager.cleanup_transforms,
+                manager.line_transforms,
+                manager.token_transformers,
+            ):
+                return False  # the code or an extension added transformers of its own
+            if "\n" not in cell.rstrip("\n"):
+                # One line: IPython's prefilter may take its first word as a magic or a macro.
+                word = FIRST_WORD.match(cell)
+                if word is not None:
+                    name = word.group(1)
+                    if self.automagic and name in self.magics_manager.magics["line"]:
+                        return False
+                    value = self.user_ns.get(name)
+                    if value is not None and isinstance(value, (Macro, IPyAutocall)):
+                        return False
+            return True
+
+        def transform_cell(self, raw_cell):
+            if self.plain_python(raw_cell):
+                return raw_cell if raw_cell.endswith("\n") else raw_cell + "\n"
+            return super().transform_cell(raw_cell)
+
+        def should_run_async(self, raw_cell, *, transformed_cell=None, preprocessing_exc_tuple=None):
+            # Only a cell that says await (or async for/with) needs the event loop; asking IPython
+            # costs one more compilation of every cell.
+            cell = transformed_cell if transformed_cell is not None else raw_cell
+            if "await" not in cell and "async" not in cell:
+                return False
+            return super().should_run_async(
+                raw_cell, transformed_cell=transformed_cell, preprocessing_exc_tuple=preprocessing_exc_tuple
+            )
+
+        def init_virtualenv(self):
+            pass  # the sandbox's Python is the one that runs; no virtualenv to adopt
+
+        def showtraceback(self, exc_tuple=None, filename=None, tb_offset=None, exception_only=False,
+                          running_compiled_code=False):
+            __tracebackhide__ = True
+            if exc_tuple is None:
+                exc_type = sys.exc_info()[0]
+            else:
+                exc_type = exc_tuple[0]
+            if exc_type is not None and issubclass(exc_type, SystemExit):
+                return  # the execution's exit status, not an error (execute.py)
+            return super().showtraceback(exc_tuple, filename, tb_offset, exception_only,
+                                         running_compiled_code)
+
+        def _showtraceback(self, etype, evalue, stb):
+            # The runner's own frames (input() failing, say) are not the code's: each frame is
+            # one entry, named by its file.
+            stb = [entry for entry in stb if not (isinstance(entry, str) and entry.startswith(RUNNER_FRAME))]
+            text = self.InteractiveTB.stb2text(stb)
+            if self.on_traceback is not None:
+                self.on_traceback(etype, evalue, stb, text)
+            else:
+                print(text, file=sys.stderr)
+
+        def system(self, cmd):
+            """`!cmd`: /bin/sh -c as the sandbox's user, on the execution's stdout and stderr;
+            pip through the installer. The status is in `_exit_code`, as IPython keeps it."""
+            __tracebackhide__ = True
+            command = self.var_expand(cmd, depth=1)
+            pip_line = pip_arguments(command)
+            if pip_line is not None:
+                status = run_pip(pip_line)
+            else:
+                try:
+                    status = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL).returncode
+                except KeyboardInterrupt:
+                    print("\n" + self.get_exception_only(), file=sys.stderr)
+                    status = 130
+            if isinstance(status, int) and status < 0:
+                status = 128 - status  # killed by a signal, as a shell reports it
+            self.user_ns["_exit_code"] = status if isinstance(status, int) else 0
+            if self.system_raise_on_error and status:
+                raise subprocess.CalledProcessError(status, cmd)
+
+        def getoutput(self, cmd, split=True, depth=0):
+            """`x = !cmd`: the command's stdout and stderr, as lines (IPython's SList)."""
+            __tracebackhide__ = True
+            command = self.var_expand(cmd, depth=depth + 1)
+            completed = subprocess.run(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            self.user_ns["_exit_code"] = completed.returncode
+            if self.system_raise_on_error and completed.returncode:
+                raise subprocess.CalledProcessError(completed.returncode, cmd)
+            text = completed.stdout.decode("utf-8", "replace")
+            return SList(text.splitlines()) if split else LSString(text)
+
+        def enable_matplotlib(self, gui=None):
+            """%matplotlib: figures are always inline here (figures.py shows them once)."""
+            import matplotlib  # noqa: F401  (what %matplotlib needs; its absence is an ImportError)
+
+            if gui not in (None, "auto", "inline", "agg"):
+                print(MATPLOTLIB_MESSAGE % ("%matplotlib " + str(gui)), file=sys.stderr)
+            return "inline", "inline"
+
+        def pip_magic(self, line):
+            """%pip: the server's installer (not the sandbox's pip, which has no network)."""
+            status = run_pip(line)
+            self.user_ns["_exit_code"] = status if isinstance(status, int) else 0
+
+        def uv_magic(self, line):
+            words = line.split(None, 1)
+            if words and words[0] == "pip":
+                return self.pip_magic(words[1] if len(words) > 1 else "")
+            raise UsageError(CONDA_MESSAGE % "uv")
+
+    class Exit:
+        def __repr__(self):
+            return "Use exit() or quit() to end the execution"
+
+        def __call__(self, code=None):
+            raise SystemExit(code)
+
+    def refuse(name):
+        def magic(line):
+            raise UsageError(CONDA_MESSAGE % name)
+
+        magic.__name__ = name
+        return magic
+
+    def show_in_pager(self, data, start=0, screen_lines=0):
+        # `?` and `??`: what a pager would show, on stdout.
+        text = data.get("text/plain", "") if isinstance(data, dict) else data
+        if not isinstance(text, str):
+            text = str(text)
+        lines = text.splitlines()
+        print("\n".join(lines[max(0, int(start or 0)) :]))
+
+    for cls in (Publisher, ResultHook, SandboxShell):
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+    SandboxShell.no_input = staticmethod(no_input)
+    SandboxShell.no_getpass = staticmethod(no_getpass)
+    return SandboxShell
+
+
+def _no_getpass_on(shell):
+    def hook(module):
+        module.getpass = shell.no_getpass
+
+    return hook
+
+
+def create(IPython):
+    """The runner's shell (IPython's singleton instance, which get_ipython() returns)."""
+    from traitlets.config import Config
+
+    from . import after_import
+
+    os.environ["IPYTHONDIR"] = IPYTHON_DIR
+    # IPython's advice after a SystemExit is for a terminal: here it is the exit status.
+    warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit', or Ctrl-D.")
+    config = Config()
+    config.HistoryManager.enabled = False
+    config.HistoryManager.hist_file = ":memory:"
+    config.InteractiveShell.colors = "nocolor"
+    config.InteractiveShell.autocall = 0
+    config.InteractiveShell.xmode = "Context"
+    shell_class = make_shell_class(IPython)
+    shell = shell_class.instance(config=config, ipython_dir=IPYTHON_DIR)
+    builtins.input = shell.no_input
+    if "getpass" in sys.modules:
+        sys.modules["getpass"].getpass = shell.no_getpass
+    else:
+        after_import.on_import("getpass", _no_getpass_on(shell))
+    return shell
