@@ -271,6 +271,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The content id of `image` (changes whenever the image is rebuilt).
     async fn image_id(&self, image: &str) -> Result<String, BackendError>;
 
+    /// The labels of `image` (empty when it has none).
+    async fn image_labels(
+        &self,
+        image: &str,
+    ) -> Result<std::collections::HashMap<String, String>, BackendError>;
+
     /// Whether this backend gives the runner its IPython itself (a backend that runs the runner
     /// as a host process, for tests): then the engine installs no set for it (see
     /// `engine::runner_set`). A container platform does not.

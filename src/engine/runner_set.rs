@@ -13,6 +13,21 @@ pub const LOCK: &str = include_str!("python/ipython-set.txt");
 /// Tells a code sandbox's runner where the set is (the absolute path of its directory).
 pub const ENV_VAR: &str = "PCS_IPYTHON";
 
+/// The label of an image that carries the set (the sandbox image: `image build` installs it at
+/// `paths::BAKED_IPYTHON`): the set's [`digest`]. Such an image needs no install.
+pub const IMAGE_LABEL: &str = "io.python-code-sandbox.ipython";
+
+/// The digest of the lock as an image's [`IMAGE_LABEL`] carries it.
+pub fn digest() -> String {
+    let digest = Sha256::digest(LOCK.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether an image's labels say it carries this very set.
+pub fn carried_by(labels: &std::collections::HashMap<String, String>) -> bool {
+    labels.get(IMAGE_LABEL).is_some_and(|d| *d == digest())
+}
+
 /// What progress says while the set is installed.
 pub const INSTALLING: &str = "installing the runner's IPython (once per image)";
 
@@ -143,6 +158,15 @@ mod tests {
         assert!(projects.contains(&"ipython".to_string()));
         assert!(projects.contains(&"prompt-toolkit".to_string()));
         assert_eq!(projects.len(), pins.len() - 1);
+    }
+
+    #[test]
+    fn an_image_carries_the_set_only_with_this_locks_digest() {
+        let labels = |d: &str| std::collections::HashMap::from([(IMAGE_LABEL.into(), d.into())]);
+        assert!(carried_by(&labels(&digest())));
+        assert!(!carried_by(&labels("0123456789abcdef")));
+        assert!(!carried_by(&Default::default()));
+        assert_eq!(digest().len(), 16);
     }
 
     #[test]

@@ -33,17 +33,7 @@ const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certifica
 /// Label carrying a hash of the recipe, so a stale image is recognisable.
 pub const RECIPE_LABEL: &str = "io.python-code-sandbox.recipe";
 /// The runner's IPython set (pinned and hashed), installed by the recipe.
-pub const IPYTHON_SET: &str = include_str!("../python/ipython-set.txt");
-/// Label saying the image carries the runner's IPython at `paths::BAKED_IPYTHON`: the digest of
-/// the set it was built from ([`ipython_set_digest`]).
-pub const IPYTHON_LABEL: &str = "io.python-code-sandbox.ipython";
-
-/// The digest of the runner's IPython set as an image label carries it.
-pub fn ipython_set_digest() -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(IPYTHON_SET.as_bytes());
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
+use crate::engine::runner_set::LOCK as IPYTHON_SET;
 
 /// Why the image could not be built or fetched; the tool or client error is kept as the source.
 #[derive(Debug, thiserror::Error)]
@@ -349,7 +339,10 @@ async fn build_recipe(
         buildargs: Some(HashMap::from([("BASE".to_string(), base.to_string())])),
         labels: Some(HashMap::from([
             (RECIPE_LABEL.to_string(), recipe_hash()),
-            (IPYTHON_LABEL.to_string(), ipython_set_digest()),
+            (
+                crate::engine::runner_set::IMAGE_LABEL.to_string(),
+                crate::engine::runner_set::digest(),
+            ),
         ])),
         ..Default::default()
     };

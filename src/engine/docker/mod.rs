@@ -703,6 +703,18 @@ impl Backend for DockerBackend {
         }
     }
 
+    async fn image_labels(&self, image: &str) -> Result<HashMap<String, String>, BackendError> {
+        let docker = self.client().await?;
+        match docker.inspect_image(image).await {
+            Ok(inspected) => Ok(inspected.config.and_then(|c| c.labels).unwrap_or_default()),
+            Err(e) if status_of(&e) == Some(404) => Err(BackendError::ImageMissing {
+                image: image.to_string(),
+                hint: image::missing_hint(image),
+            }),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
         let docker = self.client().await?;
         let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());

@@ -26,6 +26,10 @@ impl Engine {
         if self.backend.gives_runner_ipython() {
             return Ok((spec, None));
         }
+        if runner_set::carried_by(&self.backend.image_labels(&base.image).await?) {
+            spec.env.push(runner_set::env_entry(paths::BAKED_IPYTHON));
+            return Ok((spec, None));
+        }
         let (key, dir) = self.runner_set(base, options).await?;
         spec.env.push(runner_set::env_entry(&dir));
         Ok((spec, Some(key)))
@@ -97,6 +101,9 @@ impl Engine {
                     .base_spec(engine.config.image.clone(), "pool")
                     .await?;
                 engine.backend.ensure_image(&base.image).await?;
+                if runner_set::carried_by(&engine.backend.image_labels(&base.image).await?) {
+                    return Ok((String::new(), paths::BAKED_IPYTHON.to_string()));
+                }
                 engine.runner_set(&base, &options).await
             }
             .await;

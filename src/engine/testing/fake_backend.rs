@@ -331,6 +331,13 @@ impl Backend for FakeBackend {
         Ok(format!("fake:{image}"))
     }
 
+    async fn image_labels(
+        &self,
+        _image: &str,
+    ) -> Result<std::collections::HashMap<String, String>, BackendError> {
+        Ok(Default::default())
+    }
+
     /// The runner's IPython is the test process's `PCS_TEST_IPYTHON` (see [`spawn_runner`]).
     fn gives_runner_ipython(&self) -> bool {
         true
