@@ -38,6 +38,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("execute"),
     runner_module!("figures"),
     runner_module!("host_test"),
+    runner_module!("pip"),
     runner_module!("prepared"),
     runner_module!("processes"),
     runner_module!("protocol"),
@@ -199,6 +200,12 @@ pub enum Reply {
     Result(RawResult),
     /// Output of a live execution so far, before its result.
     Output(RawLiveOutput),
+    /// The code asked for `pip LINE` (`%pip`, `!pip`, the `pip` on its PATH) during execution
+    /// `id`; answered with a `pip_reply` frame (`engine::pip`).
+    Pip {
+        id: u64,
+        line: String,
+    },
     Listing(RawListing),
     Paths {
         id: u64,
@@ -301,6 +308,12 @@ struct ReplyType<'a> {
 }
 
 #[derive(Deserialize)]
+struct PipBody {
+    id: u64,
+    line: String,
+}
+
+#[derive(Deserialize)]
 struct ReadyBody {
     python: String,
 }
@@ -390,6 +403,13 @@ impl Reply {
             },
             "result" => Reply::Result(body_as(body)?),
             "output" => Reply::Output(body_as(body)?),
+            "pip" => {
+                let pip: PipBody = body_as(body)?;
+                Reply::Pip {
+                    id: pip.id,
+                    line: pip.line,
+                }
+            }
             "listing" => Reply::Listing(body_as(body)?),
             "paths" => {
                 let paths: PathsBody = body_as(body)?;
@@ -495,6 +515,7 @@ impl Reply {
             Reply::Output(o) => Some(o.id),
             Reply::Listing(l) => Some(l.id),
             Reply::Paths { id, .. }
+            | Reply::Pip { id, .. }
             | Reply::Written { id, .. }
             | Reply::Preloaded { id, .. }
             | Reply::Discarded { id }

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import display, figures, prepared, protocol, snapshot
+from . import display, figures, pip, prepared, protocol, snapshot
 from .execute import Executor
 from .seccomp import forbid_targeting_init
 from .workspace import list_directory, read_file, write_file
@@ -40,6 +40,7 @@ def main():
     executor = Executor(devnull, figures.install(), display.install())
     signal.signal(signal.SIGINT, executor.on_sigint)
     sys.argv = [""]
+    pip.install_shim()
     protocol.send_frame(
         {
             "type": "ready",
@@ -53,6 +54,8 @@ def main():
         request = protocol.read_frame()
         if request is None:
             return
+        if request.get("type") == "pip_reply":
+            continue  # the answer to a pip request whose wait an interrupt ended (pip.py)
         if request.get("op") == "paths":
             protocol.send_frame(update_paths(request))
         elif request.get("op") == "preload":
@@ -76,4 +79,4 @@ def main():
         elif request.get("op") == "snapshot_discard":
             protocol.send_frame(snapshot.discard(request))
         else:
-            protocol.send_frame(executor.execute(request))
+            protocol.send_frame(pip.during(request, executor.execute))
