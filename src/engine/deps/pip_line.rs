@@ -285,9 +285,10 @@ mod tests {
             installed("install seaborn==0.13  Six"),
             ["seaborn==0.13", "six"]
         );
-        assert_eq!(installed("install -q \"numpy<2\" 'a[x]>=1'"), [
-            "numpy<2", "a[x]>=1"
-        ]);
+        assert_eq!(
+            installed("install -q \"numpy<2\" 'a[x]>=1'"),
+            ["numpy<2", "a[x]>=1"]
+        );
         assert_eq!(installed("  install\tcowsay  "), ["cowsay"]);
     }
 
@@ -353,18 +354,33 @@ mod tests {
     fn the_other_commands_take_names_or_nothing() {
         assert_eq!(parse("list"), Ok(PipCommand::List));
         assert_eq!(parse("freeze"), Ok(PipCommand::List));
-        assert!(matches!(parse("list --outdated"), Err(PipRefusal::Option { .. })));
+        assert!(matches!(
+            parse("list --outdated"),
+            Err(PipRefusal::Option { .. })
+        ));
         assert_eq!(
             parse("uninstall -y Seaborn six"),
             Ok(PipCommand::Uninstall(vec!["seaborn".into(), "six".into()]))
         );
         assert_eq!(parse("show x_y"), Ok(PipCommand::Show(vec!["x-y".into()])));
-        assert!(matches!(parse("show x==1"), Err(PipRefusal::Arguments { .. })));
-        assert!(matches!(parse("install"), Err(PipRefusal::Arguments { .. })));
-        assert!(matches!(parse("install -q"), Err(PipRefusal::Arguments { .. })));
+        assert!(matches!(
+            parse("show x==1"),
+            Err(PipRefusal::Arguments { .. })
+        ));
+        assert!(matches!(
+            parse("install"),
+            Err(PipRefusal::Arguments { .. })
+        ));
+        assert!(matches!(
+            parse("install -q"),
+            Err(PipRefusal::Arguments { .. })
+        ));
         assert_eq!(parse("   "), Err(PipRefusal::Empty));
         let e = parse("download x").unwrap_err();
-        assert!(e.to_string().contains("`pip download` is not supported"), "{e}");
+        assert!(
+            e.to_string().contains("`pip download` is not supported"),
+            "{e}"
+        );
         assert!(e.to_string().contains("install REQ..."), "{e}");
         assert!(matches!(parse("--version"), Err(PipRefusal::Option { .. })));
     }
@@ -372,9 +388,6 @@ mod tests {
     #[test]
     fn a_long_line_is_refused_before_it_is_read() {
         let line = format!("install {}", "a".repeat(MAX_LINE_BYTES));
-        assert_eq!(
-            parse(&line),
-            Err(PipRefusal::TooLong { size: line.len() })
-        );
+        assert_eq!(parse(&line), Err(PipRefusal::TooLong { size: line.len() }));
     }
 }

@@ -32,33 +32,84 @@ impl Engine {
         replaces: Option<&str>,
         options: &super::RunOptions,
     ) -> Result<DependencyReport, EngineError> {
-        let index = index_config(&self.config);
         let key = self.dependency_key(&base.image, requirements).await?;
-        let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
-        let mut report = DependencyReport {
-            requirements: canonical.clone(),
-            key: key.clone(),
-            path: String::new(),
-            installed: false,
-        };
-        let path_of = |name: &str| format!("{}/{name}", paths::DEPS);
-
         if let Some(name) = self.deps.verified_name(&key) {
-            if self.use_set(sandbox, &path_of(&name), replaces).await? {
+            let path = format!("{}/{name}", paths::DEPS);
+            if self.use_set(sandbox, &path, replaces).await? {
                 self.deps.touch(&key);
-                report.path = path_of(&name);
-                return Ok(report);
+                return Ok(DependencyReport {
+                    requirements: requirements.iter().map(Requirement::canonical).collect(),
+                    key,
+                    path,
+                    installed: false,
+                });
             }
             // Gone (evicted by another server): look again under the lock.
             self.deps.set_verified(&key, None);
         }
-        let lock = self.deps.lock_for(&key);
+        let limit = self.config.deps.install_timeout;
+        let report = self
+            .dependency_set(base, &key, requirements, options, limit)
+            .await?;
+        if !self.use_set(sandbox, &report.path, replaces).await? {
+            self.deps.set_verified(&key, None);
+            return Err(EngineError::Dependencies(
+                "the dependencies were installed but the sandbox cannot see them".into(),
+            ));
+        }
+        Ok(report)
+    }
+
+    /// The set of `requirements` for `base`'s image, found in the cache or installed (the
+    /// installer within `limit`), without putting it on any sandbox's `sys.path`: for a sandbox
+    /// whose runner is busy executing (`pip` from the code, see `service::pip`).
+    pub(crate) async fn find_dependency_set(
+        &self,
+        base: &SandboxSpec,
+        requirements: &[Requirement],
+        options: &super::RunOptions,
+        limit: Duration,
+    ) -> Result<DependencyReport, EngineError> {
+        let key = self.dependency_key(&base.image, requirements).await?;
+        if let Some(name) = self.deps.verified_name(&key) {
+            self.deps.touch(&key);
+            return Ok(DependencyReport {
+                requirements: requirements.iter().map(Requirement::canonical).collect(),
+                key,
+                path: format!("{}/{name}", paths::DEPS),
+                installed: false,
+            });
+        }
+        self.dependency_set(base, &key, requirements, options, limit)
+            .await
+    }
+
+    /// Under the set's lock: the set of `key` verified in the cache, or installed (once, whoever
+    /// else asks at the same time) with the installer's time bounded by `limit`; then the cache
+    /// kept within its cap.
+    async fn dependency_set(
+        &self,
+        base: &SandboxSpec,
+        key: &str,
+        requirements: &[Requirement],
+        options: &super::RunOptions,
+        limit: Duration,
+    ) -> Result<DependencyReport, EngineError> {
+        let index = index_config(&self.config);
+        let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
+        let mut report = DependencyReport {
+            requirements: canonical.clone(),
+            key: key.to_string(),
+            path: String::new(),
+            installed: false,
+        };
+        let lock = self.deps.lock_for(key);
         let _installing = lock.lock().await;
-        let name = match self.deps.verified_name(&key) {
+        let name = match self.deps.verified_name(key) {
             Some(name) => name,
-            None => match self.verify_set(base, &key).await? {
+            None => match self.verify_set(base, key).await? {
                 Verified::Ok(measured) => {
-                    self.deps.record(&key, &canonical, &measured);
+                    self.deps.record(key, &canonical, &measured);
                     measured.name
                 }
                 found => {
@@ -73,26 +124,20 @@ impl Engine {
                     }
                     options.report(&format!("installing {}", canonical.join(" ")));
                     let measured = self
-                        .install(base, &key, requirements, &index, options)
+                        .install(base, key, requirements, &index, options, limit)
                         .await?;
                     report.installed = true;
-                    self.deps.record(&key, &canonical, &measured);
+                    self.deps.record(key, &canonical, &measured);
                     options.report("dependencies ready");
                     measured.name
                 }
             },
         };
-        self.deps.set_verified(&key, Some(&name));
-        if !self.use_set(sandbox, &path_of(&name), replaces).await? {
-            self.deps.set_verified(&key, None);
-            return Err(EngineError::Dependencies(
-                "the dependencies were installed but the sandbox cannot see them".into(),
-            ));
-        }
-        report.path = path_of(&name);
-        let total = self.deps.touch(&key);
+        self.deps.set_verified(key, Some(&name));
+        report.path = format!("{}/{name}", paths::DEPS);
+        let total = self.deps.touch(key);
         if report.installed && total > self.config.deps.cache_max_bytes {
-            self.evict(base, std::slice::from_ref(&key)).await;
+            self.evict(base, &[key.to_string()]).await;
         }
         Ok(report)
     }
@@ -159,6 +204,7 @@ impl Engine {
         requirements: &[Requirement],
         index: &IndexConfig,
         options: &super::RunOptions,
+        limit: Duration,
     ) -> Result<Measured, EngineError> {
         self.deps.installs.fetch_add(1, Ordering::Relaxed);
         let staging = format!("pcs-stage-{}", uuid::Uuid::new_v4().simple());
@@ -176,7 +222,7 @@ impl Engine {
                 let outcome = installer
                     .execute(
                         Task::Python(INSTALL_SCRIPT),
-                        self.config.deps.install_timeout,
+                        limit,
                         256 << 10,
                         options.cancel.as_ref(),
                     )
@@ -254,7 +300,7 @@ impl Engine {
                     &deps::Setting {
                         index,
                         projects: &projects,
-                        timeout: self.config.deps.install_timeout,
+                        timeout: limit,
                         install_max_bytes: self.config.deps.install_max_bytes,
                     },
                 );

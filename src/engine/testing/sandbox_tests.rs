@@ -493,6 +493,7 @@ async fn stray_live_output_is_ignored_and_never_taken_for_a_reply() {
             OUTPUT,
             None,
             Some(&sink),
+            None,
         )
         .await
         .expect("execute");
