@@ -12,6 +12,7 @@
 //! - [`deps`] and [`installer`]: validated requirements, installed in a separate sandbox into a
 //!   shared read-only cache; [`runner_set`]: the runner's own IPython, installed there once per
 //!   image.
+//! - [`pip`]: `pip` asked for by the code during an execution, bounded and handed to the caller.
 //! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
@@ -35,6 +36,7 @@ pub mod files_dir;
 pub mod installer;
 pub mod outcome;
 pub mod owner;
+pub mod pip;
 pub mod platform;
 pub mod pool;
 pub mod prepared;

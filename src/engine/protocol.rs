@@ -42,6 +42,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("figures"),
     runner_module!("host_test"),
     runner_module!("importer"),
+    runner_module!("pip"),
     runner_module!("prepared"),
     runner_module!("processes"),
     runner_module!("protocol"),
@@ -206,6 +207,12 @@ pub enum Reply {
     Result(RawResult),
     /// Output of a live execution so far, before its result.
     Output(RawLiveOutput),
+    /// The code asked for `pip LINE` (`%pip`, `!pip`, the `pip` on its PATH) during execution
+    /// `id`; answered with a `pip_reply` frame (`engine::pip`).
+    Pip {
+        id: u64,
+        line: String,
+    },
     Listing(RawListing),
     Paths {
         id: u64,
@@ -308,6 +315,12 @@ struct ReplyType<'a> {
 }
 
 #[derive(Deserialize)]
+struct PipBody {
+    id: u64,
+    line: String,
+}
+
+#[derive(Deserialize)]
 struct ReadyBody {
     python: String,
     /// The version of the IPython it imported.
@@ -392,6 +405,13 @@ impl Reply {
             }
             "result" => Reply::Result(body_as(body)?),
             "output" => Reply::Output(body_as(body)?),
+            "pip" => {
+                let pip: PipBody = body_as(body)?;
+                Reply::Pip {
+                    id: pip.id,
+                    line: pip.line,
+                }
+            }
             "listing" => Reply::Listing(body_as(body)?),
             "paths" => {
                 let paths: PathsBody = body_as(body)?;
@@ -497,6 +517,7 @@ impl Reply {
             Reply::Output(o) => Some(o.id),
             Reply::Listing(l) => Some(l.id),
             Reply::Paths { id, .. }
+            | Reply::Pip { id, .. }
             | Reply::Written { id, .. }
             | Reply::Preloaded { id, .. }
             | Reply::Discarded { id }

@@ -26,6 +26,7 @@ use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
 use super::outcome::Execution;
+use super::pip::{PipAnswer, PipHandler};
 use super::protocol::{
     runner_start_frames, ChangedEntry, DirEntry, FrameDecoder, LiveOutput, ProtocolError,
     RaisedException, RawRestoreReport, RawSnapshotReport, Reply, Request, RunnerExit,
@@ -554,12 +555,13 @@ impl Sandbox {
         max_output: u64,
         cancel: Option<&CancellationToken>,
     ) -> Result<Execution, EngineError> {
-        self.execute_live(task, timeout, max_output, cancel, None)
+        self.execute_live(task, timeout, max_output, cancel, None, None)
             .await
     }
 
     /// [`execute`](Self::execute), passing the output to `live` as it comes (when given; the
-    /// runner sends none otherwise). The result still carries all of it.
+    /// runner sends none otherwise; the result still carries all of it), and the code's `pip`
+    /// requests to `pip` (refused without one; see [`super::pip`]).
     pub async fn execute_live(
         &mut self,
         task: Task<'_>,
@@ -567,6 +569,7 @@ impl Sandbox {
         max_output: u64,
         cancel: Option<&CancellationToken>,
         live: Option<&LiveOutputSink>,
+        pip: Option<&dyn PipHandler>,
     ) -> Result<Execution, EngineError> {
         let (mut runner, restarted) = self.take_runner("an execution was abandoned").await?;
         let probe = std::mem::take(&mut self.unverified).then(|| {
@@ -592,6 +595,7 @@ impl Sandbox {
                 probe,
                 timeout,
                 cancel,
+                pip,
             )
             .await;
         runner.live = None;
@@ -640,7 +644,9 @@ impl Sandbox {
     }
 
     /// Sends the request and waits for its result, interrupting the code when the time is up or
-    /// the caller cancels, and giving it [`INTERRUPT_GRACE`] to stop.
+    /// the caller cancels, and giving it [`INTERRUPT_GRACE`] to stop. The code's `pip` requests
+    /// on the way are answered ([`Sandbox::answer_pip`]); the time a handler takes counts within
+    /// `timeout`, and once the code is being interrupted they are refused at once.
     ///
     /// With `probe` (the id of a liveness check), the check goes first in the same write: the
     /// runner answers it before it reads the code, so no answer means the code never ran.
@@ -651,8 +657,10 @@ impl Sandbox {
         probe: Option<u64>,
         timeout: Duration,
         cancel: Option<&CancellationToken>,
+        pip: Option<&dyn PipHandler>,
     ) -> (Waited, Stop) {
         let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut frames = match probe {
             Some(id) => Request::Paths {
                 id,
@@ -680,26 +688,92 @@ impl Sandbox {
         let sent = started.elapsed();
         let never = CancellationToken::new();
         let cancel = cancel.unwrap_or(&never);
-        let reply = runner.next_reply();
-        tokio::pin!(reply);
-        let stop = tokio::select! {
-            r = &mut reply => {
-                self.log_timing(started, sent);
-                return (Waited::Replied(r), Stop::None);
+        let execution = request.id();
+        let mut asked = 0;
+        let stop = loop {
+            // next_reply is cancel-safe: a reply is never lost to the timer.
+            let reply = tokio::select! {
+                r = runner.next_reply() => r,
+                () = tokio::time::sleep_until(deadline) => break Stop::Timeout,
+                () = cancel.cancelled() => break Stop::Cancelled,
+            };
+            match reply {
+                Ok(Reply::Pip { id, line }) => {
+                    let handler = pip.map(|p| (p, deadline.into_std()));
+                    if let Err(failure) = self
+                        .answer_pip(runner, execution, id, &line, &mut asked, handler)
+                        .await
+                    {
+                        return (Waited::Replied(Err(failure)), Stop::None);
+                    }
+                }
+                r => {
+                    self.log_timing(started, sent);
+                    return (Waited::Replied(r), Stop::None);
+                }
             }
-            () = tokio::time::sleep(timeout) => Stop::Timeout,
-            () = cancel.cancelled() => Stop::Cancelled,
         };
         tracing::debug!(sandbox = %self.id, "{stop:?}: interrupting");
         if let Err(e) = self.backend.interrupt(&self.id).await {
             tracing::warn!(sandbox = %self.id, "interrupt failed: {e}");
         }
-        let waited = tokio::select! {
-            r = &mut reply => Waited::Interrupted(r),
-            () = tokio::time::sleep(INTERRUPT_GRACE) => Waited::Unresponsive,
+        let grace = tokio::time::sleep(INTERRUPT_GRACE);
+        tokio::pin!(grace);
+        let waited = loop {
+            let reply = tokio::select! {
+                r = runner.next_reply() => r,
+                () = &mut grace => break Waited::Unresponsive,
+            };
+            match reply {
+                Ok(Reply::Pip { id, line }) => {
+                    // No handler: the call is ending.
+                    if let Err(failure) = self
+                        .answer_pip(runner, execution, id, &line, &mut asked, None)
+                        .await
+                    {
+                        break Waited::Interrupted(Err(failure));
+                    }
+                }
+                r => break Waited::Interrupted(r),
+            }
         };
         self.log_timing(started, sent);
         (waited, stop)
+    }
+
+    /// Answers one `pip` request of the code's: refused unless it is admitted
+    /// ([`super::pip::admit`]) and there is a handler, else the handler's answer; the sets the
+    /// answer puts on (or takes off) `sys.path` are remembered like [`Sandbox::add_paths`]'s, so a
+    /// restarted runner gets them back.
+    async fn answer_pip(
+        &mut self,
+        runner: &mut Runner,
+        execution: u64,
+        id: u64,
+        line: &str,
+        asked: &mut usize,
+        handler: Option<(&dyn PipHandler, Instant)>,
+    ) -> Result<(), RunnerFailure> {
+        let answer = match (super::pip::admit(execution, id, line, *asked), handler) {
+            (Err(refusal), _) => refusal,
+            (Ok(()), None) => {
+                *asked += 1;
+                PipAnswer::refused("pip: packages cannot be installed here now")
+            }
+            (Ok(()), Some((handler, deadline))) => {
+                *asked += 1;
+                handler.handle(line, deadline).await
+            }
+        };
+        if answer.ok {
+            self.paths.retain(|p| !answer.remove.contains(p));
+            for path in &answer.add {
+                if !self.paths.contains(path) {
+                    self.paths.push(path.clone());
+                }
+            }
+        }
+        runner.send(&answer.frame(id)).await
     }
 
     fn log_timing(&self, started: Instant, sent: Duration) {

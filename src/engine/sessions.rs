@@ -84,6 +84,8 @@ pub(crate) struct Session {
     pub(super) dependencies: std::sync::Mutex<SessionDependencies>,
     /// The hosts its user approved or declined (`SANDBOX_NETWORK=allowlist`).
     pub(super) network: Arc<super::egress::SessionNetwork>,
+    /// How often the code changed its set from inside (`pip install`; see `engine::pip`).
+    pub(super) pip_rate: std::sync::Mutex<super::pip::PipRate>,
 }
 
 /// The dependency set a session has on its `sys.path`.

@@ -21,6 +21,7 @@ mod command;
 mod eviction;
 mod failure;
 mod marker;
+mod pip_line;
 mod requirement;
 mod summary;
 
@@ -33,6 +34,7 @@ pub use failure::{
     classify, split_diagnosis, Evidence, FailureKind, InstallFailure, Setting, DIAGNOSIS_MARK,
 };
 pub use marker::MARKER_VARIABLES;
+pub use pip_line::{parse_pip_line, PipCommand, PipRefusal, MAX_LINE_BYTES as MAX_PIP_LINE_BYTES};
 pub use requirement::{
     normalize_name, parse_requirement, parse_requirements, DependencyError, Requirement,
     MAX_DEPENDENCIES, MAX_ENTRY_LEN,

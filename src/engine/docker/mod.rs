@@ -177,9 +177,12 @@ impl DockerBackend {
             memory_swap: Some(memory),
             nano_cpus: Some((limits.cpus * 1e9).round() as i64),
             readonly_rootfs: Some(true),
+            // `exec`: Docker's default for a tmpfs is noexec, but the runner's `pip` shim lives
+            // in /tmp (python/runner/pip.py); noexec protected nothing, the code can run what it
+            // writes to /workspace.
             tmpfs: Some(HashMap::from([(
                 paths::TMP.to_string(),
-                format!("rw,nosuid,nodev,size={}", limits.tmp_bytes),
+                format!("rw,exec,nosuid,nodev,size={}", limits.tmp_bytes),
             )])),
             mounts: Some(mounts),
             network_mode: Some(

@@ -48,28 +48,72 @@ impl Engine {
         replaces: Option<&str>,
         options: &super::RunOptions,
     ) -> Result<DependencyReport, EngineError> {
-        let index = index_config(&self.config);
         let key = self.dependency_key(&base.image, requirements).await?;
-        let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
-        let mut report = DependencyReport {
-            requirements: canonical.clone(),
-            key: key.clone(),
-            path: String::new(),
-            installed: false,
-        };
-        let path_of = |name: &str| format!("{}/{name}", paths::DEPS);
-
         if let Some(name) = self.deps.verified_name(&key) {
-            if self.use_set(sandbox, &path_of(&name), replaces).await? {
+            let path = format!("{}/{name}", paths::DEPS);
+            if self.use_set(sandbox, &path, replaces).await? {
                 self.deps.touch(&key);
-                report.path = path_of(&name);
-                return Ok(report);
+                return Ok(DependencyReport {
+                    requirements: requirements.iter().map(Requirement::canonical).collect(),
+                    key,
+                    path,
+                    installed: false,
+                });
             }
             // Gone (evicted by another server): look again under the lock.
             self.deps.set_verified(&key, None);
         }
+        let limit = self.config.deps.install_timeout;
+        let report = self
+            .dependency_set(base, &key, requirements, options, limit)
+            .await?;
+        if !self.use_set(sandbox, &report.path, replaces).await? {
+            self.deps.set_verified(&key, None);
+            return Err(EngineError::Dependencies(
+                "the dependencies were installed but the sandbox cannot see them".into(),
+            ));
+        }
+        Ok(report)
+    }
+
+    /// The set of `requirements` for `base`'s image, found in the cache or installed (the
+    /// installer within `limit`), without putting it on any sandbox's `sys.path`: for a sandbox
+    /// whose runner is busy executing (`pip` from the code, see `service::pip`).
+    pub(crate) async fn find_dependency_set(
+        &self,
+        base: &SandboxSpec,
+        requirements: &[Requirement],
+        options: &super::RunOptions,
+        limit: Duration,
+    ) -> Result<DependencyReport, EngineError> {
+        let key = self.dependency_key(&base.image, requirements).await?;
+        if let Some(name) = self.deps.verified_name(&key) {
+            self.deps.touch(&key);
+            return Ok(DependencyReport {
+                requirements: requirements.iter().map(Requirement::canonical).collect(),
+                key,
+                path: format!("{}/{name}", paths::DEPS),
+                installed: false,
+            });
+        }
+        self.dependency_set(base, &key, requirements, options, limit)
+            .await
+    }
+
+    /// The set of `key` verified in the cache, or installed (once, whoever else asks at the same
+    /// time) with the installer's time bounded by `limit`; then the cache kept within its cap.
+    async fn dependency_set(
+        &self,
+        base: &SandboxSpec,
+        key: &str,
+        requirements: &[Requirement],
+        options: &super::RunOptions,
+        limit: Duration,
+    ) -> Result<DependencyReport, EngineError> {
+        let index = index_config(&self.config);
+        let canonical: Vec<String> = requirements.iter().map(Requirement::canonical).collect();
         let wanted = WantedSet {
-            key: key.clone(),
+            key: key.to_string(),
             listed: canonical.clone(),
             install: Install::Requirements(requirements),
             projects: requirements.iter().map(|r| r.normalized.clone()).collect(),
@@ -77,18 +121,18 @@ impl Engine {
             installed: "dependencies ready",
             counter: &self.deps.installs,
         };
-        let (name, installed) = self.find_or_install(base, &wanted, &index, options).await?;
-        report.installed = installed;
-        if !self.use_set(sandbox, &path_of(&name), replaces).await? {
-            self.deps.set_verified(&key, None);
-            return Err(EngineError::Dependencies(
-                "the dependencies were installed but the sandbox cannot see them".into(),
-            ));
-        }
-        report.path = path_of(&name);
-        let total = self.deps.touch(&key);
+        let (name, installed) = self
+            .find_or_install(base, &wanted, &index, options, limit)
+            .await?;
+        let report = DependencyReport {
+            requirements: canonical,
+            key: key.to_string(),
+            path: format!("{}/{name}", paths::DEPS),
+            installed,
+        };
+        let total = self.deps.touch(key);
         if report.installed && total > self.config.deps.cache_max_bytes {
-            self.evict(base, std::slice::from_ref(&key)).await;
+            self.evict(base, &[key.to_string()]).await;
         }
         Ok(report)
     }
@@ -103,6 +147,7 @@ impl Engine {
         wanted: &WantedSet<'_>,
         index: &IndexConfig,
         options: &super::RunOptions,
+        limit: Duration,
     ) -> Result<(String, bool), EngineError> {
         let key = &wanted.key;
         let lock = self.deps.lock_for(key);
@@ -125,7 +170,7 @@ impl Engine {
                     options.report("the cached set was changed after publication; reinstalling");
                 }
                 options.report(&wanted.installing);
-                let measured = self.install(base, wanted, index, options).await?;
+                let measured = self.install(base, wanted, index, options, limit).await?;
                 self.deps.record(key, &wanted.listed, &measured);
                 options.report(wanted.installed);
                 (measured.name, true)
@@ -196,6 +241,7 @@ impl Engine {
         wanted: &WantedSet<'_>,
         index: &IndexConfig,
         options: &super::RunOptions,
+        limit: Duration,
     ) -> Result<Measured, EngineError> {
         let key = wanted.key.as_str();
         wanted.counter.fetch_add(1, Ordering::Relaxed);
@@ -215,7 +261,7 @@ impl Engine {
                 let outcome = installer
                     .execute(
                         Task::Python(INSTALL_SCRIPT),
-                        self.config.deps.install_timeout,
+                        limit,
                         256 << 10,
                         options.cancel.as_ref(),
                     )
@@ -291,7 +337,7 @@ impl Engine {
                     &deps::Setting {
                         index,
                         projects: &wanted.projects,
-                        timeout: self.config.deps.install_timeout,
+                        timeout: limit,
                         install_max_bytes: self.config.deps.install_max_bytes,
                     },
                 );

@@ -9,6 +9,7 @@
 //! - `files`: the workspace file tools of a session;
 //! - `snapshots`: saving a session, starting one from a snapshot, forking one;
 //! - `dependencies`: installing and finding dependency sets, and the cache's maintenance;
+//! - `pip`: `pip` asked for by the code during an execution, answered through the installer;
 //! - `pool`: keeping the warm pool full and drawing from it;
 //! - `prepared`: sandboxes prepared per dependency set, in the background, and handed out;
 //! - `lifecycle`: finding the server's own container, removing what dead servers left, and
@@ -19,6 +20,7 @@ mod egress;
 mod files;
 mod host_paths;
 mod lifecycle;
+mod pip;
 mod pool;
 mod prepared;
 mod run;
@@ -519,6 +521,7 @@ impl Engine {
         sandbox: &mut Sandbox,
         task: Task<'_>,
         options: &RunOptions,
+        pip: Option<&dyn super::pip::PipHandler>,
     ) -> Result<Execution, EngineError> {
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
         let mut result = sandbox
@@ -528,6 +531,7 @@ impl Engine {
                 self.config.limits.max_output_bytes,
                 options.cancel.as_ref(),
                 options.live_output.as_ref(),
+                pip,
             )
             .await;
         if let (Ok(execution), Some(lease)) = (&mut result, sandbox.egress()) {

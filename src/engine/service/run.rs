@@ -3,9 +3,12 @@
 
 use std::time::{Duration, Instant};
 
+use super::pip::CodePip;
 use super::{Engine, RunOptions};
-use crate::engine::outcome::Execution;
-use crate::engine::sandbox::Task;
+use crate::engine::deps::Requirement;
+use crate::engine::outcome::{DependencyReport, Execution};
+use crate::engine::sandbox::{Sandbox, Task};
+use crate::engine::sessions::SessionDependencies;
 use crate::engine::EngineError;
 
 fn ms(d: Duration) -> u64 {
@@ -26,6 +29,40 @@ fn ephemeral_run_dir() -> String {
 }
 
 impl Engine {
+    /// One execution of an ephemeral run whose code may change the run's own set with pip
+    /// (`service::pip`); `report` becomes the set it ran with last.
+    async fn execute_with_pip(
+        &self,
+        sandbox: &mut Sandbox,
+        task: Task<'_>,
+        options: &RunOptions,
+        requirements: &[Requirement],
+        report: &mut Option<DependencyReport>,
+    ) -> Result<Execution, EngineError> {
+        let set = std::sync::Mutex::new(match report {
+            Some(report) => SessionDependencies {
+                requirements: requirements.to_vec(),
+                key: Some(report.key.clone()),
+                path: Some(report.path.clone()),
+            },
+            None => SessionDependencies::default(),
+        });
+        let pip = CodePip {
+            engine: self,
+            image: self.check_image(options.image.as_deref())?,
+            kind: "ephemeral",
+            options,
+            set: &set,
+            rate: None,
+            report: std::sync::Mutex::new(None),
+        };
+        let result = self.execute_in(sandbox, task, options, Some(&pip)).await;
+        if let Some(changed) = pip.into_report() {
+            *report = Some(changed);
+        }
+        result
+    }
+
     /// Runs code in a fresh sandbox that is removed, with its workspace, before this returns.
     pub async fn run_ephemeral(
         &self,
@@ -39,14 +76,18 @@ impl Engine {
         let (mut sandbox, mut report) = self.launch("ephemeral", options, &requirements).await?;
         let mut acquired = started.elapsed();
         options.report("running");
-        let mut result = self.execute_in(&mut sandbox, task, options).await;
+        let mut result = self
+            .execute_with_pip(&mut sandbox, task, options, &requirements, &mut report)
+            .await;
         // A pooled sandbox that died while it waited: the code never ran; take another (the pool
         // empties, then a sandbox is started for the call).
         while matches!(result, Err(EngineError::DiedBeforeUse)) {
             self.retire(sandbox);
             (sandbox, report) = self.launch("ephemeral", options, &requirements).await?;
             acquired = started.elapsed();
-            result = self.execute_in(&mut sandbox, task, options).await;
+            result = self
+                .execute_with_pip(&mut sandbox, task, options, &requirements, &mut report)
+                .await;
         }
         let executed = started.elapsed();
         if let Ok(execution) = &mut result {

@@ -65,7 +65,13 @@ impl Engine {
                 };
                 let index = index_config(&self.config);
                 let (name, installed) = self
-                    .find_or_install(base, &wanted, &index, options)
+                    .find_or_install(
+                        base,
+                        &wanted,
+                        &index,
+                        options,
+                        self.config.deps.install_timeout,
+                    )
                     .await
                     .map_err(|e| match e {
                         EngineError::InstallFailed(failure) => {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
+use super::pip::CodePip;
 use super::{Engine, RunOptions};
 use crate::engine::backend::{BackendError, SandboxId};
 use crate::engine::egress::SessionNetwork;
@@ -83,6 +84,7 @@ impl Engine {
             created: now,
             last_used: std::sync::Mutex::new(now),
             dependencies: std::sync::Mutex::new(dependencies),
+            pip_rate: Default::default(),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)
@@ -172,7 +174,20 @@ impl Engine {
         if let Some(lease) = sandbox.egress() {
             lease.bind(&session.network);
         }
-        let mut result = self.execute_in(&mut sandbox, task, options).await;
+        let pip = CodePip {
+            engine: self,
+            image: session.image.clone(),
+            kind: "session",
+            options,
+            set: &session.dependencies,
+            rate: Some(&session.pip_rate),
+            report: std::sync::Mutex::new(None),
+        };
+        let mut result = self
+            .execute_in(&mut sandbox, task, options, Some(&pip))
+            .await;
+        // A set the code put in place with pip is the one it ran with last.
+        let report = pip.into_report().or(report);
         self.end_if_lost(&full_id, &mut result);
         if let Ok(execution) = &mut result {
             execution.dependencies = report;

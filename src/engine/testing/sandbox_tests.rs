@@ -493,6 +493,7 @@ async fn stray_live_output_is_ignored_and_never_taken_for_a_reply() {
             OUTPUT,
             None,
             Some(&sink),
+            None,
         )
         .await
         .expect("execute");
@@ -574,4 +575,89 @@ async fn an_interrupt_in_the_middle_of_printing_leaves_nothing_for_the_next_exec
         .expect("execute");
     assert_eq!(next.stdout, b"next\n");
     sandbox.destroy().await;
+}
+
+/// Answers every pip request with the line it got, and a set to put on `sys.path`.
+struct EchoPip {
+    dir: String,
+}
+
+impl crate::engine::pip::PipHandler for EchoPip {
+    fn handle<'a>(
+        &'a self,
+        line: &'a str,
+        _deadline: std::time::Instant,
+    ) -> crate::engine::pip::PipFuture<'a> {
+        Box::pin(async move {
+            crate::engine::pip::PipAnswer {
+                ok: true,
+                text: format!("asked: {line}"),
+                add: vec![self.dir.clone()],
+                remove: Vec::new(),
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_codes_pip_requests_reach_the_handler_within_their_bound_and_its_set_is_importable() {
+    let (mut sandbox, _fake) = launch().await;
+    let set = std::env::temp_dir().join(format!("pcs-pip-set-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&set).expect("set dir");
+    std::fs::write(set.join("from_pip_set.py"), "VALUE = 42\n").expect("module");
+    let handler = EchoPip {
+        dir: set.display().to_string(),
+    };
+    // The runner's entry point (what %pip calls) six times, then the shim on PATH: the sixth
+    // and the shim's are over the bound of five per execution.
+    let code = "import subprocess, sandbox_runner.pip as p\n\
+                for i in range(6):\n    p.run('install x%d' % i)\n\
+                import from_pip_set\n\
+                print('value', from_pip_set.VALUE)\n\
+                r = subprocess.run(['pip', 'list'], capture_output=True, text=True)\n\
+                print('shim', r.returncode, r.stderr.strip())\n";
+    let execution = sandbox
+        .execute_live(
+            Task::Python(code),
+            Duration::from_secs(30),
+            OUTPUT,
+            None,
+            None,
+            Some(&handler),
+        )
+        .await
+        .expect("execute");
+    let stdout = String::from_utf8_lossy(&execution.stdout);
+    let stderr = String::from_utf8_lossy(&execution.stderr);
+    assert_eq!(execution.exit_code, 0, "{stdout}\n{stderr}");
+    for i in 0..5 {
+        assert!(
+            stdout.contains(&format!("asked: install x{i}\n")),
+            "{stdout}"
+        );
+    }
+    assert!(!stdout.contains("install x5"), "{stdout}");
+    assert!(
+        stderr.contains("at most 5 pip commands per call"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("value 42\n"), "{stdout}");
+    assert!(stdout.contains("shim 1 ERROR: pip: at most 5"), "{stdout}");
+    // Without a handler the request is refused and the code goes on.
+    let execution = sandbox
+        .execute(
+            Task::Python("import sandbox_runner.pip as p\np.run('list')\nprint('after')"),
+            Duration::from_secs(30),
+            OUTPUT,
+            None,
+        )
+        .await
+        .expect("execute");
+    assert_eq!(execution.stdout, b"after\n");
+    assert!(
+        String::from_utf8_lossy(&execution.stderr).contains("cannot be installed here"),
+        "{:?}",
+        execution.stderr
+    );
+    let _ = std::fs::remove_dir_all(&set);
 }

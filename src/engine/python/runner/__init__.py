@@ -27,6 +27,7 @@
 #   workspace.py   opening /workspace paths without following links; reading, writing, listing
 #   changes.py     the workspace's entries before and after an execution: what changed
 #   figures.py     matplotlib figures an execution showed or left open, as PNG
+#   pip.py         `pip` from the code (%pip, !pip, the pip shim on its PATH) asked of the host
 #   prepared.py    a dependency set's prepared caches put to use; a prepared sandbox's imports
 #   snapshot.py    a session's workspace and variables saved as one blob, and restored from one
 #   host_test.py   tests only: the workspace and restraint of a runner the fake backend runs on a host

@@ -31,6 +31,9 @@
 #            restore: {"type": "restored", "id": N, "files": n, "file_bytes": n, "variables": [name],
 #            "failed": [{"name", "reason"}], "modules": [name]} or with "error"; snapshot_discard:
 #            {"type": "discarded", "id": N}. "modules" are the names bound to modules.
+#            During an exec or shell, the runner may send {"type": "pip", "id": N, "line": str}
+#            (pip.py); the host answers on stdin with {"type": "pip_reply", "id": N, "ok": bool,
+#            "text": str, "add": [dir], "remove": [dir]}.
 #            Before the result of a live exec or shell, any number of {"type": "output", "id": N,
 #            "stdout": b64, "stderr": b64, "stdout_skipped": n, "stderr_skipped": n}: what the code
 #            wrote since the last one (the latest bytes of it; the skipped ones counted).

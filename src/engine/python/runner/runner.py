@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import display, figures, importer, prepared, protocol, snapshot
+from . import display, figures, importer, pip, prepared, protocol, snapshot
 from . import shell as sandbox_shell
 from .execute import Executor
 from .seccomp import forbid_targeting_init
@@ -68,11 +68,14 @@ def main():
     executor = Executor(devnull, figures.install(), shell, why)
     signal.signal(signal.SIGINT, executor.on_sigint)
     sys.argv = [""]
+    pip.install_shim()
     protocol.send_frame(ready)
     while True:
         request = protocol.read_frame()
         if request is None:
             return
+        if request.get("type") == "pip_reply":
+            continue  # the answer to a pip request whose wait an interrupt ended (pip.py)
         if request.get("op") == "paths":
             protocol.send_frame(update_paths(request))
         elif request.get("op") == "preload":
@@ -96,4 +99,4 @@ def main():
         elif request.get("op") == "snapshot_discard":
             protocol.send_frame(snapshot.discard(request))
         else:
-            protocol.send_frame(executor.execute(request))
+            protocol.send_frame(pip.during(request, executor.execute))
