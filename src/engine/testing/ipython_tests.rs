@@ -246,7 +246,7 @@ async fn pip_and_conda_say_what_they_cannot_do() {
     let conda = cells.run("%conda install numpy").await;
     assert_eq!(conda.exit_code, 1);
     assert_eq!(
-        conda.error.map(|e| e.kind).as_deref(),
+        conda.error.as_ref().map(|e| e.kind.as_str()),
         Some("UsageError")
     );
     assert!(stderr(&conda).contains("%pip install"), "{}", stderr(&conda));
@@ -390,7 +390,7 @@ async fn a_traceback_is_ipythons_naming_the_cell_and_line_without_colours() {
     let syntax = cells.run("def broken(:\n    pass").await;
     assert_eq!(syntax.exit_code, 1);
     assert_eq!(
-        syntax.error.map(|e| e.kind).as_deref(),
+        syntax.error.as_ref().map(|e| e.kind.as_str()),
         Some("SyntaxError")
     );
     assert!(stderr(&syntax).contains("Cell In[4], line 1"), "{}", stderr(&syntax));
