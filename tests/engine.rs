@@ -47,7 +47,10 @@ async fn an_exception_gives_its_traceback_and_status_1() {
         assert_eq!(text(&result.stdout), "before\n");
         let stderr = text(&result.stderr);
         // IPython's traceback: the cell and line named, no colours.
-        assert!(stderr.contains("Traceback (most recent call last)"), "{stderr}");
+        assert!(
+            stderr.contains("Traceback (most recent call last)"),
+            "{stderr}"
+        );
         assert!(stderr.contains("Cell In[1], line 4"), "{stderr}");
         assert!(
             stderr.contains("raise ValueError('boom')") && stderr.ends_with("ValueError: boom\n"),

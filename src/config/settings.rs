@@ -1778,6 +1778,18 @@ mod tests {
             "MPLCONFIGDIR",
             "set by the server in every sandbox, read by the runner there",
         ),
+        (
+            "PCS_IPYTHON",
+            "set by the server in every sandbox: the runner's IPython set, read by the runner",
+        ),
+        (
+            "PCS_TEST_IPYTHON",
+            "tests only: the IPython set the fake backend gives its runners as PCS_IPYTHON",
+        ),
+        (
+            "IPYTHONDIR",
+            "set by the runner in the sandbox, for IPython's profile under /tmp",
+        ),
     ];
 
     /// Calls that read the variable their first argument names.

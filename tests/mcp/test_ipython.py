@@ -66,7 +66,7 @@ async def test_magics_and_shell_escapes():
         moved = await ok(client, session, "%cd /tmp\nimport os\nos.getcwd()")
         assert value(moved)[0] == "'/tmp'"
         await ok(client, session, "%cd /workspace")
-        env = await ok(client, session, "%env PCS_MAGIC=on\nos.environ['PCS_MAGIC']")
+        env = await ok(client, session, "%env CELL_SETTING=on\nread = %env CELL_SETTING\nread")
         assert value(env)[0] == "'on'"
         who = await ok(client, session, "%who")
         assert "kept" in who.structured_content["stdout"] and "In" not in who.structured_content["stdout"]

@@ -42,8 +42,12 @@ impl Cells {
     async fn run(&self, code: &str) -> Execution {
         within(
             LIMIT,
-            self.engine
-                .execute_in_session(Scope::Server, &self.id, Task::Python(code), &self.options),
+            self.engine.execute_in_session(
+                Scope::Server,
+                &self.id,
+                Task::Python(code),
+                &self.options,
+            ),
         )
         .await
         .expect("execute")
@@ -135,7 +139,11 @@ async fn line_and_cell_magics_run_as_ipython_defines_them() {
     );
     let cell_time = cells.run("%%time\nz = 2\nprint(z)").await;
     ok(&cell_time);
-    assert!(stdout(&cell_time).starts_with("2\n"), "{}", stdout(&cell_time));
+    assert!(
+        stdout(&cell_time).starts_with("2\n"),
+        "{}",
+        stdout(&cell_time)
+    );
     assert!(stdout(&cell_time).contains("Wall time:"));
     let captured = cells
         .run("%%capture kept\nprint('hidden')\ndisplay('shown later')")
@@ -164,8 +172,10 @@ async fn line_and_cell_magics_run_as_ipython_defines_them() {
     ok(&cd);
     assert!(stdout(&cd).ends_with("sub\n"), "{}", stdout(&cd));
     cells.run("%cd ..").await;
-    let env = cells.run("%env PCS_MAGIC=on\nimport os\nos.environ['PCS_MAGIC']").await;
-    assert_eq!(stdout(&env), "env: PCS_MAGIC=on\n");
+    let env = cells
+        .run("%env CELL_SETTING=on\nread = %env CELL_SETTING\nread")
+        .await;
+    assert_eq!(stdout(&env), "env: CELL_SETTING=on\n");
     assert_eq!(value(&env).map(|v| v.0).as_deref(), Some("'on'"));
     let who = cells.run("%who").await;
     ok(&who);
@@ -190,7 +200,11 @@ async fn help_and_matplotlib_magics_are_accepted() {
         .run("def twice(n):\n    'Doubles.'\n    return 2 * n\ntwice??")
         .await;
     ok(&source);
-    assert!(stdout(&source).contains("return 2 * n"), "{}", stdout(&source));
+    assert!(
+        stdout(&source).contains("return 2 * n"),
+        "{}",
+        stdout(&source)
+    );
     assert!(!stdout(&source).contains('\u{1b}'), "no colours");
     // `%matplotlib inline` needs matplotlib only (figures are always inline here): a stand-in
     // package in the workspace shows the magic is accepted without a GUI backend.
@@ -216,7 +230,9 @@ async fn shell_escapes_run_sh_on_the_captured_streams() {
     ok(&escape);
     assert_eq!(stdout(&escape), "before\nout\n3\n");
     assert_eq!(stderr(&escape), "err\n");
-    let assigned = cells.run("name = 'x'\nlines = !echo a-$name; echo b\nlines").await;
+    let assigned = cells
+        .run("name = 'x'\nlines = !echo a-$name; echo b\nlines")
+        .await;
     ok(&assigned);
     assert_eq!(
         value(&assigned).map(|v| v.0).as_deref(),
@@ -249,7 +265,11 @@ async fn pip_and_conda_say_what_they_cannot_do() {
         conda.error.as_ref().map(|e| e.kind.as_str()),
         Some("UsageError")
     );
-    assert!(stderr(&conda).contains("%pip install"), "{}", stderr(&conda));
+    assert!(
+        stderr(&conda).contains("%pip install"),
+        "{}",
+        stderr(&conda)
+    );
     cells.stop().await;
 }
 
@@ -310,7 +330,11 @@ async fn clear_output_clears_what_came_before_and_wait_defers_it() {
             text: "new\n".into()
         }]
     );
-    assert!(!stdout(&cleared).contains("\u{1b}[2K"), "{:?}", stdout(&cleared));
+    assert!(
+        !stdout(&cleared).contains("\u{1b}[2K"),
+        "{:?}",
+        stdout(&cleared)
+    );
     // Progress as a notebook shows it: each step replaces the last, thousands of times.
     let progress = cells
         .run("from IPython.display import clear_output\nfor i in range(1000):\n    clear_output(wait=True)\n    display(f'step {i}')")
@@ -346,7 +370,11 @@ async fn input_raises_stdin_not_implemented_at_once() {
             "{code}"
         );
         // The runner's own frame is not in the traceback.
-        assert!(!stderr(&asked).contains("sandbox-runner"), "{}", stderr(&asked));
+        assert!(
+            !stderr(&asked).contains("sandbox-runner"),
+            "{}",
+            stderr(&asked)
+        );
     }
     let caught = cells
         .run("from IPython.core.error import StdinNotImplementedError\ntry:\n    input()\nexcept StdinNotImplementedError:\n    print('caught')")
@@ -380,10 +408,13 @@ async fn a_traceback_is_ipythons_naming_the_cell_and_line_without_colours() {
     assert!(!text.contains("sandbox-runner"), "{text}");
     // The traceback is the error output, not stream text shown a second time.
     assert!(
-        !failed
-            .outputs
-            .iter()
-            .any(|o| matches!(o, Output::Stream { name: StreamName::Stderr, .. })),
+        !failed.outputs.iter().any(|o| matches!(
+            o,
+            Output::Stream {
+                name: StreamName::Stderr,
+                ..
+            }
+        )),
         "{:?}",
         failed.outputs
     );
@@ -393,7 +424,11 @@ async fn a_traceback_is_ipythons_naming_the_cell_and_line_without_colours() {
         syntax.error.as_ref().map(|e| e.kind.as_str()),
         Some("SyntaxError")
     );
-    assert!(stderr(&syntax).contains("Cell In[4], line 1"), "{}", stderr(&syntax));
+    assert!(
+        stderr(&syntax).contains("Cell In[4], line 1"),
+        "{}",
+        stderr(&syntax)
+    );
     cells.stop().await;
 }
 
