@@ -46,14 +46,17 @@ async fn an_exception_gives_its_traceback_and_status_1() {
         assert_eq!(result.exit_code, 1);
         assert_eq!(text(&result.stdout), "before\n");
         let stderr = text(&result.stderr);
+        // IPython's traceback: the cell and line named, no colours.
         assert!(
-            stderr.starts_with("Traceback (most recent call last):"),
+            stderr.contains("Traceback (most recent call last)"),
             "{stderr}"
         );
+        assert!(stderr.contains("Cell In[1], line 4"), "{stderr}");
         assert!(
             stderr.contains("raise ValueError('boom')") && stderr.ends_with("ValueError: boom\n"),
             "{stderr}"
         );
+        assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
         assert!(
             !stderr.contains("sandbox-runner"),
             "runner frames leak into the traceback: {stderr}"

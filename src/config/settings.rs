@@ -1779,8 +1779,16 @@ mod tests {
             "set by the server in every sandbox, read by the runner there",
         ),
         (
+            "PCS_IPYTHON",
+            "set by the server in every code sandbox: the runner's IPython set, read by the runner",
+        ),
+        (
             "PCS_TEST_IPYTHON",
             "tests only: the runner's IPython for the fake backend's host runner (scripts/test.sh)",
+        ),
+        (
+            "IPYTHONDIR",
+            "set by the runner in the sandbox, for IPython's profile under /tmp",
         ),
     ];
 

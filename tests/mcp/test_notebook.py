@@ -149,7 +149,7 @@ async def test_input_fails_at_once_with_a_clear_error():
     async with connect(SANDBOX_FILES_DIR="") as client:
         result = await run(client, "name = input('your name? ')")
         assert result.is_error is True
-        assert result.structured_content["error"]["type"] == "EOFError"
+        assert result.structured_content["error"]["type"] == "StdinNotImplementedError"
         assert "no terminal" in result.structured_content["error"]["message"]
 
 

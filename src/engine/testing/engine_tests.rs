@@ -590,7 +590,10 @@ async fn a_session_shows_its_last_value_and_keeps_it_in_underscore() {
     let quiet = run("_ + 1;").await;
     assert!(quiet.outputs.is_empty(), "{:?}", quiet.outputs);
     let asked = run("input()").await;
-    assert_eq!(asked.error.map(|e| e.kind).as_deref(), Some("EOFError"));
+    assert_eq!(
+        asked.error.map(|e| e.kind).as_deref(),
+        Some("StdinNotImplementedError")
+    );
     engine.stop_session(Scope::Server, &id).await.expect("stop");
 }
 

@@ -8,6 +8,7 @@
 pub mod fake_backend;
 
 mod engine_tests;
+mod ipython_tests;
 mod sandbox_tests;
 
 use std::future::Future;

@@ -20,10 +20,14 @@
 #   processes.py   killing and counting the other processes of the sandbox
 #   seccomp.py     the filter that keeps the code from signalling, tracing or opening pid 1
 #   runner.py      the runner's start and its request loop
-#   execute.py     execution in one namespace: output capture and caps, interrupts, tracebacks
+#   execute.py     execution through the shell's run_cell: output capture and caps, interrupts,
+#                  exit codes, tracebacks as outputs
+#   importer.py    the runner's IPython, imported from its set through a finder of its own
+#   shell.py       the IPython shell cells run in: display publisher and hook, tracebacks, !cmd,
+#                  %pip, a failing input()
 #   capture.py     the thread that reads an execution's stdout and stderr within a cap
 #   streams.py     the code's buffered sys.stdout and sys.stderr, and when they are flushed
-#   display.py     the last expression's value, display(), outputs in order, a failing input()
+#   display.py     an execution's outputs in order: IPython's bundles checked, clears and updates
 #   workspace.py   opening /workspace paths without following links; reading, writing, listing
 #   changes.py     the workspace's entries before and after an execution: what changed
 #   figures.py     matplotlib figures an execution showed or left open, as PNG

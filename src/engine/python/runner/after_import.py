@@ -1,7 +1,7 @@
 # Functions run on a module right after its first import, whoever imports it (the code, a package,
 # the runner's preload). One meta path finder serves every such hook: figures.py patches
-# matplotlib.pyplot this way, display.py gives pandas bounded display options and routes
-# IPython.display, all without the runner importing any of them. A meta path finder needs only
+# matplotlib.pyplot this way, display.py gives pandas bounded display options, shell.py makes
+# getpass fail at once, all without the runner importing any of them. A meta path finder needs only
 # find_spec: importlib.abc's base class would cost the runner's start importlib.resources, pathlib
 # and more (about a third of its imports).
 

@@ -244,11 +244,12 @@ def make_shell_class(IPython):
             if pip_line is not None:
                 status = run_pip(pip_line)
             else:
+                # An interrupt (the host's, a timeout) ends the command and the cell, unlike
+                # IPython's terminal, which goes on with the next line.
                 try:
                     status = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL).returncode
                 except KeyboardInterrupt:
-                    print("\n" + self.get_exception_only(), file=sys.stderr)
-                    status = 130
+                    raise KeyboardInterrupt from None  # subprocess's frames are not the code's
             if isinstance(status, int) and status < 0:
                 status = 128 - status  # killed by a signal, as a shell reports it
             self.user_ns["_exit_code"] = status if isinstance(status, int) else 0

@@ -1,0 +1,507 @@
+//! Cells as IPython runs them (the runner's `run_cell`), on the fake backend: magics and shell
+//! escapes, the output cache, display handles, clear_output, input(), IPython's tracebacks, exit
+//! codes, and a snapshot that leaves IPython's own names out.
+//!
+//! They need the runner's IPython set on the host: `PCS_TEST_IPYTHON` names it (scripts/test.sh
+//! makes it at `.cache/ipython-set`).
+
+use std::time::Duration;
+
+use super::{engine_with, within};
+use crate::engine::outcome::{Output, StreamName};
+use crate::engine::sessions::Scope;
+use crate::engine::{Engine, Execution, RunOptions, Task};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A session on the fake backend and a way to run cells in it.
+struct Cells {
+    engine: std::sync::Arc<Engine>,
+    id: String,
+    options: RunOptions,
+}
+
+impl Cells {
+    async fn new() -> Cells {
+        Cells::with(|_| {}).await
+    }
+
+    async fn with(adjust: impl FnOnce(&mut crate::config::Config)) -> Cells {
+        let (engine, _fake) = engine_with(adjust);
+        let options = RunOptions::default();
+        let id = within(LIMIT, engine.create_session(Scope::Server, &options))
+            .await
+            .expect("create");
+        Cells {
+            engine,
+            id,
+            options,
+        }
+    }
+
+    async fn run(&self, code: &str) -> Execution {
+        within(
+            LIMIT,
+            self.engine.execute_in_session(
+                Scope::Server,
+                &self.id,
+                Task::Python(code),
+                &self.options,
+            ),
+        )
+        .await
+        .expect("execute")
+    }
+
+    async fn stop(self) {
+        self.engine
+            .stop_session(Scope::Server, &self.id)
+            .await
+            .expect("stop");
+    }
+}
+
+fn stdout(execution: &Execution) -> String {
+    String::from_utf8_lossy(&execution.stdout).into_owned()
+}
+
+fn stderr(execution: &Execution) -> String {
+    String::from_utf8_lossy(&execution.stderr).into_owned()
+}
+
+/// The text/plain of a display, a value or an update.
+fn plain(output: &Output) -> Option<String> {
+    output
+        .bundle()?
+        .iter()
+        .find(|(mime, _)| mime == "text/plain")
+        .map(|(_, value)| value.clone())
+}
+
+/// The text/plain of the execution's value (its execute_result), and its execution count.
+fn value(execution: &Execution) -> Option<(String, u64)> {
+    execution.outputs.iter().find_map(|output| match output {
+        Output::ExecuteResult {
+            execution_count, ..
+        } => Some((plain(output)?, *execution_count)),
+        _ => None,
+    })
+}
+
+fn ok(execution: &Execution) {
+    assert_eq!(
+        execution.exit_code,
+        0,
+        "stdout: {}\nstderr: {}\nerror: {:?}",
+        stdout(execution),
+        stderr(execution),
+        execution.error
+    );
+}
+
+#[tokio::test]
+async fn the_last_value_is_an_execute_result_kept_in_out_and_the_underscores() {
+    let cells = Cells::new().await;
+    let first = cells.run("x = 6\nx * 7").await;
+    ok(&first);
+    assert_eq!(value(&first), Some(("42".into(), 1)));
+    assert_eq!(value(&cells.run("_ + 1").await), Some(("43".into(), 2)));
+    assert_eq!(value(&cells.run("__").await), Some(("42".into(), 3)));
+    assert_eq!(value(&cells.run("_1 + _2").await), Some(("85".into(), 4)));
+    let out = cells.run("sorted(Out.items())[:2], In[1]").await;
+    assert_eq!(
+        value(&out).map(|v| v.0).as_deref(),
+        Some("([(1, 42), (2, 43)], 'x = 6\\nx * 7')")
+    );
+    // A trailing semicolon shows nothing, as in IPython.
+    assert!(cells.run("1 + 1;").await.outputs.is_empty());
+    let shell = cells.run("type(get_ipython()).__mro__[1].__name__").await;
+    assert_eq!(
+        value(&shell).map(|v| v.0).as_deref(),
+        Some("'InteractiveShell'")
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn line_and_cell_magics_run_as_ipython_defines_them() {
+    let cells = Cells::new().await;
+    let time = cells.run("%time y = sum(range(10))\nprint(y)").await;
+    ok(&time);
+    assert!(stdout(&time).contains("Wall time:"), "{}", stdout(&time));
+    assert!(stdout(&time).ends_with("45\n"), "{}", stdout(&time));
+    let timeit = cells.run("%timeit -n 5 -r 2 sum(range(10))").await;
+    ok(&timeit);
+    assert!(
+        stdout(&timeit).contains("(mean ± std. dev. of 2 runs, 5 loops each)"),
+        "{}",
+        stdout(&timeit)
+    );
+    let cell_time = cells.run("%%time\nz = 2\nprint(z)").await;
+    ok(&cell_time);
+    assert!(
+        stdout(&cell_time).starts_with("2\n"),
+        "{}",
+        stdout(&cell_time)
+    );
+    assert!(stdout(&cell_time).contains("Wall time:"));
+    let captured = cells
+        .run("%%capture kept\nprint('hidden')\ndisplay('shown later')")
+        .await;
+    ok(&captured);
+    assert_eq!(stdout(&captured), "");
+    assert!(captured.outputs.is_empty(), "{:?}", captured.outputs);
+    let shown = cells.run("print(kept.stdout, end='')\nkept.show()").await;
+    assert_eq!(stdout(&shown), "hidden\nhidden\n");
+    assert!(
+        shown
+            .outputs
+            .iter()
+            .any(|o| plain(o).as_deref() == Some("'shown later'")),
+        "{:?}",
+        shown.outputs
+    );
+    let written = cells.run("%%writefile notes.txt\nline one\n").await;
+    ok(&written);
+    assert_eq!(stdout(&written), "Writing notes.txt\n");
+    let read = cells.run("open('notes.txt').read()").await;
+    assert_eq!(value(&read).map(|v| v.0).as_deref(), Some("'line one\\n'"));
+    let cd = cells
+        .run("import os\nos.makedirs('sub', exist_ok=True)\n%cd sub\nprint(os.path.basename(os.getcwd()))")
+        .await;
+    ok(&cd);
+    assert!(stdout(&cd).ends_with("sub\n"), "{}", stdout(&cd));
+    cells.run("%cd ..").await;
+    let env = cells
+        .run("%env CELL_SETTING=on\nread = %env CELL_SETTING\nread")
+        .await;
+    assert_eq!(stdout(&env), "env: CELL_SETTING=on\n");
+    assert_eq!(value(&env).map(|v| v.0).as_deref(), Some("'on'"));
+    let who = cells.run("%who").await;
+    ok(&who);
+    for name in ["kept", "os", "y", "z"] {
+        assert!(stdout(&who).contains(name), "{}", stdout(&who));
+    }
+    assert!(!stdout(&who).contains("In"), "{}", stdout(&who));
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn help_and_matplotlib_magics_are_accepted() {
+    let cells = Cells::new().await;
+    let help = cells.run("len?").await;
+    ok(&help);
+    assert!(
+        stdout(&help).contains("Return the number of items in a container."),
+        "{}",
+        stdout(&help)
+    );
+    let source = cells
+        .run("def twice(n):\n    'Doubles.'\n    return 2 * n\ntwice??")
+        .await;
+    ok(&source);
+    assert!(
+        stdout(&source).contains("return 2 * n"),
+        "{}",
+        stdout(&source)
+    );
+    assert!(!stdout(&source).contains('\u{1b}'), "no colours");
+    // `%matplotlib inline` needs matplotlib only (figures are always inline here): a stand-in
+    // package in the workspace shows the magic is accepted without a GUI backend.
+    let stand_in = cells
+        .run("import os, sys\nos.makedirs('mpl/matplotlib', exist_ok=True)\nopen('mpl/matplotlib/__init__.py', 'w').close()\nsys.path.insert(0, os.path.abspath('mpl'))")
+        .await;
+    ok(&stand_in);
+    let inline = cells.run("%matplotlib inline").await;
+    ok(&inline);
+    assert_eq!(stderr(&inline), "");
+    let gui = cells.run("%matplotlib qt").await;
+    ok(&gui);
+    assert!(stderr(&gui).contains("inline only"), "{}", stderr(&gui));
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn shell_escapes_run_sh_on_the_captured_streams() {
+    let cells = Cells::new().await;
+    let escape = cells
+        .run("print('before')\n!echo out; echo err >&2; exit 3\nprint(_exit_code)")
+        .await;
+    ok(&escape);
+    assert_eq!(stdout(&escape), "before\nout\n3\n");
+    assert_eq!(stderr(&escape), "err\n");
+    let assigned = cells
+        .run("name = 'x'\nlines = !echo a-$name; echo b\nlines")
+        .await;
+    ok(&assigned);
+    assert_eq!(
+        value(&assigned).map(|v| v.0).as_deref(),
+        Some("['a-x', 'b']")
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn pip_and_conda_say_what_they_cannot_do() {
+    let cells = Cells::new().await;
+    // Without the installer's client (pip.py) the runner says so; with it, the installer runs.
+    for code in [
+        "%pip install nothing-here",
+        "!pip install nothing-here",
+        "!python3 -m pip install nothing-here",
+    ] {
+        let execution = cells.run(code).await;
+        assert!(
+            stderr(&execution).contains("pip") && execution.error.is_none(),
+            "{code}: {} {:?}",
+            stderr(&execution),
+            execution.error
+        );
+        assert!(!stderr(&execution).contains("Traceback"), "{code}");
+    }
+    let conda = cells.run("%conda install numpy").await;
+    assert_eq!(conda.exit_code, 1);
+    assert_eq!(
+        conda.error.as_ref().map(|e| e.kind.as_str()),
+        Some("UsageError")
+    );
+    assert!(
+        stderr(&conda).contains("%pip install"),
+        "{}",
+        stderr(&conda)
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn a_display_handle_updates_its_display_in_this_call_and_in_a_later_one() {
+    let cells = Cells::new().await;
+    let same = cells
+        .run("handle = display('v1', display_id=True)\nprint('between')\nhandle.update('v2')")
+        .await;
+    ok(&same);
+    // The host applied the update: one display, now v2, and the print after it.
+    let displays: Vec<_> = same
+        .outputs
+        .iter()
+        .filter(|o| matches!(o, Output::DisplayData { .. }))
+        .collect();
+    assert_eq!(displays.len(), 1, "{:?}", same.outputs);
+    assert_eq!(plain(displays[0]).as_deref(), Some("'v2'"));
+    let Output::DisplayData {
+        display_id: Some(id),
+        ..
+    } = displays[0]
+    else {
+        panic!("a display with an id: {:?}", same.outputs);
+    };
+    let later = cells.run("handle.update('v3')").await;
+    ok(&later);
+    assert_eq!(
+        later.outputs,
+        vec![Output::UpdateDisplayData {
+            data: vec![("text/plain".into(), "'v3'".into())],
+            metadata: Default::default(),
+            display_id: id.clone(),
+        }]
+    );
+    let by_id = cells
+        .run("from IPython.display import update_display\nupdate_display('v4', display_id=handle.display_id)")
+        .await;
+    assert_eq!(
+        by_id.outputs.first().and_then(plain).as_deref(),
+        Some("'v4'")
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn clear_output_clears_what_came_before_and_wait_defers_it() {
+    let cells = Cells::new().await;
+    let cleared = cells
+        .run("from IPython.display import clear_output\nprint('old')\ndisplay('gone')\nclear_output()\nprint('new')")
+        .await;
+    ok(&cleared);
+    assert!(cleared.outputs_cleared);
+    assert_eq!(
+        cleared.outputs,
+        vec![Output::Stream {
+            name: StreamName::Stdout,
+            text: "new\n".into()
+        }]
+    );
+    assert!(
+        !stdout(&cleared).contains("\u{1b}[2K"),
+        "{:?}",
+        stdout(&cleared)
+    );
+    // Progress as a notebook shows it: each step replaces the last, thousands of times.
+    let progress = cells
+        .run("from IPython.display import clear_output\nfor i in range(1000):\n    clear_output(wait=True)\n    display(f'step {i}')")
+        .await;
+    ok(&progress);
+    assert_eq!(progress.outputs_dropped, 0);
+    assert_eq!(progress.outputs.len(), 1, "{:?}", progress.outputs);
+    assert_eq!(plain(&progress.outputs[0]).as_deref(), Some("'step 999'"));
+    // A wait with nothing after it clears nothing.
+    let kept = cells
+        .run("from IPython.display import clear_output\nprint('stays')\nclear_output(wait=True)")
+        .await;
+    assert!(!kept.outputs_cleared);
+    assert_eq!(
+        kept.outputs,
+        vec![Output::Stream {
+            name: StreamName::Stdout,
+            text: "stays\n".into()
+        }]
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn input_raises_stdin_not_implemented_at_once() {
+    let cells = Cells::new().await;
+    for code in ["input('name? ')", "import getpass\ngetpass.getpass()"] {
+        let asked = cells.run(code).await;
+        assert_eq!(asked.exit_code, 1);
+        assert_eq!(
+            asked.error.as_ref().map(|e| e.kind.as_str()),
+            Some("StdinNotImplementedError"),
+            "{code}"
+        );
+        // The runner's own frame is not in the traceback.
+        assert!(
+            !stderr(&asked).contains("sandbox-runner"),
+            "{}",
+            stderr(&asked)
+        );
+    }
+    let caught = cells
+        .run("from IPython.core.error import StdinNotImplementedError\ntry:\n    input()\nexcept StdinNotImplementedError:\n    print('caught')")
+        .await;
+    assert_eq!(stdout(&caught), "caught\n");
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn a_traceback_is_ipythons_naming_the_cell_and_line_without_colours() {
+    let cells = Cells::new().await;
+    cells.run("a = 1").await;
+    cells.run("b = 2").await;
+    let failed = cells.run("def f():\n    return 1 / 0\nf()").await;
+    assert_eq!(failed.exit_code, 1);
+    let error = failed.error.as_ref().expect("an error");
+    assert_eq!(error.kind, "ZeroDivisionError");
+    assert_eq!(error.message, "division by zero");
+    let Some(Output::Error {
+        ename, traceback, ..
+    }) = failed.outputs.last()
+    else {
+        panic!("an error output: {:?}", failed.outputs);
+    };
+    assert_eq!(ename, "ZeroDivisionError");
+    let text = traceback.join("\n");
+    assert!(text.contains("Cell In[3], line 3"), "{text}");
+    assert!(text.contains("Cell In[3], line 2, in f()"), "{text}");
+    assert!(text.contains("----> 2     return 1 / 0"), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(!text.contains("sandbox-runner"), "{text}");
+    // The traceback is the error output, not stream text shown a second time.
+    assert!(
+        !failed.outputs.iter().any(|o| matches!(
+            o,
+            Output::Stream {
+                name: StreamName::Stderr,
+                ..
+            }
+        )),
+        "{:?}",
+        failed.outputs
+    );
+    let syntax = cells.run("def broken(:\n    pass").await;
+    assert_eq!(syntax.exit_code, 1);
+    assert_eq!(
+        syntax.error.as_ref().map(|e| e.kind.as_str()),
+        Some("SyntaxError")
+    );
+    assert!(
+        stderr(&syntax).contains("Cell In[4], line 1"),
+        "{}",
+        stderr(&syntax)
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
+async fn system_exit_gives_its_code_and_an_ephemeral_run_counts_from_one() {
+    let cells = Cells::new().await;
+    let exited = cells.run("import sys\nprint('bye')\nsys.exit(3)").await;
+    assert_eq!(exited.exit_code, 3);
+    assert!(exited.error.is_none(), "{:?}", exited.error);
+    assert_eq!(stdout(&exited), "bye\n");
+    assert_eq!(stderr(&exited), "");
+    assert_eq!(cells.run("exit(4)").await.exit_code, 4);
+    assert_eq!(cells.run("raise SystemExit").await.exit_code, 0);
+    cells.stop().await;
+    let (engine, _fake) = engine_with(|_| {});
+    for _ in 0..2 {
+        let run = within(
+            LIMIT,
+            engine.run_ephemeral(Task::Python("7"), &RunOptions::default()),
+        )
+        .await
+        .expect("run");
+        assert_eq!(value(&run), Some(("7".into(), 1)));
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_keeps_the_sessions_variables_and_not_ipythons() {
+    let dir = std::env::temp_dir().join(format!("pcs-ipy-snap-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let snapshots = dir.clone();
+    let cells = Cells::with(move |config| config.snapshots.dir = Some(snapshots)).await;
+    ok(&cells.run("kept = [1, 2]\nkept").await);
+    ok(&cells.run("import json\nalso = 3").await);
+    let meta = cells
+        .engine
+        .snapshot_session(Scope::Server, &cells.id, None)
+        .await
+        .expect("snapshot");
+    let mut saved = meta.saved.clone();
+    saved.sort();
+    assert_eq!(saved, vec!["also".to_string(), "kept".to_string()]);
+    assert_eq!(meta.modules, vec!["json".to_string()]);
+    let (restored_id, restored) = cells
+        .engine
+        .restore_session(Scope::Server, &meta.id, &cells.options)
+        .await
+        .expect("restore");
+    let mut variables = restored.variables.clone();
+    variables.sort();
+    assert_eq!(variables, vec!["also".to_string(), "kept".to_string()]);
+    let check = within(
+        LIMIT,
+        cells.engine.execute_in_session(
+            Scope::Server,
+            &restored_id,
+            Task::Python("kept + [also], json.dumps(1), len(Out)"),
+            &cells.options,
+        ),
+    )
+    .await
+    .expect("execute");
+    assert_eq!(
+        value(&check),
+        Some(("([1, 2, 3], '1', 0)".into(), 1)),
+        "{}",
+        stderr(&check)
+    );
+    cells
+        .engine
+        .stop_session(Scope::Server, &restored_id)
+        .await
+        .expect("stop");
+    cells.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
