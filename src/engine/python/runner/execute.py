@@ -68,14 +68,17 @@ class Executor:
     """The runner's executions: its shell (its namespace is the session's), the capture thread,
     and whether code is running. Made once per runner, after its standard streams point at
     /dev/null (`devnull`). `shell` is None when IPython could not be imported (`why`): code is
-    then refused, with that reason."""
+    then refused, with that reason, unless the runner was given no IPython at all (`scripts`):
+    the server's own installer, preparer and maintenance sandboxes, which run only the project's
+    scripts (plain Python, no cells)."""
 
-    def __init__(self, devnull, figures, shell, why=None):
+    def __init__(self, devnull, figures, shell, why=None, scripts=False):
         self.pid = os.getpid()
         self.devnull = devnull
         self.figures = figures
         self.shell = shell
         self.why = why
+        self.scripts = scripts and shell is None
         self.outputs = None
         self.job = None
         self.error = None
@@ -149,6 +152,10 @@ class Executor:
 
     def run_code(self, code):
         """The code through IPython's run_cell; what it raised (None when it ran through)."""
+        if self.scripts:
+            # A project script: what it raises reaches execute() as an escaped exception.
+            exec(compile(code, "<script>", "exec"), self.namespace)
+            return None
         if self.shell is None:
             print("The sandbox cannot run code: %s" % self.why, file=sys.stderr)
             return RuntimeError(self.why)

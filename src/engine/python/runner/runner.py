@@ -60,12 +60,14 @@ def main():
     }
     # IPython's import and its shell are paid here, before the runner says ready (a pooled
     # sandbox pays them before any call comes).
-    shell, why = start_shell()
+    # Told of no set: a sandbox of the server's own scripts (installer, preparer, maintenance).
+    scripts = not os.environ.get("PCS_IPYTHON")
+    shell, why = (None, "no IPython set was given") if scripts else start_shell()
     if shell is not None:
         ready["ipython"] = sys.modules["IPython"].__version__
     else:
         ready["ipython_error"] = why
-    executor = Executor(devnull, figures.install(), shell, why)
+    executor = Executor(devnull, figures.install(), shell, why, scripts)
     signal.signal(signal.SIGINT, executor.on_sigint)
     sys.argv = [""]
     pip.install_shim()
