@@ -62,11 +62,12 @@ pub fn is_listed_as(requirements: &[String]) -> bool {
         .is_some_and(|r| r.starts_with(LISTED_AS))
 }
 
-/// The normalized names of the lock's projects (for the words of a failed install).
+/// The names of the lock's projects (for the words of a failed install): the lock writes them
+/// normalized (lowercase, `-` between words), as the test below checks.
 pub fn projects(lock: &str) -> Vec<String> {
     pins(lock)
         .filter_map(|pin| pin.split("==").next())
-        .map(crate::engine::deps::normalize_name)
+        .map(String::from)
         .collect()
 }
 
@@ -156,6 +157,9 @@ mod tests {
             );
         }
         let projects = projects(LOCK);
+        for project in &projects {
+            assert_eq!(*project, crate::engine::deps::normalize_name(project));
+        }
         assert!(projects.contains(&"ipython".to_string()));
         assert!(projects.contains(&"prompt-toolkit".to_string()));
         assert_eq!(projects.len(), entries.len());
