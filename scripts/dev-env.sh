@@ -36,6 +36,10 @@ apt_install() {
 if [ "${SKIP_HOST_TOOLS:-0}" != 1 ] && ! command -v debootstrap >/dev/null 2>&1; then
   apt_install debootstrap
 fi
+# pip makes the runner's IPython for the engine-free tests (scripts/ipython-set.sh).
+if [ "${SKIP_HOST_TOOLS:-0}" != 1 ] && ! python3 -m pip --version >/dev/null 2>&1; then
+  apt_install python3-pip
+fi
 
 register_gvisor() {
   if [ "${SKIP_GVISOR:-0}" = 1 ]; then

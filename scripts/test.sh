@@ -6,7 +6,8 @@
 #      and the server image (scripts/server-image.sh --offline: the release binary on the local
 #      debootstrap base); then the README's quick-start lines as written (scripts/test-readme.py),
 
-#   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine),
+#   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine; the
+#      engine-free ones' host runner gets the runner's IPython from scripts/ipython-set.sh),
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
 #      over stdio and streamable HTTP, and the server image driven the same way through `docker run`,
 #   5. a smoke call through the MCP Inspector CLI, a second real client, and MCP conformance
@@ -54,6 +55,10 @@ fi
 export PIP_CACHE_PATH="$PWD/.cache/download-cache"
 mkdir -p "$PIP_CACHE_PATH"
 chown 1000:1000 "$PIP_CACHE_PATH" 2>/dev/null || chmod 0777 "$PIP_CACHE_PATH"
+# The runner's IPython for the engine-free tests' host runner (scripts/ipython-set.sh: host pip,
+# from the lock, again only when it changed).
+PCS_TEST_IPYTHON=$(bash scripts/ipython-set.sh)
+export PCS_TEST_IPYTHON
 release_build=""
 on_exit() {
   # A stage that failed while the release build ran in the background: it goes too.

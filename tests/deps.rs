@@ -61,7 +61,7 @@ async fn numpy_is_installed_once_then_comes_from_the_cache() {
         assert_eq!(text(&isolated.stdout), "['lo']\n");
         assert_eq!(engine.installs_started(), 1);
 
-        let sets = engine.cached_dependency_sets().await.expect("list");
+        let sets = request_sets(&engine).await;
         assert_eq!(sets.len(), 1);
         assert_eq!(sets[0].requirements, ["numpy"]);
         assert!(sets[0].size > 1 << 20);
@@ -122,11 +122,7 @@ async fn an_unknown_package_fails_clearly_and_leaves_nothing_in_the_cache() {
             "{why}"
         );
         assert!(
-            engine
-                .cached_dependency_sets()
-                .await
-                .expect("list")
-                .is_empty(),
+            request_sets(&engine).await.is_empty(),
             "nothing is published"
         );
     })
@@ -258,17 +254,14 @@ async fn prune_removes_cached_sets() {
     let engine = engine_with(|c| c.deps.volume = volume.clone());
     no_hang(async {
         run_with(&engine, "import six", &["six==1.16.0"]).await;
+        assert_eq!(request_sets(&engine).await.len(), 1);
+        let removed = engine.prune_dependency_sets(true).await.expect("prune");
+        assert_eq!(removed.len(), 1, "the runner's IPython is in use: kept");
+        assert!(request_sets(&engine).await.is_empty());
         assert_eq!(
             engine.cached_dependency_sets().await.expect("list").len(),
             1
         );
-        let removed = engine.prune_dependency_sets(true).await.expect("prune");
-        assert_eq!(removed.len(), 1);
-        assert!(engine
-            .cached_dependency_sets()
-            .await
-            .expect("list")
-            .is_empty());
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -321,11 +314,7 @@ async fn a_package_without_a_wheel_is_refused_unless_source_builds_are_allowed()
         let why = why.to_string();
         assert!(why.contains("docopt"), "{why}");
         assert!(why.contains("SANDBOX_ALLOW_SOURCE_BUILDS=true"), "{why}");
-        assert!(engine
-            .cached_dependency_sets()
-            .await
-            .expect("list")
-            .is_empty());
+        assert!(request_sets(&engine).await.is_empty());
     })
     .await;
     assert_nothing_left(&engine).await;
@@ -443,8 +432,7 @@ async fn a_set_changed_after_publication_is_never_mounted() {
         assert_eq!(text(&run.stdout), "1.16.0 clean\n", "{}", text(&run.stderr));
         assert!(run.dependencies.as_ref().expect("report").installed);
         assert_eq!(next.installs_started(), 1);
-        let sets = next.cached_dependency_sets().await.expect("list");
-        assert_eq!(sets.len(), 1);
+        assert_eq!(request_sets(&next).await.len(), 1);
     })
     .await;
     let listing = on_volume(
@@ -649,6 +637,8 @@ async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFa
     let volume = fresh_deps_volume();
     let files = std::env::temp_dir().join(format!("pcs-deps-files-{}", uuid::Uuid::new_v4()));
     let host = bridge_address().to_string();
+    // The runner's IPython comes from PyPI first: the fake index serves only the request.
+    seed_runner_set(&volume).await;
     let engine = engine_with(|c| {
         c.deps.volume = volume.to_string();
         c.deps.index_url = Some(url.to_string());

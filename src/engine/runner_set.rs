@@ -51,26 +51,38 @@ pub fn cache_key(image_id: &str, layout: &str, lock: &str) -> String {
     format!("d-{hex}")
 }
 
-/// What the cache lists the set as (`cache list`): its pinned requirements, marked as the
-/// runner's own.
-pub fn listed(lock: &str) -> Vec<String> {
-    let pins = lock
-        .lines()
+/// How the cache lists the set (`cache list`, its manifest): this, then the IPython it pins.
+pub const LISTED_AS: &str = "(the runner's own)";
+
+/// The pins of the lock (`name==version`), in its order.
+fn pins(lock: &str) -> impl Iterator<Item = &str> {
+    lock.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_whitespace().next());
-    std::iter::once("(the runner's IPython)".to_string())
-        .chain(pins.map(String::from))
-        .collect()
+        .filter_map(|l| l.split_whitespace().next())
 }
 
-/// The normalized names of the lock's projects (for the words of a failed install).
+/// What the cache lists the set as: one entry, [`LISTED_AS`] and its IPython's pin.
+pub fn listed(lock: &str) -> Vec<String> {
+    let ipython = pins(lock)
+        .find(|p| p.starts_with("ipython=="))
+        .unwrap_or("ipython");
+    vec![format!("{LISTED_AS} {ipython}")]
+}
+
+/// Whether a cached set listed with `requirements` is a runner's set.
+pub fn is_listed_as(requirements: &[String]) -> bool {
+    requirements
+        .first()
+        .is_some_and(|r| r.starts_with(LISTED_AS))
+}
+
+/// The names of the lock's projects (for the words of a failed install): the lock writes them
+/// normalized (lowercase, `-` between words), as the test below checks.
 pub fn projects(lock: &str) -> Vec<String> {
-    listed(lock)
-        .iter()
-        .skip(1)
+    pins(lock)
         .filter_map(|pin| pin.split("==").next())
-        .map(crate::engine::deps::normalize_name)
+        .map(String::from)
         .collect()
 }
 
@@ -144,20 +156,28 @@ mod tests {
 
     #[test]
     fn the_lock_pins_ipython_with_hashes() {
-        let pins = listed(LOCK);
-        assert_eq!(pins[0], "(the runner's IPython)");
-        assert!(pins.contains(&"ipython==9.18.1".to_string()), "{pins:?}");
-        assert!(pins[1..].iter().all(|p| p.contains("==")), "{pins:?}");
-        let entries = LOCK
+        let listed = listed(LOCK);
+        assert_eq!(listed, ["(the runner's own) ipython==9.18.1"]);
+        assert!(is_listed_as(&listed));
+        assert!(!is_listed_as(&["ipython==9.18.1".to_string()]) && !is_listed_as(&[]));
+        let entries: Vec<&str> = LOCK
             .lines()
-            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'));
-        for entry in entries {
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .collect();
+        for entry in &entries {
             assert!(entry.contains("--hash=sha256:"), "unhashed: {entry}");
+            assert!(
+                entry.split_whitespace().next().unwrap().contains("=="),
+                "unpinned: {entry}"
+            );
         }
         let projects = projects(LOCK);
+        for project in &projects {
+            assert_eq!(*project, crate::engine::deps::normalize_name(project));
+        }
         assert!(projects.contains(&"ipython".to_string()));
         assert!(projects.contains(&"prompt-toolkit".to_string()));
-        assert_eq!(projects.len(), pins.len() - 1);
+        assert_eq!(projects.len(), entries.len());
     }
 
     #[test]

@@ -45,6 +45,28 @@ pub fn fresh_deps_volume() -> String {
     )
 }
 
+/// The sets of `engine`'s cache that requests installed (not the runner's own IPython, which
+/// every image's code sandboxes need).
+pub async fn request_sets(
+    engine: &Engine,
+) -> Vec<python_code_sandbox::engine::installer::CachedSet> {
+    let sets = engine.cached_dependency_sets().await.expect("list");
+    sets.into_iter()
+        .filter(|s| !python_code_sandbox::engine::runner_set::is_listed_as(&s.requirements))
+        .collect()
+}
+
+/// Installs the runner's IPython into the cache volume `volume` from the default index, for a
+/// test whose engine then uses an index that cannot serve it (a fake one).
+pub async fn seed_runner_set(volume: &str) {
+    let seeding = engine_with(|c| c.deps.volume = volume.to_string());
+    seeding
+        .runner_set_dir(None)
+        .await
+        .expect("the runner's IPython installs");
+    assert_nothing_left(&seeding).await;
+}
+
 pub async fn remove_volume(name: &str) {
     let docker = docker().await;
     let _ = docker

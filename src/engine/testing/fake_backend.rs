@@ -854,17 +854,11 @@ fn forward(
 
 /// The runner as a host process: the bootstrap, told it runs on the host, in a process group of
 /// its own, in its workspace.
-///
-/// Its IPython is the directory the test process names in `PCS_TEST_IPYTHON` (scripts/test.sh
-/// makes it), passed on as `PCS_IPYTHON` the way the engine names a sandbox's set.
 fn spawn_runner(argv: &[String], workspace: &Path) -> std::io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "an empty command"))?;
     let mut command = tokio::process::Command::new(program);
-    if let Ok(dir) = std::env::var("PCS_TEST_IPYTHON") {
-        command.env("PCS_IPYTHON", dir);
-    }
     command
         .args(args)
         .current_dir(workspace)
