@@ -84,6 +84,8 @@ pub(crate) struct Session {
     pub(super) dependencies: std::sync::Mutex<SessionDependencies>,
     /// The hosts its user approved or declined (`SANDBOX_NETWORK=allowlist`).
     pub(super) network: Arc<super::egress::SessionNetwork>,
+    /// Its executed cells (Python executions), for a notebook.
+    pub(super) history: std::sync::Mutex<super::history::History>,
 }
 
 /// The dependency set a session has on its `sys.path`.

@@ -30,6 +30,7 @@ mod descriptions;
 mod error;
 mod health;
 pub mod http;
+mod ipynb;
 mod logging;
 mod mcp_sessions;
 pub mod metrics;
