@@ -260,7 +260,7 @@ impl Notebook {
         }
         if source.len() > MAX_SOURCE_BYTES {
             return Err(NotebookError::Parameter {
-                name: parameters.keys().last().cloned().unwrap_or_default(),
+                name: parameters.keys().next_back().cloned().unwrap_or_default(),
                 problem: format!(
                     "the parameters' cell would be {}, more than the {} a cell may have",
                     bytes(source.len() as u64),

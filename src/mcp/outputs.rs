@@ -225,7 +225,7 @@ pub struct RunNotebookOutput {
     /// `stop_on_error: false`.
     pub succeeded: bool,
     pub duration_ms: u64,
-    /// The parameters injected, by name.
+    /// The parameters injected, by name (in the order they are assigned).
     pub parameters: Vec<String>,
     /// Where the executed notebook was saved (`/workspace/...`), and as a resource.
     pub saved_path: Option<String>,

@@ -140,8 +140,8 @@ pub struct RunNotebookParams {
     pub content: Option<String>,
     /// Values for the notebook's parameters, e.g. {"alpha": 0.5, "name": "run 1"}: written as
     /// Python literals into a new cell tagged `injected-parameters`, right after the cell tagged
-    /// `parameters` (first when there is none), as papermill does. Names must be Python
-    /// identifiers.
+    /// `parameters` (first when there is none), as papermill does, in the order of their names.
+    /// Names must be Python identifiers.
     #[serde(default)]
     pub parameters: Option<serde_json::Map<String, serde_json::Value>>,
     /// Stop at the first cell that fails (default true), unless that cell is tagged

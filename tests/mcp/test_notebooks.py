@@ -334,7 +334,8 @@ async def test_parameters_are_injected_after_the_parameters_cell_as_python_liter
             "parameters": {"alpha": 0.5, "name": weird, "items": [1, True, {"k": None}], "nothing": None},
         })
         assert result.is_error is False, text_of(result)
-        assert result.structured_content["parameters"] == ["alpha", "name", "items", "nothing"]
+        # Assigned in the order of their names (a JSON object's keys have none).
+        assert result.structured_content["parameters"] == ["alpha", "items", "name", "nothing"]
         ran = notebook_of(result)
         nbformat.validate(ran)
         assert ran.cells[2].metadata["tags"] == ["injected-parameters"]
