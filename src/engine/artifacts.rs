@@ -581,6 +581,7 @@ pub fn mime_from_name(name: &str) -> &'static str {
         "csv" => "text/csv",
         "tsv" => "text/tab-separated-values",
         "json" => "application/json",
+        "ipynb" => "application/x-ipynb+json",
         "html" | "htm" => "text/html",
         "md" => "text/markdown",
         "py" => "text/x-python",

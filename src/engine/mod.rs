@@ -33,6 +33,7 @@ pub mod docker;
 pub mod egress;
 pub mod error;
 pub mod files_dir;
+pub mod history;
 pub mod installer;
 pub mod outcome;
 pub mod owner;

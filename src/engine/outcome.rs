@@ -53,6 +53,8 @@ pub struct Execution {
     /// The connections the code tried through the egress proxy during this execution
     /// (`SANDBOX_NETWORK=allowlist`; `None` in the other modes).
     pub network: Option<Vec<NetworkEntry>>,
+    /// In a session, a Python execution's count (`In [n]`), as its history keeps it.
+    pub execution_count: Option<u64>,
 }
 
 impl Execution {

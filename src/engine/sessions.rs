@@ -86,6 +86,8 @@ pub(crate) struct Session {
     pub(super) network: Arc<super::egress::SessionNetwork>,
     /// How often the code changed its set from inside (`pip install`; see `engine::pip`).
     pub(super) pip_rate: std::sync::Mutex<super::pip::PipRate>,
+    /// Its executed cells (Python executions), for a notebook.
+    pub(super) history: std::sync::Mutex<super::history::History>,
 }
 
 /// The dependency set a session has on its `sys.path`.

@@ -15,6 +15,7 @@
 //! - `descriptions`: the live configuration's part of the descriptions;
 //! - `render`: executions and files as content blocks;
 //! - `notebook`: what the code showed, as nbformat outputs bounded for a model;
+//! - `ipynb`: notebooks as files (nbformat 4.5): a session's cells written, an untrusted one read;
 //! - `notices`: a call's progress and log notifications (its steps, the code's live output);
 //! - `server`: the [`SandboxServer`] (capabilities, resources, prompts, completions);
 //! - `running`: the engine's background tasks while a server runs;
@@ -30,6 +31,7 @@ mod descriptions;
 mod error;
 mod health;
 pub mod http;
+mod ipynb;
 mod logging;
 mod mcp_sessions;
 pub mod metrics;

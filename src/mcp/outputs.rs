@@ -190,3 +190,59 @@ pub struct SearchOutput {
     pub query: String,
     pub results: Vec<PackageInfo>,
 }
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExportNotebookOutput {
+    /// The notebook's path in the sandbox (`/workspace/...`).
+    pub path: String,
+    /// The same file as a resource to read with `resources/read`.
+    pub resource_uri: String,
+    /// Code cells in the notebook (one per run_python call the session still keeps).
+    pub cells: usize,
+    /// Earlier cells the session no longer keeps (over its bounds), left out.
+    pub dropped_cells: u64,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunNotebookOutput {
+    /// The session it ran in; absent when a session was started for the run (and stopped).
+    pub container_id: Option<String>,
+    /// Cells of the notebook (code, markdown, raw), parameters' cell included.
+    pub cells: usize,
+    pub code_cells: usize,
+    /// Code cells executed.
+    pub cells_run: usize,
+    /// Code cells not executed: empty, or tagged `skip-execution`.
+    pub cells_skipped: usize,
+    /// Code cells never reached, after the run stopped.
+    pub cells_not_run: usize,
+    /// Every cell that failed, in order (the one the run stopped at last).
+    pub failed: Vec<FailedCellOutput>,
+    /// The run stopped at a failed cell (its index), or was cancelled.
+    pub stopped_at: Option<usize>,
+    /// Every cell ran, and none failed except those tagged `raises-exception` or run with
+    /// `stop_on_error: false`.
+    pub succeeded: bool,
+    pub duration_ms: u64,
+    /// The parameters injected, by name (in the order they are assigned).
+    pub parameters: Vec<String>,
+    /// Where the executed notebook was saved (`/workspace/...`), and as a resource.
+    pub saved_path: Option<String>,
+    pub resource_uri: Option<String>,
+    /// Why it was not saved or not returned whole.
+    pub note: Option<String>,
+}
+
+/// A cell that failed, and how.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct FailedCellOutput {
+    /// Its index among the notebook's cells (0 is the first).
+    pub index: usize,
+    pub execution_count: Option<u64>,
+    /// The exception's type (`ZeroDivisionError`), `Timeout`, or why it could not run.
+    pub ename: String,
+    pub evalue: String,
+    /// It was tagged `raises-exception`: the run went on.
+    pub allowed: bool,
+}

@@ -114,3 +114,50 @@ pub struct ListFilesParams {
     #[serde(default)]
     pub path: Option<String>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExportNotebookParams {
+    /// The session's id, as returned by sandbox_initialize.
+    pub container_id: String,
+    /// Where to save the notebook, relative to /workspace (e.g. "analysis.ipynb"); by default
+    /// `notebook-<n>.ipynb`, n the session's latest execution count.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunNotebookParams {
+    /// The session to run the notebook in (its variables and files are the notebook's to use and
+    /// change); without one, a new session is started for the run and stopped after it.
+    #[serde(default)]
+    pub container_id: Option<String>,
+    /// A .ipynb file in the session's /workspace (relative to it). Give exactly one of path and
+    /// content.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The notebook itself: its JSON text (nbformat 4).
+    #[serde(default)]
+    pub content: Option<String>,
+    /// Values for the notebook's parameters, e.g. {"alpha": 0.5, "name": "run 1"}: written as
+    /// Python literals into a new cell tagged `injected-parameters`, right after the cell tagged
+    /// `parameters` (first when there is none), as papermill does, in the order of their names.
+    /// Names must be Python identifiers.
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Stop at the first cell that fails (default true), unless that cell is tagged
+    /// `raises-exception`; false runs every cell whatever fails (nbclient's allow_errors).
+    #[serde(default)]
+    pub stop_on_error: Option<bool>,
+    /// Seconds each cell may run, at most the server's limit per execution (the default).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Where to save the executed notebook, relative to /workspace; by default, for a `path`,
+    /// beside it as `<name>.executed.ipynb` (a notebook given as content is saved only here, and
+    /// only in a session that stays).
+    #[serde(default)]
+    pub output_path: Option<String>,
+    /// PyPI packages the notebook needs (PEP 508 requirements, as run_python's), installed
+    /// before its first cell.
+    #[serde(default)]
+    pub dependencies: Option<Vec<String>>,
+}

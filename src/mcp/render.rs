@@ -47,6 +47,10 @@ pub struct ExecutionOutput {
     pub error: Option<ErrorOutput>,
     /// The session the code ran in (absent for run_python_ephemeral).
     pub container_id: Option<String>,
+    /// In a session, this execution's count (`In [n]`), as a notebook numbers its cells (absent
+    /// for shell commands and code that is only whitespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_count: Option<u64>,
     /// Files the execution created or changed in /workspace, and matplotlib figures.
     pub files: Vec<FileOutput>,
     /// The dependencies in force, when some were requested.
@@ -430,6 +434,7 @@ pub fn execution(
             message: e.message.clone(),
         }),
         container_id: container_id.map(str::to_string),
+        execution_count: execution.execution_count,
         files: execution
             .files
             .iter()

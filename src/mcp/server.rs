@@ -161,6 +161,7 @@ impl SandboxServer {
             + Self::session_tools()
             + Self::snapshot_tools()
             + Self::file_tools()
+            + Self::notebook_tools()
             + Self::search_tools()
     }
 

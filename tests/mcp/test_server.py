@@ -33,6 +33,8 @@ TOOLS = {
     "sandbox_fork": {"container_id"},
     "sandbox_snapshots": set(),
     "sandbox_snapshot_delete": {"snapshot_id"},
+    "sandbox_export_notebook": {"container_id"},
+    "sandbox_run_notebook": set(),
 }
 
 

@@ -85,6 +85,7 @@ impl Engine {
             last_used: std::sync::Mutex::new(now),
             dependencies: std::sync::Mutex::new(dependencies),
             pip_rate: Default::default(),
+            history: std::sync::Mutex::default(),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)
@@ -190,6 +191,9 @@ impl Engine {
         let report = pip.into_report().or(report);
         self.end_if_lost(&full_id, &mut result);
         if let Ok(execution) = &mut result {
+            if let (Task::Python(code), Ok(mut history)) = (task, session.history.lock()) {
+                execution.execution_count = history.record(code, execution);
+            }
             execution.dependencies = report;
             let run_dir = options.run_dir(session_run_dir(sandbox.id()));
             self.collect_files(&mut sandbox, execution, &run_dir).await;
@@ -246,6 +250,21 @@ impl Engine {
         }
         session.sandbox.lock().await.forget();
         Ok(full)
+    }
+
+    /// A session's executed cells (its Python executions), oldest first.
+    pub fn session_cells(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+    ) -> Result<(String, crate::engine::history::Cells), EngineError> {
+        let (full_id, session) = self.session(scope, id)?;
+        let cells = session
+            .history
+            .lock()
+            .map(|history| history.cells())
+            .unwrap_or_default();
+        Ok((full_id, cells))
     }
 
     /// The live sessions of the scope.

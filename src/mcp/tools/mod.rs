@@ -4,6 +4,7 @@
 //! into a [`super::outcome::ToolError`].
 
 mod files;
+mod notebook;
 mod run;
 mod search;
 mod session;

@@ -8,15 +8,17 @@ use crate::mcp::descriptions::describe;
 use crate::mcp::SandboxServer;
 
 /// Every tool the server offers; each has a structured result, so each has an output schema.
-const TOOLS: [&str; 14] = [
+const TOOLS: [&str; 16] = [
     "run_python",
     "run_python_ephemeral",
     "sandbox_exec",
+    "sandbox_export_notebook",
     "sandbox_fork",
     "sandbox_initialize",
     "sandbox_list",
     "sandbox_list_files",
     "sandbox_read_file",
+    "sandbox_run_notebook",
     "sandbox_snapshot",
     "sandbox_snapshot_delete",
     "sandbox_snapshots",
