@@ -92,7 +92,11 @@ impl History {
         let execution_count = if code.trim().is_empty() {
             None
         } else {
-            Some(value_count.filter(|n| *n > 0).unwrap_or(self.counter + 1))
+            // The shell's own count when the runner said it; else the value's, else the next.
+            execution
+                .execution_count
+                .or(value_count.filter(|n| *n > 0))
+                .or(Some(self.counter + 1))
         };
         if let Some(n) = execution_count {
             self.counter = n;

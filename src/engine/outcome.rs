@@ -53,7 +53,8 @@ pub struct Execution {
     /// The connections the code tried through the egress proxy during this execution
     /// (`SANDBOX_NETWORK=allowlist`; `None` in the other modes).
     pub network: Option<Vec<NetworkEntry>>,
-    /// In a session, a Python execution's count (`In [n]`), as its history keeps it.
+    /// A Python execution's count (`In [n]`) as the runner's shell counted it (in a session, as
+    /// its history keeps it).
     pub execution_count: Option<u64>,
 }
 
@@ -70,6 +71,7 @@ impl Execution {
             outputs: result.outputs,
             outputs_dropped: result.outputs_dropped,
             outputs_cleared: result.outputs_cleared,
+            execution_count: result.execution_count,
             changes: Changes {
                 entries: result.changed,
                 left_out: result.changed_left_out,

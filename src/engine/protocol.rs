@@ -673,6 +673,9 @@ pub struct RawResult {
     /// Outputs the runner dropped (over its count or size bounds).
     #[serde(default)]
     pub outputs_dropped: u64,
+    /// The shell's count of this execution (`In [n]`); none for a shell command or an empty cell.
+    #[serde(default)]
+    pub execution_count: Option<u64>,
 }
 
 /// The exception that ended the code, when one did.
@@ -706,6 +709,8 @@ pub struct RunnerResult {
     pub outputs: Vec<Output>,
     /// The code cleared its output: `outputs` is what a notebook shows, the streams are whole.
     pub outputs_cleared: bool,
+    /// The shell's count of this execution, as the runner said.
+    pub execution_count: Option<u64>,
     /// Outputs dropped over their bounds.
     pub outputs_dropped: u64,
 }
@@ -810,6 +815,7 @@ impl RawResult {
         Ok(RunnerResult {
             outputs: shown.outputs,
             outputs_cleared: shown.cleared,
+            execution_count: self.execution_count,
             outputs_dropped: self.outputs_dropped,
             stdout,
             stderr,

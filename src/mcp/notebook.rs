@@ -142,9 +142,13 @@ const RESOURCE_MIMES: &[(&str, &str)] = &[
     ("image/svg+xml", "svg"),
 ];
 
-/// `repr`'s default for objects without one (`<module.Class object at 0x...>`): says nothing.
+/// `repr`'s default for objects without one, as Python writes it (`<module.Class object at
+/// 0x...>`) or IPython's pretty printer (`<module.Class at 0x...>`): says nothing.
 fn is_default_repr(text: &str) -> bool {
-    text.starts_with('<') && text.contains(" object at 0x") && !text.contains('\n')
+    text.starts_with('<')
+        && text.ends_with('>')
+        && text.contains(" at 0x")
+        && !text.contains('\n')
 }
 
 /// Content blocks for the outputs, in order: text for streams, the text rendering of every
@@ -448,6 +452,14 @@ mod tests {
         // The middle stdout output fell wholly in the cut part; the displays and stderr stay.
         assert_eq!(kinds, ["stdout", "D1", "stderr", "D2", "stdout"]);
         assert!(matches!(&bounded[0], Output::Stream { text, .. } if text.contains("[cut stdout")));
+    }
+
+    #[test]
+    fn default_reprs_are_recognised_in_pythons_and_ipythons_forms() {
+        assert!(is_default_repr("<__main__.Html object at 0x7f3df26665d0>"));
+        assert!(is_default_repr("<__main__.Html at 0x7f3df26665d0>"));
+        assert!(!is_default_repr("<b>look at 0x10</b> and more"));
+        assert!(!is_default_repr("Point(x=1)"));
     }
 
     #[test]

@@ -118,8 +118,13 @@ async def test_misbehaving_reprs_do_not_break_the_session():
         session = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
         raising = await run(client, code_raising, session)
         assert raising.is_error is False, text_of(raising)
-        [value] = outputs(raising)
-        assert "boom" in value["data"]["text/plain"] and "text/html" not in value["data"]
+        # As Jupyter shows it (IPython's formatters): the repr's traceback, the formatter's warning
+        # about the HTML of the wrong type, no value; the call itself did not fail.
+        shown = outputs(raising)
+        errors = [o for o in shown if o["output_type"] == "error"]
+        assert [(e["ename"], e["evalue"]) for e in errors] == [("ValueError", "boom")], shown
+        assert not [o for o in shown if o["output_type"] in ("execute_result", "display_data")], shown
+        assert any("FormatterWarning" in o.get("text", "") for o in shown), shown
         huge = await run(client, code_huge, session)
         [value] = outputs(huge)
         # The runner keeps 100 000 characters; the result keeps head and tail of half the budget.

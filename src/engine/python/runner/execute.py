@@ -150,6 +150,13 @@ class Executor:
         text = "%s: %s" % (type(exc).__name__, message_of(exc))
         self.record_traceback(type(exc), exc, [text], text)
 
+    def counted(self, op, request):
+        """The shell's count of the execution that just ran (`In [n]`): None for a shell command,
+        a script, or a blank cell (IPython does not count those)."""
+        if op == "shell" or self.shell is None or not str(request.get("code", "")).strip():
+            return None
+        return self.shell.execution_count - 1
+
     def run_code(self, code):
         """The code through IPython's run_cell; what it raised (None when it ran through)."""
         if self.scripts:
@@ -270,4 +277,5 @@ class Executor:
             "figures": [base64.b64encode(f).decode("ascii") for f in self.figures.take()],
             "outputs": self.outputs.items,
             "outputs_dropped": self.outputs.dropped,
+            "execution_count": self.counted(op, request),
         }

@@ -345,6 +345,9 @@ def create(IPython):
     config.InteractiveShell.xmode = "Context"
     shell_class = make_shell_class(IPython)
     shell = shell_class.instance(config=config, ipython_dir=IPYTHON_DIR)
+    # A terminal shell formats values as text only; a notebook's frontend takes every form.
+    formatter = shell.display_formatter
+    formatter.active_types = list(formatter.format_types)
     builtins.input = shell.no_input
     if "getpass" in sys.modules:
         sys.modules["getpass"].getpass = shell.no_getpass
