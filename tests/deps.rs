@@ -251,7 +251,11 @@ async fn prune_removes_cached_sets() {
         return;
     }
     let volume = fresh_deps_volume();
-    let engine = engine_with(|c| c.deps.volume = volume.clone());
+    // An image whose runner's IPython is in the cache too.
+    let engine = engine_with(|c| {
+        c.deps.volume = volume.clone();
+        c.image = image_without_ipython();
+    });
     no_hang(async {
         run_with(&engine, "import six", &["six==1.16.0"]).await;
         assert_eq!(request_sets(&engine).await.len(), 1);

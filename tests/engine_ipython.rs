@@ -36,7 +36,12 @@ async fn the_runners_ipython_is_installed_once_read_only_and_off_the_codes_path(
         return;
     }
     let volume = fresh_deps_volume();
-    let engine = engine_with(|c| c.deps.volume = volume.clone());
+    // An image that does not carry the set (the sandbox image does: see the test below).
+    let image = image_without_ipython();
+    let engine = engine_with(|c| {
+        c.deps.volume = volume.clone();
+        c.image = image.clone();
+    });
     let dir = no_hang(async {
         // Two first uses at once: one install, one directory.
         let (a, b) = tokio::join!(engine.runner_set_dir(None), engine.runner_set_dir(None));
@@ -77,7 +82,10 @@ async fn the_runners_ipython_is_installed_once_read_only_and_off_the_codes_path(
     assert_nothing_left(&engine).await;
 
     // The next server process finds it in the cache (verified, not installed again).
-    let next = engine_with(|c| c.deps.volume = volume.clone());
+    let next = engine_with(|c| {
+        c.deps.volume = volume.clone();
+        c.image = image.clone();
+    });
     no_hang(async {
         let found = next.runner_set_dir(None).await.expect("found");
         assert_eq!(found, dir, "the same set");
@@ -87,5 +95,36 @@ async fn the_runners_ipython_is_installed_once_read_only_and_off_the_codes_path(
     })
     .await;
     assert_nothing_left(&next).await;
+    remove_volume(&volume).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_image_carries_the_runners_ipython_and_installs_nothing() {
+    if skip_without_engine() {
+        return;
+    }
+    let volume = fresh_deps_volume();
+    let engine = engine_with(|c| c.deps.volume = volume.clone());
+    no_hang(async {
+        let dir = engine.runner_set_dir(None).await.expect("the image's own");
+        assert_eq!(dir, "/opt/sandbox-ipython");
+        let ran = run(&engine, LOOK).await;
+        let said: serde_json::Value = serde_json::from_slice(ran.stdout.trim_ascii())
+            .unwrap_or_else(|e| panic!("{e}: {} {}", text(&ran.stdout), text(&ran.stderr)));
+        assert_eq!(said["dir"], "/opt/sandbox-ipython", "{said}");
+        // Root's files, read-only to the code's user; off its path; the set's own IPython.
+        assert_eq!(said["wrote"], "PermissionError", "{said}");
+        assert_eq!(said["on_path"], serde_json::json!([]), "{said}");
+        assert_eq!(said["ipython"], "9.18.1", "{said}");
+        assert_eq!(said["from_set"], true, "{said}");
+        assert_eq!(engine.runner_set_installs_started(), 0, "nothing installed");
+        assert!(engine
+            .cached_dependency_sets()
+            .await
+            .expect("list")
+            .is_empty());
+    })
+    .await;
+    assert_nothing_left(&engine).await;
     remove_volume(&volume).await;
 }

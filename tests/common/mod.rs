@@ -58,6 +58,38 @@ pub async fn request_sets(
 
 /// Installs the runner's IPython into the cache volume `volume` from the default index, for a
 /// test whose engine then uses an index that cannot serve it (a fake one).
+/// An image like the sandbox image but not labelled as carrying the runner's IPython (a
+/// `python:3.11-slim`-style image as far as the engine knows): its code sandboxes get the set from
+/// the dependency cache. Built once (a label on top of the configured image, nothing pulled).
+pub fn image_without_ipython() -> String {
+    static BUILT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            use std::io::Write;
+            let tag = "pcs-test-plain:latest".to_string();
+            let recipe = format!(
+                "FROM {}\nLABEL {}=none\n",
+                test_config().image,
+                python_code_sandbox::engine::runner_set::IMAGE_LABEL
+            );
+            let mut build = std::process::Command::new("docker")
+                .args(["build", "-q", "-t", &tag, "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("docker build starts");
+            build
+                .stdin
+                .take()
+                .expect("its stdin")
+                .write_all(recipe.as_bytes())
+                .expect("the recipe is written");
+            assert!(build.wait().expect("docker build ends").success());
+            tag
+        })
+        .clone()
+}
+
 pub async fn seed_runner_set(volume: &str) {
     let seeding = engine_with(|c| c.deps.volume = volume.to_string());
     seeding

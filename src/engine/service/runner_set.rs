@@ -128,12 +128,16 @@ impl Engine {
     }
 
     /// The directory of the runner's IPython for `image` (the configured one when `None`), found
-    /// or installed as a code sandbox's would be. For tests and diagnostics.
+    /// or installed as a code sandbox's would be (the image's own when it carries the set). For
+    /// tests and diagnostics.
     #[doc(hidden)]
     pub async fn runner_set_dir(&self, image: Option<&str>) -> Result<String, EngineError> {
         let image = self.check_image(image)?;
         let base = self.base_spec(image, "pool").await?;
         self.backend.ensure_image(&base.image).await?;
+        if runner_set::carried_by(&self.backend.image_labels(&base.image).await?) {
+            return Ok(paths::BAKED_IPYTHON.to_string());
+        }
         Ok(self.runner_set(&base, &RunOptions::default()).await?.1)
     }
 }
