@@ -133,6 +133,26 @@ impl Output {
     }
 }
 
+/// A cell's own outputs, for a notebook that keeps earlier cells: the updates of earlier displays
+/// are handed to `update` (display id, new bundle, new metadata), never kept as outputs.
+pub fn own_outputs(
+    outputs: &[Output],
+    mut update: impl FnMut(&str, &MimeBundle, &Metadata),
+) -> Vec<Output> {
+    let mut own = Vec::with_capacity(outputs.len());
+    for output in outputs {
+        match output {
+            Output::UpdateDisplayData {
+                data,
+                metadata,
+                display_id,
+            } => update(display_id, data, metadata),
+            other => own.push(other.clone()),
+        }
+    }
+    own
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamName {
     Stdout,

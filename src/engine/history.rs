@@ -72,17 +72,9 @@ fn output_bytes(output: &Output) -> usize {
 impl History {
     /// Records one Python execution of `code`; returns its execution count.
     pub fn record(&mut self, code: &str, execution: &Execution) -> Option<u64> {
-        let mut outputs = Vec::with_capacity(execution.outputs.len());
-        for output in &execution.outputs {
-            match output {
-                Output::UpdateDisplayData {
-                    data,
-                    metadata,
-                    display_id,
-                } => self.update_display(display_id, data, metadata),
-                other => outputs.push(other.clone()),
-            }
-        }
+        let outputs = super::displays::own_outputs(&execution.outputs, |id, data, metadata| {
+            self.update_display(id, data, metadata)
+        });
         let value_count = outputs.iter().find_map(|o| match o {
             Output::ExecuteResult {
                 execution_count, ..
