@@ -145,10 +145,7 @@ const RESOURCE_MIMES: &[(&str, &str)] = &[
 /// `repr`'s default for objects without one, as Python writes it (`<module.Class object at
 /// 0x...>`) or IPython's pretty printer (`<module.Class at 0x...>`): says nothing.
 fn is_default_repr(text: &str) -> bool {
-    text.starts_with('<')
-        && text.ends_with('>')
-        && text.contains(" at 0x")
-        && !text.contains('\n')
+    text.starts_with('<') && text.ends_with('>') && text.contains(" at 0x") && !text.contains('\n')
 }
 
 /// Content blocks for the outputs, in order: text for streams, the text rendering of every
