@@ -530,10 +530,13 @@ impl Reply {
 }
 
 /// Output a live execution wrote since the last such message, as the runner sent it: base64 of
-/// the latest bytes of each stream, and how many earlier ones it skipped.
+/// the latest bytes of each stream, and how many earlier ones it skipped; `cleared` when the code
+/// cleared its output (`clear_output()`) since, the text then being only what came after.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawLiveOutput {
     pub id: u64,
+    #[serde(default)]
+    pub cleared: bool,
     #[serde(default)]
     pub stdout: String,
     #[serde(default)]
@@ -551,6 +554,8 @@ pub const MAX_LIVE_BYTES: usize = 4096;
 /// [`MAX_LIVE_BYTES`] of each stream (the latest).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LiveOutput {
+    /// What was shown before is gone (the code cleared its output): the text is what came after.
+    pub cleared: bool,
     pub stdout: String,
     pub stderr: String,
     /// Bytes of each stream written meanwhile but not in the text (the runner's and this bound's).
@@ -595,6 +600,7 @@ impl RawLiveOutput {
         let (stdout, stdout_skipped) = tail(&self.stdout, self.stdout_skipped);
         let (stderr, stderr_skipped) = tail(&self.stderr, self.stderr_skipped);
         LiveOutput {
+            cleared: self.cleared,
             stdout,
             stderr,
             stdout_skipped,
@@ -1231,8 +1237,23 @@ mod tests {
             live.stderr_skipped as usize + live.stderr.len(),
             2 * MAX_LIVE_BYTES
         );
+        assert!(!live.cleared);
+        let frame = format!(
+            r#"{{"type":"output","id":5,"cleared":true,"stdout":"{}"}}"#,
+            b64(b"after\n")
+        );
+        let Ok(Reply::Output(raw)) = Reply::parse(frame.as_bytes()) else {
+            panic!("not output")
+        };
+        let live = raw.decode();
+        assert!(live.cleared);
+        assert_eq!(live.stdout, "after\n");
+        assert_eq!(live.stderr, "");
+        // A `cleared` that is not a boolean is a malformed frame, not a clear.
+        assert!(Reply::parse(br#"{"type":"output","id":5,"cleared":"yes"}"#).is_err());
         let bad = RawLiveOutput {
             id: 1,
+            cleared: false,
             stdout: "!!!!".into(),
             stderr: String::new(),
             stdout_skipped: 0,

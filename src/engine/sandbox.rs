@@ -55,11 +55,14 @@ const LIVE_PER_SECOND: f64 = 5.0;
 const LIVE_BURST: f64 = 3.0;
 
 /// Where one execution's live output goes: only messages for its request id, within the rate.
+/// A message held back that said the output was cleared passes its clear to the next one passed,
+/// so the client never goes on showing what the code cleared.
 struct LiveTarget {
     id: u64,
     sink: LiveOutputSink,
     tokens: f64,
     refilled: Instant,
+    cleared: bool,
 }
 
 impl LiveTarget {
@@ -73,10 +76,24 @@ impl LiveTarget {
             .min(LIVE_BURST);
         self.refilled = now;
         if self.tokens < 1.0 {
+            self.cleared |= output.cleared;
             return;
         }
         self.tokens -= 1.0;
-        (self.sink)(output.decode());
+        let mut live = output.decode();
+        live.cleared |= std::mem::take(&mut self.cleared);
+        (self.sink)(live);
+    }
+
+    /// The execution is over: a clear still owed (its message was held back, none passed since)
+    /// is passed now, before the result.
+    fn finish(self) {
+        if self.cleared {
+            (self.sink)(LiveOutput {
+                cleared: true,
+                ..LiveOutput::default()
+            });
+        }
     }
 }
 
@@ -586,6 +603,7 @@ impl Sandbox {
             sink: sink.clone(),
             tokens: LIVE_BURST,
             refilled: Instant::now(),
+            cleared: false,
         });
         let started = Instant::now();
         let (waited, stop) = self
@@ -598,7 +616,9 @@ impl Sandbox {
                 pip,
             )
             .await;
-        runner.live = None;
+        if let Some(target) = runner.live.take() {
+            target.finish();
+        }
         let elapsed = started.elapsed();
         let mut execution = match waited {
             Waited::Replied(Ok(Reply::Result(raw)))
@@ -1376,9 +1396,11 @@ mod tests {
             }),
             tokens: LIVE_BURST,
             refilled: Instant::now(),
+            cleared: false,
         };
         let output = |id| RawLiveOutput {
             id,
+            cleared: false,
             stdout: "aGkK".into(),
             stderr: String::new(),
             stdout_skipped: 0,
@@ -1393,6 +1415,52 @@ mod tests {
         assert_eq!(
             passed.load(std::sync::atomic::Ordering::Relaxed),
             LIVE_BURST as usize
+        );
+    }
+
+    #[test]
+    fn a_clear_held_back_by_the_rate_reaches_the_next_message_or_the_end() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let target = |tokens| {
+            let seen = seen.clone();
+            LiveTarget {
+                id: 1,
+                sink: Arc::new(move |output: LiveOutput| {
+                    if let Ok(mut seen) = seen.lock() {
+                        seen.push((output.cleared, output.stdout));
+                    }
+                }),
+                tokens,
+                refilled: Instant::now(),
+                cleared: false,
+            }
+        };
+        let output = |cleared, b64: &str| RawLiveOutput {
+            id: 1,
+            cleared,
+            stdout: b64.into(),
+            stderr: String::new(),
+            stdout_skipped: 0,
+            stderr_skipped: 0,
+        };
+        // "YQo=" is "a\n", "Ygo=" is "b\n". One token: the clear is held back, then passed on.
+        let mut one = target(1.0);
+        one.pass(&output(false, "YQo="));
+        one.pass(&output(true, ""));
+        one.tokens = 1.0;
+        one.pass(&output(false, "Ygo="));
+        one.finish();
+        // No token at all: the held-back clear comes at the end, once.
+        let mut none = target(0.0);
+        none.pass(&output(true, "Ygo="));
+        none.finish();
+        assert_eq!(
+            *seen.lock().expect("seen"),
+            [
+                (false, "a\n".to_string()),
+                (true, "b\n".to_string()),
+                (true, String::new())
+            ]
         );
     }
 }

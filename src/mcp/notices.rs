@@ -12,6 +12,14 @@
 //! (at most [`PROGRESS_LINES`] lines and [`PROGRESS_CHARS`] characters), and one log message per
 //! stream, logger `python-code-sandbox`, data `stdout: <text>` or `stderr: <text>` with what that
 //! stream got since the previous message (at most 4 KiB; what was skipped is said first).
+//!
+//! A `clear_output()` in the code clears the live view as it clears a notebook's (the runner
+//! marks the next live message `cleared`, its text only what came after; `wait=True` clears when
+//! the next text or display comes): the progress message shows only the lines after the clear, or
+//! [`CLEARED`] when none came yet, and each log message of a cleared message says so,
+//! `stdout (output cleared): <text>` (the clear is of both streams), or is [`CLEARED`] alone when
+//! no text came after it. Displays are not live output (only the streams are); they come with the
+//! result.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +38,8 @@ const FINISH_WAIT: Duration = Duration::from_secs(5);
 /// What a progress message shows of live output.
 pub const PROGRESS_LINES: usize = 3;
 pub const PROGRESS_CHARS: usize = 300;
+/// What the client is shown of a clear with no text after it yet.
+pub const CLEARED: &str = "(output cleared)";
 
 enum Notice {
     /// A step of the call ("starting the sandbox").
@@ -117,7 +127,7 @@ fn latest_lines(output: &LiveOutput) -> Option<String> {
         .take(PROGRESS_LINES)
         .collect();
     if lines.is_empty() {
-        return None;
+        return output.cleared.then(|| CLEARED.to_string());
     }
     lines.reverse();
     let message = lines.join("\n");
@@ -130,9 +140,14 @@ fn latest_lines(output: &LiveOutput) -> Option<String> {
     })
 }
 
-/// One log message per stream that got text.
+/// One log message per stream that got text; a clear with no text after it is one message.
 fn log_messages(output: &LiveOutput) -> Vec<String> {
-    [
+    let cleared = if output.cleared {
+        " (output cleared)"
+    } else {
+        ""
+    };
+    let messages: Vec<String> = [
         ("stdout", &output.stdout, output.stdout_skipped),
         ("stderr", &output.stderr, output.stderr_skipped),
     ]
@@ -141,12 +156,19 @@ fn log_messages(output: &LiveOutput) -> Vec<String> {
     .map(|(name, text, skipped)| {
         let text = text.strip_suffix('\n').unwrap_or(text);
         if skipped > 0 {
-            format!("{name}: [{} skipped] …{text}", crate::text::bytes(skipped))
+            format!(
+                "{name}{cleared}: [{} skipped] …{text}",
+                crate::text::bytes(skipped)
+            )
         } else {
-            format!("{name}: {text}")
+            format!("{name}{cleared}: {text}")
         }
     })
-    .collect()
+    .collect();
+    if messages.is_empty() && output.cleared {
+        return vec![CLEARED.to_string()];
+    }
+    messages
 }
 
 #[cfg(test)]
@@ -179,11 +201,46 @@ mod tests {
             stderr: "oops\n".into(),
             stdout_skipped: 2048,
             stderr_skipped: 0,
+            cleared: false,
         };
         assert_eq!(
             log_messages(&output),
             vec!["stdout: [2 KiB skipped] …step 3", "stderr: oops"]
         );
         assert!(log_messages(&LiveOutput::default()).is_empty());
+    }
+
+    #[test]
+    fn a_clear_shows_only_what_came_after_it() {
+        let output = LiveOutput {
+            cleared: true,
+            stdout: "step 4\n".into(),
+            stderr: "late\n".into(),
+            stdout_skipped: 0,
+            stderr_skipped: 3072,
+        };
+        assert_eq!(latest_lines(&output).as_deref(), Some("step 4\nlate"));
+        assert_eq!(
+            log_messages(&output),
+            vec![
+                "stdout (output cleared): step 4",
+                "stderr (output cleared): [3 KiB skipped] …late"
+            ]
+        );
+        // Nothing written since the clear: the client is told the output is gone.
+        let output = LiveOutput {
+            cleared: true,
+            ..Default::default()
+        };
+        assert_eq!(latest_lines(&output).as_deref(), Some(CLEARED));
+        assert_eq!(log_messages(&output), vec![CLEARED]);
+        // Only blank lines since: the same, for the progress message.
+        let output = LiveOutput {
+            cleared: true,
+            stdout: "\n\n".into(),
+            ..Default::default()
+        };
+        assert_eq!(latest_lines(&output).as_deref(), Some(CLEARED));
+        assert_eq!(log_messages(&output), vec!["stdout (output cleared): \n"]);
     }
 }

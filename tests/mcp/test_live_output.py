@@ -110,3 +110,36 @@ async def test_an_ephemeral_run_shows_output_while_the_code_runs():
         result = await recorder.call(client, "run_python_ephemeral", {"code": LOOP}, meta=INFO)
         await client.call_tool("run_python_ephemeral", {"code": "pass"})
         recorder.check(result, progress=False)
+
+
+CLEARING = (
+    "import time\n"
+    "from IPython.display import clear_output\n"
+    "for i in range(3):\n"
+    "    clear_output(wait=True)\n"
+    "    print(f'step {i}')\n"
+    "    time.sleep(0.6)\n"  # frames go out 4 a second: each step is shown live
+    "print('done')\n"
+    "clear_output()\n"
+)
+
+
+async def test_clear_output_clears_what_the_client_is_shown_live():
+    recorder = Recorder()
+    async with connect(_client={"logging_callback": recorder.on_log}) as client:
+        started = await client.call_tool("sandbox_initialize", {})
+        cid = started.structured_content["container_id"]
+        result = await recorder.call(client, "run_python", {"container_id": cid, "code": CLEARING},
+                                     progress_callback=recorder.on_progress, meta=INFO)
+        assert result.is_error is False, text_of(result)
+        logs = [data for running, logger, data in recorder.logs if running and logger == "python-code-sandbox"]
+        progress = [message for running, message in recorder.progress if running and message]
+        for i in range(3):
+            # wait=True: each step's text came with its clear, the earlier steps gone.
+            step = f"step {i}"
+            assert [data for data in logs if step in data] == [f"stdout (output cleared): {step}"], logs
+            assert [message for message in progress if step in message] == [step], progress
+        # The last clear, with nothing after it: the client is told the output is gone.
+        assert logs[-1] == "(output cleared)", logs
+        assert progress[-1] == "(output cleared)", progress
+        await client.call_tool("sandbox_stop", {"container_id": cid})

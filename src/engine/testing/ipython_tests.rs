@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::{engine_with, within};
 use crate::engine::outcome::{Output, StreamName};
 use crate::engine::sessions::Scope;
-use crate::engine::{Engine, Execution, RunOptions, Task};
+use crate::engine::{Engine, Execution, LiveOutput, LiveOutputSink, RunOptions, Task};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -361,6 +361,97 @@ async fn clear_output_clears_what_came_before_and_wait_defers_it() {
         }]
     );
     cells.stop().await;
+}
+
+/// The code's steps wait for files that the live sink writes once it has seen a marker, so each
+/// step's text is known to have gone out live before the next step starts.
+const LIVE_CLEARS: &str = "import os, time\n\
+from IPython.display import clear_output, display\n\
+def seen(name):\n    \
+    path = os.path.join(DIR, name)\n    \
+    deadline = time.monotonic() + 20\n    \
+    while not os.path.exists(path) and time.monotonic() < deadline:\n        time.sleep(0.02)\n    \
+    assert os.path.exists(path), 'never seen live: ' + name\n\
+print('one')\n\
+seen('one')\n\
+print('gone'); clear_output(); print('kept')\n\
+seen('kept')\n\
+print('old')\n\
+seen('old')\n\
+clear_output(wait=True)\n\
+time.sleep(0.8)  # frames are sent 4 a second: a clear that did not wait would be sent meanwhile\n\
+print('new')\n\
+seen('new')\n\
+print('stale')\n\
+seen('stale')\n\
+clear_output(wait=True)\n\
+display('shown')\n\
+seen('shown')\n\
+clear_output(wait=True)  # nothing after it: never in effect\n";
+
+#[tokio::test]
+async fn clear_output_clears_the_live_output_too() {
+    let dir =
+        std::env::temp_dir().join(format!("pcs-live-clear-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let frames = std::sync::Arc::new(std::sync::Mutex::new(Vec::<LiveOutput>::new()));
+    let sink: LiveOutputSink = {
+        let (frames, dir) = (frames.clone(), dir.clone());
+        std::sync::Arc::new(move |output: LiveOutput| {
+            let Ok(mut frames) = frames.lock() else {
+                return;
+            };
+            for marker in ["one", "kept", "old", "new", "stale"] {
+                if output.stdout.contains(marker) {
+                    let _ = std::fs::write(dir.join(marker), b"");
+                }
+            }
+            let after_stale = frames.iter().any(|f| f.stdout.contains("stale"));
+            if after_stale && output.cleared && output.stdout.is_empty() {
+                let _ = std::fs::write(dir.join("shown"), b"");
+            }
+            frames.push(output);
+        })
+    };
+    let mut cells = Cells::new().await;
+    cells.options.live_output = Some(sink);
+    let code = LIVE_CLEARS.replace("DIR", &format!("{:?}", dir.display().to_string()));
+    let execution = cells.run(&code).await;
+    ok(&execution);
+    let frames = frames.lock().expect("frames").clone();
+    let index = |marker: &str| {
+        frames
+            .iter()
+            .position(|f| f.stdout.contains(marker))
+            .unwrap_or_else(|| panic!("no live {marker}: {frames:?}"))
+    };
+    // Text before a clear is not shown, even when it was written in the same moment.
+    let kept = &frames[index("kept")];
+    assert!(kept.cleared && !kept.stdout.contains("gone"), "{frames:?}");
+    assert!(!frames[index("one")].cleared, "{frames:?}");
+    // wait=True: nothing cleared until new text came, then the old text gone with it.
+    let (old, new) = (index("old"), index("new"));
+    assert!(
+        frames[old + 1..new].iter().all(|f| !f.cleared),
+        "{frames:?}"
+    );
+    assert!(
+        frames[new].cleared && !frames[new].stdout.contains("old"),
+        "{frames:?}"
+    );
+    // A display puts a waiting clear in effect too (displays themselves are not live output);
+    // the last clear, with nothing after it, is never sent.
+    let last = frames.last().expect("frames");
+    assert!(frames.len() > index("stale") + 1, "{frames:?}");
+    assert!(
+        last.cleared && last.stdout.is_empty() && last.stderr.is_empty(),
+        "{frames:?}"
+    );
+    // The result shows the same: the display alone.
+    assert_eq!(execution.outputs.len(), 1, "{:?}", execution.outputs);
+    assert_eq!(plain(&execution.outputs[0]).as_deref(), Some("'shown'"));
+    cells.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

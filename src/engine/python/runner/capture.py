@@ -6,6 +6,13 @@
 # with at most LIVE_BYTES of each stream (the latest; how much was skipped is counted), and a last
 # one before the job ends, so before the result. It costs nothing when not asked for, and little
 # when asked: a slice of each chunk already read.
+#
+# A clear_output() changes the live view as it changes a notebook's (display.py tells this job,
+# with the stream positions of the clear): the next frame says `"cleared": true` and carries only
+# text written after the clear, and is sent even when no text came since. A clear_output(wait=True)
+# takes effect when the next output arrives: text on either stream past the clear's position, or
+# a display (display.py says so). Text is placed by its stream offset, not by when it was read, so
+# text still in a pipe at the clear is cleared with the rest.
 
 import base64
 import fcntl
@@ -32,6 +39,18 @@ class CaptureJob:
         self.live_text = [bytearray(), bytearray()]
         self.live_skipped = [0, 0]
         self.live_sent_at = 0.0
+        # Stream offsets: where live_text ends (bytes read through its last chunk), and before
+        # which nothing is shown (the latest clear). A clear(wait=True) not yet in effect is kept
+        # as its position; `live_cleared` says the next frame starts after a clear.
+        self.live_end = [0, 0]
+        self.live_from = [0, 0]
+        self.live_wait = None
+        self.live_cleared = False
+        # The code's thread (a clear) and this job's thread (text, frames) both change the above.
+        self.live_lock = threading.Lock()
+        # A child the code forked has no capture thread, and may have been forked with the lock
+        # held: it never takes it (what it writes is not captured anyway).
+        self.pid = os.getpid()
         self.fds = {out_fd: 0, err_fd: 1}
         self.kept = [bytearray(), bytearray()]
         self.dropped = [0, 0]
@@ -68,13 +87,14 @@ class CaptureJob:
                             os.close(fd)
                             continue
                         self.read[stream] += len(chunk)
+                        end = self.read[stream]
                     keep = min(len(chunk), self.room)
                     if keep:
                         self.kept[stream] += chunk[:keep]
                         self.room -= keep
                     self.dropped[stream] += len(chunk) - keep
                     if self.live is not None:
-                        self._live_add(stream, chunk)
+                        self._live_add(stream, chunk, end)
                 if self.live is not None and time.monotonic() - self.live_sent_at >= 1 / LIVE_PER_SECOND:
                     self._live_send()
         finally:
@@ -86,26 +106,67 @@ class CaptureJob:
                 self.fds = {}
             self.done.set()
 
-    def _live_add(self, stream, chunk):
-        text = self.live_text[stream]
-        text += chunk[-LIVE_BYTES:]
-        over = len(text) - LIVE_BYTES
-        if over > 0:
-            del text[:over]
-        self.live_skipped[stream] += max(0, len(chunk) - LIVE_BYTES) + max(0, over)
+    def _live_add(self, stream, chunk, end):
+        """`chunk`, the stream's bytes up to offset `end`, into the next frame."""
+        with self.live_lock:
+            if self.live_wait is not None and end > self.live_wait[stream]:
+                self._live_clear_at(self.live_wait)
+            # Only the bytes after the latest clear (text that was in a pipe at the clear is not).
+            chunk = chunk[max(0, len(chunk) - (end - self.live_from[stream])) :]
+            self.live_end[stream] = end
+            text = self.live_text[stream]
+            text += chunk[-LIVE_BYTES:]
+            over = len(text) - LIVE_BYTES
+            if over > 0:
+                del text[:over]
+            self.live_skipped[stream] += max(0, len(chunk) - LIVE_BYTES) + max(0, over)
+
+    def _live_clear_at(self, at):
+        """What was written before stream positions `at` is no longer shown (lock held)."""
+        self.live_wait = None
+        self.live_cleared = True
+        for stream in (0, 1):
+            self.live_from[stream] = max(self.live_from[stream], at[stream])
+            after = max(0, self.live_end[stream] - self.live_from[stream])
+            text = self.live_text[stream]
+            del text[: max(0, len(text) - after)]
+            # What was skipped before the clear is cleared too, not skipped.
+            self.live_skipped[stream] = min(self.live_skipped[stream], max(0, after - len(text)))
+
+    def live_clear(self, at, wait):
+        """The code cleared its output at stream positions `at` (display.py)."""
+        if self.live is None or os.getpid() != self.pid:
+            return
+        with self.live_lock:
+            if wait:
+                self.live_wait = list(at)
+            else:
+                self._live_clear_at(at)
+
+    def live_shown(self):
+        """The code displayed something: a clear(wait=True) waiting for it takes effect."""
+        if self.live is None or os.getpid() != self.pid:
+            return
+        with self.live_lock:
+            if self.live_wait is not None:
+                self._live_clear_at(self.live_wait)
 
     def _live_send(self):
-        """Sends what came since the last frame, if anything did; never raises (the host may be
-        gone; the result will say so)."""
+        """Sends what came since the last frame, if anything did (a clear counts); never raises
+        (the host may be gone; the result will say so)."""
         self.live_sent_at = time.monotonic()
-        if not (self.live_text[0] or self.live_text[1]):
-            return
-        frame = {"type": "output"}
-        for stream, name in enumerate(("stdout", "stderr")):
-            frame[name] = base64.b64encode(bytes(self.live_text[stream])).decode("ascii")
-            frame[name + "_skipped"] = self.live_skipped[stream]
-            self.live_text[stream] = bytearray()
-            self.live_skipped[stream] = 0
+        with self.live_lock:
+            if not (self.live_text[0] or self.live_text[1] or self.live_cleared):
+                return
+            frame = {"type": "output"}
+            if self.live_cleared:
+                frame["cleared"] = True
+                self.live_cleared = False
+            for stream, name in enumerate(("stdout", "stderr")):
+                frame[name] = base64.b64encode(bytes(self.live_text[stream])).decode("ascii")
+                frame[name + "_skipped"] = self.live_skipped[stream]
+                self.live_text[stream] = bytearray()
+                self.live_skipped[stream] = 0
         try:
             self.live(frame)
         except Exception:

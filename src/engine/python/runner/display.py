@@ -34,6 +34,9 @@ MAX_METADATA_BYTES = 16 << 10
 MAX_DISPLAY_ID_CHARS = 200
 
 BINARY = ("image/png", "image/jpeg")
+# Outputs that put a clear_output(wait=True) in effect in the live view (which shows streams
+# only): what a notebook shows by itself (an update of a display, another clear, do not).
+SETTLES_LIVE = ("display_data", "execute_result", "error")
 
 
 def _checked(mime, value):
@@ -126,8 +129,10 @@ def _flush_streams():
 class Outputs:
     """One execution's outputs other than streams, each with the stream positions it came at."""
 
-    def __init__(self, position, budget):
+    def __init__(self, position, budget, live=None):
         self.position = position  # () -> [stdout bytes, stderr bytes] written so far
+        # The capture job when the host shows output live: told of clears and of what settles one.
+        self.live = live
         self.room = budget
         self.items = []
         self.sizes = []
@@ -138,6 +143,8 @@ class Outputs:
 
     def _add(self, item, size):
         self._settle(item)
+        if self.live is not None and item["output_type"] in SETTLES_LIVE:
+            self.live.live_shown()
         if len(self.items) >= MAX_OUTPUTS or size > self.room:
             self.dropped += 1
             return False
@@ -212,6 +219,8 @@ class Outputs:
     def clear(self, wait):
         _flush_streams()
         item = {"output_type": "clear_output", "wait": wait, "at": self.position()}
+        if self.live is not None:
+            self.live.live_clear(item["at"], wait)
         if not self._add(item, 60):
             return
         if wait:

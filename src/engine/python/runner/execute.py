@@ -190,7 +190,7 @@ class Executor:
 
         job = self.capture.start(out_r, err_r, cap, live)
         self.job = job
-        self.outputs = rich.Outputs(lambda: self.position(job), cap)
+        self.outputs = rich.Outputs(lambda: self.position(job), cap, job if live is not None else None)
         if self.shell is not None:
             self.shell.outputs = self.outputs
         self.figures.outputs = self.outputs
