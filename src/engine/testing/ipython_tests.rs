@@ -348,6 +348,21 @@ async fn clear_output_clears_what_came_before_and_wait_defers_it() {
     assert_eq!(progress.outputs_dropped, 0);
     assert_eq!(progress.outputs.len(), 1, "{:?}", progress.outputs);
     assert_eq!(plain(&progress.outputs[0]).as_deref(), Some("'step 999'"));
+    // A clear after more displays than a result keeps still clears them all, with or without wait.
+    for wait in ["False", "True"] {
+        let full = cells
+            .run(&format!("from IPython.display import clear_output\nfor i in range(300):\n    display(i)\nclear_output(wait={wait})\nprint('after')"))
+            .await;
+        ok(&full);
+        assert_eq!(
+            full.outputs,
+            vec![Output::Stream {
+                name: StreamName::Stdout,
+                text: "after\n".into()
+            }],
+            "wait={wait}"
+        );
+    }
     // A wait with nothing after it clears nothing.
     let kept = cells
         .run("from IPython.display import clear_output\nprint('stays')\nclear_output(wait=True)")

@@ -221,6 +221,13 @@ class Outputs:
         item = {"output_type": "clear_output", "wait": wait, "at": self.position()}
         if self.live is not None:
             self.live.live_clear(item["at"], wait)
+        if not wait:
+            # What came before is gone, whatever comes next: the clear always has room.
+            self.pending_clear = None
+            self._forget_before(len(self.items))
+        elif len(self.items) >= MAX_OUTPUTS:
+            # Full: the oldest output gives its place to the waiting clear.
+            self._forget_before(1)
         if not self._add(item, 60):
             return
         if wait:

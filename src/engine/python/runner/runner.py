@@ -37,6 +37,7 @@ def start_shell():
     try:
         shell = sandbox_shell.create(IPython)
         display.install(shell)
+        sandbox_shell.warm(shell)
     except Exception as exc:  # IPython imported but its shell failed: the host is told why
         return None, "IPython's shell could not be made: %s: %s" % (type(exc).__name__, str(exc)[:500])
     return shell, None

@@ -354,3 +354,40 @@ def create(IPython):
     else:
         after_import.on_import("getpass", _no_getpass_on(shell))
     return shell
+
+
+# Cells run once before the runner says ready: a shell's first cells cost several milliseconds each
+# (IPython's lazy imports and caches on the way of a statement, a print, a value), which a pooled
+# sandbox pays here instead of on its first call.
+WARM_UP = ("pass", "print(end='')", "0")
+
+
+def warm(shell):
+    """Runs WARM_UP as cells (their output goes nowhere: no execution is running), then puts the
+    count, the input and output caches and their names back as a new shell has them."""
+    count = shell.execution_count
+    namespace, hidden = shell.user_ns, shell.user_ns_hidden
+    names = ("_", "__", "___", "_i", "_ii", "_iii")
+    kept = {name: namespace[name] for name in names if name in namespace}
+    kept_hidden = {name: hidden[name] for name in names if name in hidden}
+    for cell in WARM_UP:
+        shell.run_cell(cell, store_history=True)
+    shell.execution_count = count
+    history = shell.history_manager
+    del history.input_hist_parsed[1:]
+    del history.input_hist_raw[1:]
+    history.output_hist.clear()
+    history.output_hist_reprs.clear()
+    history.db_input_cache.clear()
+    history.db_output_cache.clear()
+    for space, before in ((namespace, kept), (hidden, kept_hidden)):
+        for name in [n for n in space if isinstance(n, str) and re.fullmatch(r"_i?\d+", n)]:
+            del space[name]
+        for name in names:
+            if name in before:
+                space[name] = before[name]
+            else:
+                space.pop(name, None)
+    hook = shell.displayhook
+    hook._ = hook.__ = hook.___ = ""
+
