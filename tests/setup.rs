@@ -85,11 +85,16 @@ fn with_no_engine_setup_says_how_to_get_one_and_exits_125() {
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// Held by the tests that need the default image (setup's doctor, hello world) while one of them
+/// takes it away and builds it again.
+static DEFAULT_IMAGE_USE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn with_an_engine_but_no_image_setup_builds_it_and_writes_the_client_config() {
     if skip_without_engine() {
         return;
     }
+    let _image = DEFAULT_IMAGE_USE.lock().await;
     let docker = common::docker().await;
     // The image goes away under another name (its layers stay: the rebuild may use them), and
     // comes back whatever happens.
@@ -158,6 +163,7 @@ fn setup_says_which_runtime_runs_the_code_and_registers_gvisor_only_when_asked()
     if skip_without_engine() {
         return;
     }
+    let _image = DEFAULT_IMAGE_USE.blocking_lock();
     let home = home("runtime");
     // `--gvisor` changes the engine: never together with a run that touches no engine.
     let out = setup(&["--gvisor", "--config-only"], &home, &[]);

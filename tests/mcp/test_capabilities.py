@@ -34,7 +34,7 @@ def formats_in(schema):
 async def test_every_tool_schema_is_standard_json_schema_2020_12():
     async with connect(SANDBOX_POOL_SIZE=0) as client:
         tools = (await client.list_tools()).tools
-        assert len(tools) == 14
+        assert len(tools) == 16
         for tool in tools:
             for schema in (tool.input_schema, tool.output_schema):
                 if schema is None:
