@@ -417,6 +417,7 @@ pub fn output_json(output: &Output) -> Option<Value> {
             data,
             metadata,
             execution_count,
+            ..
         } => {
             map.insert("output_type".into(), "execute_result".into());
             map.insert("data".into(), data_json(data).into());

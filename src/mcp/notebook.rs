@@ -31,7 +31,8 @@ pub enum OutputJson {
         data: serde_json::Map<String, serde_json::Value>,
         metadata: serde_json::Map<String, serde_json::Value>,
         /// The display's id, when it has one (`display(..., display_id=True)`): a later
-        /// `update_display_data` with this id replaces it. Not kept in a saved notebook.
+        /// `update_display_data` with this id replaces it, and so does a later display with it
+        /// (as in Jupyter). Not kept in a saved notebook.
         #[serde(skip_serializing_if = "Option::is_none")]
         transient: Option<Transient>,
     },
@@ -41,6 +42,10 @@ pub enum OutputJson {
         metadata: serde_json::Map<String, serde_json::Value>,
         /// Counts the session's executions, like a notebook's `Out[n]`.
         execution_count: u64,
+        /// The value's display id, when code sent it as a kernel message with one: a later
+        /// `update_display_data` with this id replaces it. Not kept in a saved notebook.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        transient: Option<Transient>,
     },
     /// New content for a display an earlier call showed (its `transient.display_id`); an update
     /// of a display of this call is already applied to it.
@@ -99,10 +104,14 @@ impl OutputJson {
                 data,
                 metadata,
                 execution_count,
+                display_id,
             } => OutputJson::ExecuteResult {
                 data: bundle_json(data),
                 metadata: metadata.clone(),
                 execution_count: *execution_count,
+                transient: display_id.as_ref().map(|id| Transient {
+                    display_id: id.clone(),
+                }),
             },
             Output::UpdateDisplayData {
                 data,
@@ -145,10 +154,7 @@ const RESOURCE_MIMES: &[(&str, &str)] = &[
 /// `repr`'s default for objects without one, as Python writes it (`<module.Class object at
 /// 0x...>`) or IPython's pretty printer (`<module.Class at 0x...>`): says nothing.
 fn is_default_repr(text: &str) -> bool {
-    text.starts_with('<')
-        && text.ends_with('>')
-        && text.contains(" at 0x")
-        && !text.contains('\n')
+    text.starts_with('<') && text.ends_with('>') && text.contains(" at 0x") && !text.contains('\n')
 }
 
 /// Content blocks for the outputs, in order: text for streams, the text rendering of every

@@ -843,6 +843,7 @@ mod tests {
                 ],
                 metadata: Default::default(),
                 execution_count: 7,
+                display_id: None,
             },
         ];
         e.files = vec![Artifact {

@@ -385,19 +385,17 @@ impl SandboxServer {
             ran.cells_run += 1;
             let mut own = Vec::with_capacity(execution.outputs.len());
             for output in &execution.outputs {
-                match output {
-                    Output::UpdateDisplayData {
-                        data,
-                        metadata,
-                        display_id,
-                    } => {
-                        for (_, earlier, _) in shown.iter_mut() {
-                            for o in earlier.iter_mut() {
-                                o.update(display_id, data, metadata);
-                            }
+                // An update, or a display with an id, changes the earlier cells' displays with
+                // that id, as nbclient applies them; an update is not an output of its own.
+                if let Some((display_id, data, metadata)) = output.replacement() {
+                    for (_, earlier, _) in shown.iter_mut() {
+                        for o in earlier.iter_mut() {
+                            o.update(display_id, data, metadata);
                         }
                     }
-                    other => own.push(other.clone()),
+                }
+                if !matches!(output, Output::UpdateDisplayData { .. }) {
+                    own.push(output.clone());
                 }
             }
             if !execution.succeeded() {
