@@ -36,7 +36,7 @@ const MAX_DISPLAY_ID_CHARS: usize = 200;
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawOutput {
     pub output_type: String,
-    /// `[mime, value]` pairs: text, base64 for images, JSON text for `application/json`.
+    /// `[mime, value]` pairs: text, base64 for images, JSON text for the JSON types.
     #[serde(default, deserialize_with = "at_most::<_, _, MAX_MIME_TYPES>")]
     pub data: Vec<(String, String)>,
     #[serde(default)]
@@ -184,8 +184,15 @@ impl StreamName {
 }
 
 /// `(mime type, value)` pairs, `text/plain` always among them: values are text, base64 for
-/// `image/png` and `image/jpeg` (checked), JSON text for `application/json` (checked).
+/// `image/png` and `image/jpeg` (checked), JSON text for the JSON types (checked).
 pub type MimeBundle = Vec<(String, String)>;
+
+/// A MIME type whose values are JSON, as nbformat keeps them: `application/json` and
+/// `application/*+json` (a widget's `application/vnd.jupyter.widget-view+json`, say).
+pub fn is_json_mime(mime: &str) -> bool {
+    mime.strip_prefix("application/")
+        .is_some_and(|rest| rest == "json" || rest.ends_with("+json"))
+}
 
 /// A MIME bundle from the runner, checked: well-formed type names, each once; images that decode;
 /// JSON that parses. Values that fail are left out; `text/plain` is always there.
@@ -213,7 +220,9 @@ fn checked_bundle(raw: Vec<(String, String)>) -> MimeBundle {
                         b"\xff\xd8\xff"
                     })
                 }),
-            "application/json" => serde_json::from_str::<serde::de::IgnoredAny>(&value).is_ok(),
+            json if is_json_mime(json) => {
+                serde_json::from_str::<serde::de::IgnoredAny>(&value).is_ok()
+            }
             _ => true,
         };
         if valid {
@@ -422,7 +431,7 @@ mod tests {
         let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
         let raws = vec![
             raw(
-                serde_json::json!({"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png",b64(b"not a png")],["bad mime","v"],["application/json","{nope"],["text/plain","x"]],"at":[2,0]}),
+                serde_json::json!({"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png",b64(b"not a png")],["bad mime","v"],["application/json","{nope"],["application/vnd.x+json","{nope"],["text/plain","x"]],"at":[2,0]}),
             ),
             raw(
                 serde_json::json!({"output_type":"execute_result","data":[["application/json","[1]"]],"execution_count":4,"at":[4,1],"metadata":{"isolated":true}}),

@@ -9,6 +9,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::engine::displays::is_json_mime;
 use crate::engine::history::{self, Cells};
 use crate::engine::outcome::{MimeBundle, Output};
 use crate::text::{bytes, count};
@@ -374,12 +375,6 @@ pub fn from_cells(cells: &Cells) -> Notebook {
         notebook.set_outputs(index, &cell.outputs, cell.execution_count);
     }
     notebook
-}
-
-/// A MIME type whose values nbformat keeps as JSON (`application/json`, `application/*+json`).
-fn is_json_mime(mime: &str) -> bool {
-    mime.strip_prefix("application/")
-        .is_some_and(|rest| rest == "json" || rest.ends_with("+json"))
 }
 
 /// A MIME bundle as nbformat's `data`: JSON types as JSON (when their text parses), the rest as

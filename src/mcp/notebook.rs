@@ -14,6 +14,7 @@ use rmcp::model::{ContentBlock, ResourceContents};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::engine::displays::is_json_mime;
 use crate::engine::outcome::{Output, StreamName};
 use crate::text::{self, Excerpt};
 
@@ -27,7 +28,7 @@ pub enum OutputJson {
         text: String,
     },
     DisplayData {
-        /// By MIME type: text; base64 for images; the JSON itself for application/json.
+        /// By MIME type: text; base64 for images; the JSON itself for the JSON types.
         data: serde_json::Map<String, serde_json::Value>,
         metadata: serde_json::Map<String, serde_json::Value>,
         /// The display's id, when it has one (`display(..., display_id=True)`): a later
@@ -37,7 +38,7 @@ pub enum OutputJson {
         transient: Option<Transient>,
     },
     ExecuteResult {
-        /// By MIME type: text; base64 for images; the JSON itself for application/json.
+        /// By MIME type: text; base64 for images; the JSON itself for the JSON types.
         data: serde_json::Map<String, serde_json::Value>,
         metadata: serde_json::Map<String, serde_json::Value>,
         /// Counts the session's executions, like a notebook's `Out[n]`.
@@ -71,7 +72,7 @@ fn bundle_json(bundle: &[(String, String)]) -> serde_json::Map<String, serde_jso
     bundle
         .iter()
         .map(|(mime, value)| {
-            let value = if mime == "application/json" {
+            let value = if is_json_mime(mime) {
                 // Checked to parse when it came from the sandbox.
                 serde_json::from_str(value).unwrap_or_else(|_| value.clone().into())
             } else {
