@@ -70,9 +70,8 @@ class Session:
         __tracebackhide__ = True
         if isinstance(msg_or_type, dict):
             msg = msg_or_type
-            if not isinstance(msg.get("header"), dict):
-                msg["header"] = {}
-            msg_type = msg["header"].get("msg_type", msg.get("msg_type"))
+            given = msg.get("header")
+            msg_type = given.get("msg_type") if isinstance(given, dict) else msg.get("msg_type")
         else:
             msg = self.msg(msg_or_type, content, parent, header, metadata)
             msg_type = msg_or_type
