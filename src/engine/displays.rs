@@ -5,9 +5,11 @@
 //! `update_display_data` and `clear_output`), each with the byte positions of stdout and stderr
 //! when it came; the stream text itself is cut here from the captured streams at those positions.
 //! Then what a notebook shows after the cell is computed: a `clear_output` removes everything
-//! before it (with `wait`, only when the next output arrives), an update replaces the displays of
-//! this call with its id. An update for a display of an earlier call stays an output of its own
-//! (the caller that keeps the earlier call's outputs applies it there).
+//! before it but the updates of earlier calls' displays (with `wait`, only when the next output
+//! arrives), an update replaces the displays of this call with its id, and so does a new display
+//! (or value) with an id, as Jupyter's messages say. An update for a display of an earlier call
+//! stays an output of its own; the caller that keeps the earlier calls' outputs applies it there,
+//! and a display with an id too ([`Output::replacement`]).
 //!
 //! Everything here came from the sandbox: bounded on parsing (counts) and checked (MIME names,
 //! images that decode, JSON that parses); what fails is left out, never trusted.
@@ -34,7 +36,7 @@ const MAX_DISPLAY_ID_CHARS: usize = 200;
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawOutput {
     pub output_type: String,
-    /// `[mime, value]` pairs: text, base64 for images, JSON text for `application/json`.
+    /// `[mime, value]` pairs: text, base64 for images, JSON text for the JSON types.
     #[serde(default, deserialize_with = "at_most::<_, _, MAX_MIME_TYPES>")]
     pub data: Vec<(String, String)>,
     #[serde(default)]
@@ -82,6 +84,8 @@ pub enum Output {
         data: MimeBundle,
         metadata: Metadata,
         execution_count: u64,
+        /// The id of a value sent as a display (a kernel message's `transient.display_id`).
+        display_id: Option<String>,
     },
     Error {
         ename: String,
@@ -106,6 +110,31 @@ impl Output {
         }
     }
 
+    /// What this output makes every earlier display with its id show, in a notebook: an update's
+    /// content, and a display's or value's with an id (Jupyter's frontends and nbclient apply a
+    /// `display_data` with a `display_id` to the displays already shown with it).
+    pub fn replacement(&self) -> Option<(&str, &MimeBundle, &Metadata)> {
+        match self {
+            Output::DisplayData {
+                data,
+                metadata,
+                display_id: Some(id),
+            }
+            | Output::ExecuteResult {
+                data,
+                metadata,
+                display_id: Some(id),
+                ..
+            }
+            | Output::UpdateDisplayData {
+                data,
+                metadata,
+                display_id: id,
+            } => Some((id, data, metadata)),
+            _ => None,
+        }
+    }
+
     /// The MIME bundle of a display, a value or an update.
     pub fn bundle(&self) -> Option<&MimeBundle> {
         match self {
@@ -116,13 +145,19 @@ impl Output {
         }
     }
 
-    /// Applies an update for `id` when this is that display: true when it was.
+    /// Applies an update for `id` when this is that display (or value): true when it was.
     pub fn update(&mut self, id: &str, new: &MimeBundle, new_metadata: &Metadata) -> bool {
         match self {
             Output::DisplayData {
                 data,
                 metadata,
                 display_id: Some(own),
+            }
+            | Output::ExecuteResult {
+                data,
+                metadata,
+                display_id: Some(own),
+                ..
             } if own == id => {
                 data.clone_from(new);
                 metadata.clone_from(new_metadata);
@@ -133,21 +168,20 @@ impl Output {
     }
 }
 
-/// A cell's own outputs, for a notebook that keeps earlier cells: the updates of earlier displays
-/// are handed to `update` (display id, new bundle, new metadata), never kept as outputs.
+/// A cell's own outputs, for a notebook that keeps earlier cells: what each output makes the
+/// earlier displays with its id show ([`Output::replacement`]) is handed to `update` (display id,
+/// new bundle, new metadata); an update itself is not an output of the cell.
 pub fn own_outputs(
     outputs: &[Output],
     mut update: impl FnMut(&str, &MimeBundle, &Metadata),
 ) -> Vec<Output> {
     let mut own = Vec::with_capacity(outputs.len());
     for output in outputs {
-        match output {
-            Output::UpdateDisplayData {
-                data,
-                metadata,
-                display_id,
-            } => update(display_id, data, metadata),
-            other => own.push(other.clone()),
+        if let Some((id, data, metadata)) = output.replacement() {
+            update(id, data, metadata);
+        }
+        if !matches!(output, Output::UpdateDisplayData { .. }) {
+            own.push(output.clone());
         }
     }
     own
@@ -169,8 +203,15 @@ impl StreamName {
 }
 
 /// `(mime type, value)` pairs, `text/plain` always among them: values are text, base64 for
-/// `image/png` and `image/jpeg` (checked), JSON text for `application/json` (checked).
+/// `image/png` and `image/jpeg` (checked), JSON text for the JSON types (checked).
 pub type MimeBundle = Vec<(String, String)>;
+
+/// A MIME type whose values are JSON, as nbformat keeps them: `application/json` and
+/// `application/*+json` (a widget's `application/vnd.jupyter.widget-view+json`, say).
+pub fn is_json_mime(mime: &str) -> bool {
+    mime.strip_prefix("application/")
+        .is_some_and(|rest| rest == "json" || rest.ends_with("+json"))
+}
 
 /// A MIME bundle from the runner, checked: well-formed type names, each once; images that decode;
 /// JSON that parses. Values that fail are left out; `text/plain` is always there.
@@ -198,7 +239,9 @@ fn checked_bundle(raw: Vec<(String, String)>) -> MimeBundle {
                         b"\xff\xd8\xff"
                     })
                 }),
-            "application/json" => serde_json::from_str::<serde::de::IgnoredAny>(&value).is_ok(),
+            json if is_json_mime(json) => {
+                serde_json::from_str::<serde::de::IgnoredAny>(&value).is_ok()
+            }
             _ => true,
         };
         if valid {
@@ -256,15 +299,16 @@ pub fn ordered(raw: Vec<RawOutput>, stdout: &[u8], stderr: &[u8]) -> Shown {
     for output in raw {
         shown.advance(output.at, true);
         match output.output_type.as_str() {
-            "display_data" => shown.push(Output::DisplayData {
+            "display_data" => shown.push_display(Output::DisplayData {
                 data: checked_bundle(output.data),
                 metadata: checked_metadata(output.metadata),
                 display_id: checked_display_id(output.display_id),
             }),
-            "execute_result" => shown.push(Output::ExecuteResult {
+            "execute_result" => shown.push_display(Output::ExecuteResult {
                 data: checked_bundle(output.data),
                 metadata: checked_metadata(output.metadata),
                 execution_count: output.execution_count.unwrap_or(0),
+                display_id: checked_display_id(output.display_id),
             }),
             "update_display_data" => {
                 let Some(id) = checked_display_id(output.display_id) else {
@@ -332,7 +376,9 @@ struct Showing<'a> {
 
 impl Showing<'_> {
     fn clear(&mut self) {
-        self.outputs.clear();
+        // An update of a display of an earlier call is not this call's output: it stays.
+        self.outputs
+            .retain(|o| matches!(o, Output::UpdateDisplayData { .. }));
         self.clear_pending = false;
         self.cleared = true;
     }
@@ -342,6 +388,16 @@ impl Showing<'_> {
             self.clear();
         }
         self.outputs.push(output);
+    }
+
+    /// A display or value: with an id, the earlier displays of this call with it show it too.
+    fn push_display(&mut self, output: Output) {
+        if let Some((id, data, metadata)) = output.replacement() {
+            for earlier in self.outputs.iter_mut() {
+                earlier.update(id, data, metadata);
+            }
+        }
+        self.push(output);
     }
 
     /// Places the stream text written before `to`: shown when `emit`, else skipped.
@@ -394,7 +450,7 @@ mod tests {
         let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
         let raws = vec![
             raw(
-                serde_json::json!({"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png",b64(b"not a png")],["bad mime","v"],["application/json","{nope"],["text/plain","x"]],"at":[2,0]}),
+                serde_json::json!({"output_type":"display_data","data":[["text/html","<b>x</b>"],["image/png",b64(b"not a png")],["bad mime","v"],["application/json","{nope"],["application/vnd.x+json","{nope"],["text/plain","x"]],"at":[2,0]}),
             ),
             raw(
                 serde_json::json!({"output_type":"execute_result","data":[["application/json","[1]"]],"execution_count":4,"at":[4,1],"metadata":{"isolated":true}}),
@@ -427,7 +483,8 @@ mod tests {
                         .as_object()
                         .cloned()
                         .unwrap(),
-                    execution_count: 4
+                    execution_count: 4,
+                    display_id: None
                 },
                 // Positions past the kept text are clamped; the traceback's text is the error.
                 stream(StreamName::Stdout, "c\n"),
@@ -450,11 +507,25 @@ mod tests {
             raw(
                 serde_json::json!({"output_type":"display_data","data":[["text/plain","D"]],"at":[2,0]}),
             ),
+            raw(
+                serde_json::json!({"output_type":"update_display_data","data":[["text/plain","U"]],"display_id":"earlier","at":[2,0]}),
+            ),
             raw(serde_json::json!({"output_type":"clear_output","at":[4,1]})),
         ];
         let shown = ordered(raws, b"a\nb\nc\n", b"w");
         assert!(shown.cleared);
-        assert_eq!(shown.outputs, vec![stream(StreamName::Stdout, "c\n")]);
+        // An update of an earlier call's display is not cleared with this call's outputs.
+        assert_eq!(
+            shown.outputs,
+            vec![
+                Output::UpdateDisplayData {
+                    data: plain("U"),
+                    metadata: Metadata::new(),
+                    display_id: "earlier".into()
+                },
+                stream(StreamName::Stdout, "c\n")
+            ]
+        );
     }
 
     #[test]
@@ -488,6 +559,64 @@ mod tests {
             ordered(raws, b"a\n", b"").outputs,
             vec![Output::display(plain("D"))]
         );
+    }
+
+    #[test]
+    fn a_display_or_value_with_an_id_replaces_the_earlier_displays_of_this_call_with_it() {
+        let raws = vec![
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","1"]],"display_id":"here","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"display_data","data":[["text/plain","2"]],"display_id":"there","at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"execute_result","data":[["text/plain","3"]],"display_id":"here","execution_count":5,"at":[0,0]}),
+            ),
+            raw(
+                serde_json::json!({"output_type":"update_display_data","data":[["text/plain","4"]],"display_id":"here","at":[0,0]}),
+            ),
+        ];
+        let id = |s: &str| Some(s.to_string());
+        let shown = ordered(raws, b"", b"");
+        assert_eq!(
+            shown.outputs,
+            vec![
+                Output::DisplayData {
+                    data: plain("4"),
+                    metadata: Metadata::new(),
+                    display_id: id("here")
+                },
+                Output::DisplayData {
+                    data: plain("2"),
+                    metadata: Metadata::new(),
+                    display_id: id("there")
+                },
+                Output::ExecuteResult {
+                    data: plain("4"),
+                    metadata: Metadata::new(),
+                    execution_count: 5,
+                    display_id: id("here")
+                },
+            ]
+        );
+        let replaced: Vec<_> = shown
+            .outputs
+            .iter()
+            .map(|o| {
+                o.replacement()
+                    .map(|(id, data, _)| (id, data[0].1.as_str()))
+            })
+            .collect();
+        assert_eq!(
+            replaced,
+            [
+                Some(("here", "4")),
+                Some(("there", "2")),
+                Some(("here", "4"))
+            ]
+        );
+        assert_eq!(Output::display(plain("x")).replacement(), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! An update of a display an earlier call showed (`Output::UpdateDisplayData`) is applied to the
 //! earlier cells' displays with that id, as a Jupyter frontend does, and is not kept as an output
-//! of its own. The history is bounded in cells and bytes: the oldest cells go first, and how many
+//! of its own; a new display (or value) with an id is applied to them too, and kept. The history is bounded in cells and bytes: the oldest cells go first, and how many
 //! went is kept so that a notebook made from it can say so.
 
 use std::collections::VecDeque;
@@ -206,6 +206,39 @@ mod tests {
     }
 
     #[test]
+    fn a_later_display_with_the_id_changes_the_earlier_ones_and_is_kept() {
+        let mut history = History::default();
+        history.record("show(1, 'd')", &shown(vec![display("1", "d")]));
+        let value = Output::ExecuteResult {
+            data: plain("v"),
+            metadata: Metadata::new(),
+            execution_count: 2,
+            display_id: Some("r".into()),
+        };
+        history.record(
+            "show(2, 'd'); result('v', 'r')",
+            &shown(vec![display("2", "d"), value]),
+        );
+        history.record(
+            "update('r')",
+            &shown(vec![Output::UpdateDisplayData {
+                data: plain("w"),
+                metadata: Metadata::new(),
+                display_id: "r".into(),
+            }]),
+        );
+        let cells = history.cells().cells;
+        assert_eq!(cells[0].outputs, vec![display("2", "d")]);
+        assert_eq!(cells[1].outputs[0], display("2", "d"));
+        assert_eq!(plain_of(&cells[1].outputs[1]), "w");
+        assert!(cells[2].outputs.is_empty());
+    }
+
+    fn plain_of(output: &Output) -> &str {
+        output.bundle().map_or("", |b| b[0].1.as_str())
+    }
+
+    #[test]
     fn counts_follow_the_interpreter_whitespace_is_not_counted_and_a_restart_starts_again() {
         let mut history = History::default();
         history.record("x = 1", &shown(vec![]));
@@ -216,6 +249,7 @@ mod tests {
                 data: plain("1"),
                 metadata: Metadata::new(),
                 execution_count: 7,
+                display_id: None,
             }]),
         );
         history.record(

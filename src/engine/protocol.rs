@@ -42,6 +42,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("figures"),
     runner_module!("host_test"),
     runner_module!("importer"),
+    runner_module!("kernel"),
     runner_module!("pip"),
     runner_module!("prepared"),
     runner_module!("processes"),

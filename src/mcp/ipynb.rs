@@ -9,6 +9,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::engine::displays::is_json_mime;
 use crate::engine::history::{self, Cells};
 use crate::engine::outcome::{MimeBundle, Output};
 use crate::text::{bytes, count};
@@ -376,12 +377,6 @@ pub fn from_cells(cells: &Cells) -> Notebook {
     notebook
 }
 
-/// A MIME type whose values nbformat keeps as JSON (`application/json`, `application/*+json`).
-fn is_json_mime(mime: &str) -> bool {
-    mime.strip_prefix("application/")
-        .is_some_and(|rest| rest == "json" || rest.ends_with("+json"))
-}
-
 /// A MIME bundle as nbformat's `data`: JSON types as JSON (when their text parses), the rest as
 /// strings.
 fn data_json(bundle: &MimeBundle) -> Map<String, Value> {
@@ -417,6 +412,7 @@ pub fn output_json(output: &Output) -> Option<Value> {
             data,
             metadata,
             execution_count,
+            ..
         } => {
             map.insert("output_type".into(), "execute_result".into());
             map.insert("data".into(), data_json(data).into());

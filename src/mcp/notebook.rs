@@ -14,6 +14,7 @@ use rmcp::model::{ContentBlock, ResourceContents};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::engine::displays::is_json_mime;
 use crate::engine::outcome::{Output, StreamName};
 use crate::text::{self, Excerpt};
 
@@ -27,20 +28,25 @@ pub enum OutputJson {
         text: String,
     },
     DisplayData {
-        /// By MIME type: text; base64 for images; the JSON itself for application/json.
+        /// By MIME type: text; base64 for images; the JSON itself for the JSON types.
         data: serde_json::Map<String, serde_json::Value>,
         metadata: serde_json::Map<String, serde_json::Value>,
         /// The display's id, when it has one (`display(..., display_id=True)`): a later
-        /// `update_display_data` with this id replaces it. Not kept in a saved notebook.
+        /// `update_display_data` with this id replaces it, and so does a later display with it
+        /// (as in Jupyter). Not kept in a saved notebook.
         #[serde(skip_serializing_if = "Option::is_none")]
         transient: Option<Transient>,
     },
     ExecuteResult {
-        /// By MIME type: text; base64 for images; the JSON itself for application/json.
+        /// By MIME type: text; base64 for images; the JSON itself for the JSON types.
         data: serde_json::Map<String, serde_json::Value>,
         metadata: serde_json::Map<String, serde_json::Value>,
         /// Counts the session's executions, like a notebook's `Out[n]`.
         execution_count: u64,
+        /// The value's display id, when code sent it as a kernel message with one: a later
+        /// `update_display_data` with this id replaces it. Not kept in a saved notebook.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        transient: Option<Transient>,
     },
     /// New content for a display an earlier call showed (its `transient.display_id`); an update
     /// of a display of this call is already applied to it.
@@ -66,7 +72,7 @@ fn bundle_json(bundle: &[(String, String)]) -> serde_json::Map<String, serde_jso
     bundle
         .iter()
         .map(|(mime, value)| {
-            let value = if mime == "application/json" {
+            let value = if is_json_mime(mime) {
                 // Checked to parse when it came from the sandbox.
                 serde_json::from_str(value).unwrap_or_else(|_| value.clone().into())
             } else {
@@ -99,10 +105,14 @@ impl OutputJson {
                 data,
                 metadata,
                 execution_count,
+                display_id,
             } => OutputJson::ExecuteResult {
                 data: bundle_json(data),
                 metadata: metadata.clone(),
                 execution_count: *execution_count,
+                transient: display_id.as_ref().map(|id| Transient {
+                    display_id: id.clone(),
+                }),
             },
             Output::UpdateDisplayData {
                 data,

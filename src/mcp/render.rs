@@ -839,10 +839,15 @@ mod tests {
                 data: vec![
                     ("text/html".into(), "<table/>".into()),
                     ("application/json".into(), "{\"a\":1}".into()),
+                    (
+                        "application/vnd.jupyter.widget-view+json".into(),
+                        "{\"model_id\":\"m\"}".into(),
+                    ),
                     ("text/plain".into(), "   a\n0  1".into()),
                 ],
                 metadata: Default::default(),
                 execution_count: 7,
+                display_id: None,
             },
         ];
         e.files = vec![Artifact {
@@ -883,6 +888,10 @@ mod tests {
         assert_eq!(outputs[2]["output_type"], "execute_result");
         assert_eq!(outputs[2]["execution_count"], 7);
         assert_eq!(outputs[2]["data"]["application/json"]["a"], 1);
+        assert_eq!(
+            outputs[2]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"],
+            "m"
+        );
         assert_eq!(outputs[2]["metadata"], serde_json::json!({}));
         assert_eq!(structured["stdout"], "hi\n", "the existing fields stay");
     }

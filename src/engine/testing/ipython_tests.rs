@@ -321,6 +321,91 @@ async fn a_display_handle_updates_its_display_in_this_call_and_in_a_later_one() 
 }
 
 #[tokio::test]
+async fn kernel_messages_sent_to_iopub_become_the_cells_outputs() {
+    // What code written for ipykernel does (nbclient's update-display-id notebook): messages to
+    // `get_ipython().kernel.iopub_socket` through `kernel.session.send`.
+    let cells = Cells::new().await;
+    let define = cells
+        .run(concat!(
+            "ip = get_ipython()\n",
+            "def send(msg_type, **content):\n",
+            "    return ip.kernel.session.send(ip.kernel.iopub_socket, msg_type, content, parent=ip.parent_header)\n",
+            "def data(obj):\n",
+            "    d, md = ip.display_formatter.format(obj)\n",
+            "    return dict(data=d, metadata=md)\n",
+        ))
+        .await;
+    ok(&define);
+    let sent = cells
+        .run(concat!(
+            "send('display_data', transient={'display_id': 'd'}, **data(1))\n",
+            "send('stream', name='stdout', text='printed\\n')\n",
+            "send('update_display_data', transient={'display_id': 'd'}, **data(2))\n",
+            "send('execute_result', execution_count=ip.execution_count - 1, transient={'display_id': 'r'}, **data(3))\n",
+            "send('comm_open', comm_id='x', target_name='t', data={})\n",
+            "send('display_data', data='not a bundle', metadata=[1])\n",
+            "msg = ip.kernel.session.send(object(), 'display_data', {'data': {'text/plain': 'elsewhere'}})\n",
+            "print(msg['msg_type'], sorted(msg))",
+        ))
+        .await;
+    ok(&sent);
+    let id = |s: &str| Some(s.to_string());
+    assert_eq!(
+        sent.outputs,
+        vec![
+            Output::DisplayData {
+                data: vec![("text/plain".into(), "2".into())],
+                metadata: Default::default(),
+                display_id: id("d"),
+            },
+            Output::Stream {
+                name: StreamName::Stdout,
+                text: "printed\n".into()
+            },
+            Output::ExecuteResult {
+                data: vec![("text/plain".into(), "3".into())],
+                metadata: Default::default(),
+                execution_count: 2,
+                display_id: id("r"),
+            },
+            // Not a MIME bundle: an empty display, as display() of such a formatter's result.
+            Output::display(vec![("text/plain".into(), String::new())]),
+            Output::Stream {
+                name: StreamName::Stdout,
+                text: "display_data ['content', 'header', 'metadata', 'msg_id', 'msg_type', 'parent_header']\n".into()
+            },
+        ]
+    );
+    let later = cells
+        .run("send('update_display_data', transient={'display_id': 'r'}, **data(4))\nsend('clear_output', wait=False);")
+        .await;
+    ok(&later);
+    // The clear clears this call's outputs, not the update of an earlier call's value.
+    assert!(later.outputs_cleared);
+    assert_eq!(
+        later.outputs,
+        vec![Output::UpdateDisplayData {
+            data: vec![("text/plain".into(), "4".into())],
+            metadata: Default::default(),
+            display_id: "r".into(),
+        }]
+    );
+    let error = cells
+        .run("send('error', ename='E', evalue='v', traceback=['line 1', 2, 'E: v']);")
+        .await;
+    ok(&error);
+    assert_eq!(
+        error.outputs,
+        vec![Output::Error {
+            ename: "E".into(),
+            evalue: "v".into(),
+            traceback: vec!["line 1".into(), "E: v".into()],
+        }]
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
 async fn clear_output_clears_what_came_before_and_wait_defers_it() {
     let cells = Cells::new().await;
     let cleared = cells

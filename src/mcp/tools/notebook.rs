@@ -9,6 +9,7 @@ use rmcp::model::{CallToolResult, ContentBlock, Resource, ResourceContents};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, RoleServer};
 
+use crate::engine::displays::own_outputs;
 use crate::engine::outcome::Output;
 use crate::engine::{workspace_relative, Execution, RunOptions, Task};
 use crate::mcp::ipynb::{self, CellType, Notebook};
@@ -383,23 +384,15 @@ impl SandboxServer {
                 }
             };
             ran.cells_run += 1;
-            let mut own = Vec::with_capacity(execution.outputs.len());
-            for output in &execution.outputs {
-                match output {
-                    Output::UpdateDisplayData {
-                        data,
-                        metadata,
-                        display_id,
-                    } => {
-                        for (_, earlier, _) in shown.iter_mut() {
-                            for o in earlier.iter_mut() {
-                                o.update(display_id, data, metadata);
-                            }
-                        }
+            // An update, or a display with an id, changes the earlier cells' displays with that
+            // id, as nbclient applies them; an update is not an output of its own.
+            let own = own_outputs(&execution.outputs, |display_id, data, metadata| {
+                for (_, earlier, _) in shown.iter_mut() {
+                    for o in earlier.iter_mut() {
+                        o.update(display_id, data, metadata);
                     }
-                    other => own.push(other.clone()),
                 }
-            }
+            });
             if !execution.succeeded() {
                 let (ename, evalue) = failure(&execution);
                 let allowed = notebook.has_tag(index, "raises-exception");

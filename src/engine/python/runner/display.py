@@ -1,6 +1,6 @@
 # Notebook-grade results: what IPython's display publisher and display hook send (shell.py), kept
 # as the outputs of the running execution in production order, shaped like Jupyter's nbformat v4
-# outputs: display_data (with metadata and a display id), execute_result, update_display_data,
+# outputs: display_data and execute_result (with metadata and a display id), update_display_data,
 # clear_output and error.
 #
 # The MIME bundles are IPython's (its DisplayFormatter runs the objects' own _repr_*_ methods while
@@ -9,7 +9,8 @@
 # object that is not JSON or too big is left out; values and the whole list are bounded, and what
 # goes over is dropped and counted. Outputs a later clear_output removes, and updates a later
 # update of the same display replaces, are forgotten here already (the host would drop them), so a
-# progress loop that clears or updates a display thousands of times stays within the bounds.
+# progress loop that clears or updates a display thousands of times stays within the bounds. A
+# clear keeps the updates of displays no longer in this call's outputs (they change an earlier call's).
 #
 # Stream text is not copied here: each output records how many bytes of stdout and stderr had been
 # written when it was produced (capture.py's positions), and the host cuts the streams it already
@@ -168,9 +169,11 @@ class Outputs:
         self._forget_before(pending)
 
     def _forget_before(self, index):
-        self.room += sum(self.sizes[:index])
-        del self.items[:index]
-        del self.sizes[:index]
+        # An update of a display of an earlier call is not this call's output: a clear keeps it.
+        kept = [i for i in range(index) if self.items[i]["output_type"] == "update_display_data"]
+        self.room += sum(self.sizes[:index]) - sum(self.sizes[i] for i in kept)
+        self.items[:index] = [self.items[i] for i in kept]
+        self.sizes[:index] = [self.sizes[i] for i in kept]
 
     def _item(self, output_type, data, metadata):
         _flush_streams()
@@ -210,9 +213,12 @@ class Outputs:
                 break
         return self._add(item, self._size(item))
 
-    def result(self, data, metadata, execution_count):
+    def result(self, data, metadata, execution_count, display_id=None):
         item = self._item("execute_result", data, metadata)
         item["execution_count"] = execution_count
+        display_id = display_id_of(display_id)
+        if display_id is not None:
+            item["display_id"] = display_id
         item["at"] = self.position()
         return self._add(item, self._size(item))
 

@@ -4,7 +4,8 @@
 # instead (display.py): its display publisher and display hook feed them, its tracebacks become
 # `error` outputs. Made to suit a sandbox: no history database, no colours, no autocall, its
 # directory under /tmp; `!cmd` runs /bin/sh as the sandbox's user with the captured streams;
-# `%pip` and `!pip` go to the server's installer (pip.py); `input()` fails at once.
+# `%pip` and `!pip` go to the server's installer (pip.py); `input()` fails at once; `kernel` and
+# `parent_header` serve code written for a Jupyter kernel (kernel.py).
 
 import builtins
 import os
@@ -13,6 +14,8 @@ import shlex
 import subprocess
 import sys
 import warnings
+
+from . import kernel as kernel_face
 
 # How IPython's traceback names a frame of the runner's own code (load_runner.py names them).
 RUNNER_FRAME = "File <sandbox-runner"
@@ -151,6 +154,8 @@ def make_shell_class(IPython):
             self.outputs = None
             self.on_traceback = None
             super().__init__(**kwargs)
+            # What code written for a Jupyter kernel publishes through (kernel.py).
+            self.kernel = kernel_face.Kernel(self)
             # exit() and quit() end the execution (SystemExit, as in a script), not a terminal
             # session: IPython's own exiter only asks its terminal to stop.
             exiter = Exit()
@@ -163,6 +168,11 @@ def make_shell_class(IPython):
             for name in ("conda", "mamba", "micromamba"):
                 self.register_magic_function(refuse(name), "line", name)
             self.init_transformers_snapshot()
+
+        @property
+        def parent_header(self):
+            """ipykernel's header of the request being run: here there is no request message."""
+            return {}
 
         def init_transformers_snapshot(self):
             manager = self.input_transformer_manager
