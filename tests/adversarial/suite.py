@@ -1437,9 +1437,9 @@ async def hostile_replies(ctx):
 LYING_SNAPSHOT = r"""
 import json
 import sandbox_runner.snapshot as snap
-def giant(request, namespace):
+def giant(request, namespace, hidden=()):
     return {"type": "snapshot", "id": request.get("id"), "size": 10 ** 12, "saved": ["x"] * 9999}
-def announced(request, namespace):
+def announced(request, namespace, hidden=()):
     return {"type": "snapshot", "id": request.get("id"), "size": 4 << 20}
 def oversized_piece(request):
     header = json.dumps({"type": "piece", "id": int(request["id"]), "size": 4 << 20})
