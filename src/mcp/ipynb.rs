@@ -9,9 +9,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::engine::displays::is_json_mime;
 use crate::engine::history::{self, Cells};
-use crate::engine::outcome::{MimeBundle, Output};
+use crate::engine::outcome::Output;
+use crate::mcp::notebook::bundle_json;
 use crate::text::{bytes, count};
 
 /// The MIME type of a notebook.
@@ -377,22 +377,6 @@ pub fn from_cells(cells: &Cells) -> Notebook {
     notebook
 }
 
-/// A MIME bundle as nbformat's `data`: JSON types as JSON (when their text parses), the rest as
-/// strings.
-fn data_json(bundle: &MimeBundle) -> Map<String, Value> {
-    bundle
-        .iter()
-        .map(|(mime, value)| {
-            let value = if is_json_mime(mime) {
-                serde_json::from_str(value).unwrap_or_else(|_| value.clone().into())
-            } else {
-                value.clone().into()
-            };
-            (mime.clone(), value)
-        })
-        .collect()
-}
-
 /// One output as a saved notebook keeps it: without `transient` (a display's id is not saved);
 /// an update of an earlier display is no output of its own (`None`).
 pub fn output_json(output: &Output) -> Option<Value> {
@@ -405,7 +389,7 @@ pub fn output_json(output: &Output) -> Option<Value> {
         }
         Output::DisplayData { data, metadata, .. } => {
             map.insert("output_type".into(), "display_data".into());
-            map.insert("data".into(), data_json(data).into());
+            map.insert("data".into(), bundle_json(data).into());
             map.insert("metadata".into(), metadata.clone().into());
         }
         Output::ExecuteResult {
@@ -415,7 +399,7 @@ pub fn output_json(output: &Output) -> Option<Value> {
             ..
         } => {
             map.insert("output_type".into(), "execute_result".into());
-            map.insert("data".into(), data_json(data).into());
+            map.insert("data".into(), bundle_json(data).into());
             map.insert("metadata".into(), metadata.clone().into());
             map.insert("execution_count".into(), (*execution_count).into());
         }

@@ -68,7 +68,11 @@ pub struct Transient {
     pub display_id: String,
 }
 
-fn bundle_json(bundle: &[(String, String)]) -> serde_json::Map<String, serde_json::Value> {
+/// A MIME bundle as nbformat's `data`: JSON types as JSON (when their text parses), the rest as
+/// strings.
+pub(crate) fn bundle_json(
+    bundle: &[(String, String)],
+) -> serde_json::Map<String, serde_json::Value> {
     bundle
         .iter()
         .map(|(mime, value)| {
