@@ -331,6 +331,12 @@ pub struct Config {
     pub max_concurrent: usize,
     /// Sandboxes of the default configuration kept started ahead of time (the server only).
     pub pool_size: usize,
+    /// Live sandboxes at most (`SANDBOX_MAX_SANDBOXES`); `None`: computed from the host (see
+    /// `engine::admission`).
+    pub max_sandboxes: Option<usize>,
+    /// A sandbox a run used may serve the same caller's next run once emptied
+    /// (`SANDBOX_RECYCLE`).
+    pub recycle: bool,
     /// Dependency sets the pool keeps prepared sandboxes for (`SANDBOX_PRELOAD`), as written:
     /// the engine validates each requirement.
     pub preload: Vec<Vec<String>>,
@@ -411,6 +417,8 @@ impl Default for Config {
             },
             max_concurrent: 8,
             pool_size: 2,
+            max_sandboxes: None,
+            recycle: true,
             preload: Vec::new(),
             pool_max_memory: 2 << 30,
             pypi_url: "https://pypi.org".to_string(),

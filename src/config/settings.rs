@@ -512,6 +512,29 @@ pub const SANDBOX_POOL_SIZE: Setting = Setting {
     }),
 };
 
+pub const SANDBOX_MAX_SANDBOXES: Setting = Setting {
+    name: "SANDBOX_MAX_SANDBOXES",
+    default: Shown::Prose("computed from the engine's host"),
+    doc: "sandboxes for the agent's code live at once (sessions, the pool, runs in progress, recycled ones); calls beyond it wait in turn within their time. By default the host's memory over the memory limit, or for a local engine its task headroom over a sandbox's pids limit and runtime, whichever is lower; CPUs bound the starts at once (`doctor` shows both)",
+    read: Read::Value(|config, var, v| {
+        config.max_sandboxes = match v.trim() {
+            "" | "auto" => None,
+            n => Some(parse_count(var, n, 1, 10_000)?),
+        };
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_RECYCLE: Setting = Setting {
+    name: "SANDBOX_RECYCLE",
+    default: Shown::Value("true"),
+    doc: "a sandbox `run_python_ephemeral` used (default image, no dependencies, no network, the run ended normally) serves the same client's next run once its supervisor has killed every other process, emptied /workspace, /tmp and /dev/shm and started a new interpreter; `false`: a new sandbox for every run",
+    read: Read::Value(|config, var, v| {
+        config.recycle = parse_bool(var, v)?;
+        Ok(())
+    }),
+};
+
 pub const SANDBOX_PRELOAD: Setting = Setting {
     name: "SANDBOX_PRELOAD",
     default: Shown::Prose("none"),
@@ -1339,6 +1362,8 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_SESSION_IDLE_TIMEOUT,
     SANDBOX_SESSION_MAX_LIFETIME,
     SANDBOX_POOL_SIZE,
+    SANDBOX_MAX_SANDBOXES,
+    SANDBOX_RECYCLE,
     SANDBOX_PRELOAD,
     SANDBOX_POOL_MAX_MEMORY,
     SANDBOX_MAX_CONCURRENT,

@@ -218,6 +218,9 @@ pub struct BackendInfo {
     pub endpoint: String,
     /// On another machine (TCP or SSH): host paths in settings are paths on that machine.
     pub remote: bool,
+    /// The memory and CPUs of the engine's host, when it says.
+    pub memory_bytes: Option<u64>,
+    pub cpus: Option<usize>,
 }
 
 /// The error a backend's client library gave, kept as the source of a [`BackendError`] (shared,
@@ -333,19 +336,14 @@ pub trait Backend: Send + Sync + 'static {
         max_bytes: u64,
     ) -> Result<Bytes, BackendError>;
 
-    /// Freezes every process of the sandbox (the engine's pause: the cgroup freezer), so that
-    /// nothing in it runs while its removal waits. An engine that cannot says so with an error,
-    /// and the caller removes the sandbox at once instead.
-    async fn freeze(&self, id: &SandboxId) -> Result<(), BackendError> {
+    /// Asks the sandbox's supervisor to recycle it for another call: every other process killed,
+    /// everything the code could write removed, a new runner started (the supervisor reports it
+    /// with an `exited` frame saying what is left). An engine that cannot says so with an error,
+    /// and the caller removes the sandbox instead.
+    async fn recycle(&self, id: &SandboxId) -> Result<(), BackendError> {
         Err(BackendError::Unexpected(format!(
-            "this engine cannot freeze sandbox {id}"
+            "this engine cannot recycle sandbox {id}"
         )))
-    }
-
-    /// Lets a frozen sandbox's processes run again: some runtimes (gVisor) cannot kill, and so
-    /// cannot remove, a frozen sandbox. Thawing one that is not frozen succeeds.
-    async fn thaw(&self, _id: &SandboxId) -> Result<(), BackendError> {
-        Ok(())
     }
 
     /// Removes the sandbox and its storage. Removing one that is already gone succeeds.

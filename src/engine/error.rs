@@ -5,6 +5,23 @@ use super::backend::BackendError;
 use super::deps;
 use super::protocol::ProtocolError;
 
+impl EngineError {
+    /// A start failure worth one more try on a new sandbox: the engine or the runtime failed
+    /// (a shim that could not start, a process or thread limit reached for a moment, a timeout),
+    /// not the request or the configuration.
+    pub fn is_transient_start(&self) -> bool {
+        match self {
+            EngineError::Backend(BackendError::NotFound(_) | BackendError::ImageMissing { .. }) => {
+                false
+            }
+            EngineError::Backend(_) | EngineError::SandboxStart(_) | EngineError::Protocol(_) => {
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
@@ -14,6 +31,13 @@ pub enum EngineError {
     Refused(#[from] super::platform::Refusal),
     #[error("the sandbox failed to start: {0}")]
     SandboxStart(String),
+    /// No sandbox could be had within the bounds of this server (see `engine::admission`).
+    #[error(transparent)]
+    AtCapacity(#[from] super::admission::Refusal),
+    /// A start failed twice, the second time on a new sandbox, for a reason that is usually
+    /// passing (the engine or the runtime short of something for a moment).
+    #[error("no sandbox could be started (tried twice; the engine may be overloaded): {0}")]
+    StartFailedTwice(#[source] Box<EngineError>),
     #[error("the sandbox broke the runner protocol and was stopped: {0}")]
     Protocol(#[from] ProtocolError),
     #[error("the sandbox has been removed")]

@@ -13,7 +13,10 @@
 //!   shared read-only cache; [`runner_set`]: the runner's own IPython, installed there once per
 //!   image.
 //! - [`pip`]: `pip` asked for by the code during an execution, bounded and handed to the caller.
-//! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set.
+//! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set;
+//!   [`recycled`]: those a run used, emptied, kept for the same caller's next run.
+//! - [`admission`]: how many sandboxes live and start at once, from the host's capacity; calls
+//!   beyond it wait in turn.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
 //! - [`stats`]: start-up times and bytes copied out, told to an observer (the server's metrics).
@@ -23,6 +26,7 @@
 //! - [`service`]: the [`Engine`], at the top: it applies the configuration to every request and
 //!   composes the parts above; none of them knows about it.
 
+pub mod admission;
 pub mod artifacts;
 pub mod backend;
 mod bounded;
@@ -43,6 +47,7 @@ pub mod pool;
 pub mod prepared;
 pub mod progress;
 pub mod protocol;
+pub mod recycled;
 pub mod runner_set;
 pub mod sandbox;
 pub mod service;

@@ -300,6 +300,8 @@ mod tests {
             unenforced: Vec::new(),
             endpoint: "unix:///var/run/docker.sock".into(),
             remote: false,
+            memory_bytes: None,
+            cpus: None,
         }
     }
 

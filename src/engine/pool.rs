@@ -134,6 +134,12 @@ impl Pool {
         self.wake.notify_one();
     }
 
+    /// The newest ready sandbox, to be removed: a call needs its share of the capacity. Not a
+    /// take: the pool's sizing does not learn from it.
+    pub(super) fn evict(&self) -> Option<Sandbox> {
+        self.lock().pop_back()
+    }
+
     /// Stops refilling and hands back what is ready (to be destroyed).
     pub fn close(&self) -> Vec<Sandbox> {
         self.closed.store(true, Ordering::SeqCst);
@@ -186,13 +192,6 @@ impl Pool {
         let over = ready.len().saturating_sub(target - 1);
         let len = ready.len();
         ready.drain(len - over..).collect()
-    }
-
-    /// Whether no sandbox was taken in the last `QUIET`.
-    pub(crate) fn quiet(&self, now: Instant) -> bool {
-        self.times()
-            .last_take
-            .is_none_or(|last| now.duration_since(last) >= QUIET)
     }
 
     /// Whether to start sandboxes now, later, or not at all.

@@ -47,6 +47,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("prepared"),
     runner_module!("processes"),
     runner_module!("protocol"),
+    runner_module!("recycle"),
     runner_module!("runner"),
     runner_module!("seccomp"),
     runner_module!("shell"),
@@ -488,9 +489,13 @@ pub struct RunnerExit {
     /// The kernel killed a process for memory meanwhile (`None`: the runtime does not say).
     #[serde(default)]
     pub oom: Option<bool>,
-    /// The host asked for it (after an unanswered interrupt).
+    /// The host asked for it (after an unanswered interrupt, or to recycle the sandbox).
     #[serde(default)]
     pub requested: bool,
+    /// After a recycle: how many entries are left where the code could write (0: none; -1: the
+    /// wipe could not finish). Untrusted like every frame: only 0 lets the sandbox serve again.
+    #[serde(default)]
+    pub recycled: Option<i64>,
 }
 
 impl RunnerExit {

@@ -41,6 +41,8 @@ use crate::text::{self, truncate_chars};
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// How long the runner gets to answer a request that is not an execution.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a recycle may take to be reported (the supervisor's wipe is bounded at 2 s).
+const RECYCLE_LIMIT: Duration = Duration::from_secs(8);
 /// How long a sandbox gets from start to a ready runner.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes kept of what the sandbox's processes print outside the protocol (start-up failures).
@@ -292,6 +294,12 @@ pub struct Sandbox {
     /// Not known to be alive (it waited in the pool): the next execution checks it on the way,
     /// in the same round trip ([`Sandbox::check_on_first_execution`]).
     unverified: bool,
+    /// What its container is made from: a restart makes a new one of it.
+    spec: SandboxSpec,
+    /// What it holds of the server's capacity (see `engine::admission`), given back when it goes.
+    admitted: Option<super::admission::Admitted>,
+    /// Runs it served since its start, counted when it is recycled.
+    recycles: u32,
 }
 
 /// Why an execution was interrupted, if it was.
@@ -386,6 +394,9 @@ impl Sandbox {
             attachment,
             egress: None,
             unverified: false,
+            spec: spec.clone(),
+            admitted: None,
+            recycles: 0,
         };
         match sandbox.start_runner().await {
             Ok(()) => {
@@ -406,6 +417,16 @@ impl Sandbox {
 
     pub fn id(&self) -> &SandboxId {
         &self.id
+    }
+
+    /// Holds `admitted` (its share of the server's capacity) until it is dropped.
+    pub(crate) fn admit(&mut self, admitted: super::admission::Admitted) {
+        self.admitted = Some(admitted);
+    }
+
+    /// Times it was recycled.
+    pub(crate) fn recycles(&self) -> u32 {
+        self.recycles
     }
 
     pub fn python_version(&self) -> &str {
@@ -535,21 +556,19 @@ impl Sandbox {
         with_diagnostics(reason, diagnostics)
     }
 
-    /// Kills the sandbox's processes, supervisor included, and starts it again: variables and
-    /// workspace files are lost.
+    /// Replaces the sandbox's container with a new one made from the same spec (the engine
+    /// removes a container whose supervisor ended, so none is started again): variables and
+    /// workspace files are lost. The sandbox keeps its place (a session its id); only its
+    /// container's id changes.
     pub async fn restart(&mut self) -> Result<(), EngineError> {
         if matches!(self.state, State::Destroyed) {
             return Err(EngineError::SandboxGone);
         }
         self.state = State::Down("restarting".into());
-        self.backend.kill(&self.id).await?;
-        // The kill is asynchronous: wait until the engine reports the process gone.
-        for _ in 0..100 {
-            if !self.backend.exit_info(&self.id).await?.running {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Err(e) = self.backend.destroy(&self.id).await {
+            tracing::warn!(sandbox = %self.id, "could not remove the container being replaced: {e}");
         }
+        self.id = self.backend.create(&self.spec).await?;
         self.start_runner().await
     }
 
@@ -1318,14 +1337,69 @@ impl Sandbox {
     }
 
     /// Removes the sandbox and its storage.
-    /// Freezes the sandbox's processes until it is removed (see [`Backend::freeze`]).
-    pub(crate) async fn freeze(&mut self) -> Result<(), BackendError> {
-        self.backend.freeze(&self.id).await
-    }
-
-    /// Thaws a frozen sandbox before its removal (see [`Backend::thaw`]).
-    pub(crate) async fn thaw(&mut self) -> Result<(), BackendError> {
-        self.backend.thaw(&self.id).await
+    /// Makes a sandbox a call has used as good as a new one, for another call of the same
+    /// caller: its supervisor kills every other process, empties every place the code could
+    /// write and starts a new runner from the state it prepared before any code ran
+    /// ([`Backend::recycle`]). Succeeds only when the supervisor reported nothing left, a new
+    /// runner said it is ready, and a round trip under an id the code could not guess came back
+    /// (frames the code may have written ahead of the supervisor's come first, and fail it). On
+    /// any error the sandbox is not to serve again: remove it.
+    pub(crate) async fn recycle(&mut self) -> Result<(), EngineError> {
+        let State::Ready(mut runner) =
+            std::mem::replace(&mut self.state, State::Down("being recycled".into()))
+        else {
+            return Err(EngineError::SandboxStart("not ready to be recycled".into()));
+        };
+        if !self.paths.is_empty() || self.egress.is_some() {
+            return Err(EngineError::SandboxStart(
+                "a sandbox with dependencies or a network is never recycled".into(),
+            ));
+        }
+        self.backend.recycle(&self.id).await?;
+        let reported = async {
+            loop {
+                match runner.next_reply().await {
+                    Err(RunnerFailure::Exited(exit)) => return Ok(exit),
+                    Ok(_) => continue, // a reply, or what the code wrote, before the recycle
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let exit = match tokio::time::timeout(RECYCLE_LIMIT, reported).await {
+            Ok(Ok(exit)) => exit,
+            Ok(Err(failure)) => {
+                let why = match failure {
+                    RunnerFailure::Exited(_) => "the runner exited".to_string(),
+                    RunnerFailure::Ended => "the sandbox ended".to_string(),
+                    RunnerFailure::Protocol(e) => e.to_string(),
+                    RunnerFailure::Backend(e) => e.to_string(),
+                };
+                return Err(EngineError::SandboxStart(format!(
+                    "the recycle failed: {why}"
+                )));
+            }
+            Err(_) => {
+                return Err(EngineError::SandboxStart(
+                    "the supervisor did not report the recycle in time".into(),
+                ))
+            }
+        };
+        if !exit.requested || exit.recycled != Some(0) {
+            return Err(EngineError::SandboxStart(format!(
+                "the sandbox could not be emptied (the supervisor said {:?})",
+                exit.recycled
+            )));
+        }
+        self.respawned(runner).await?;
+        // Request ids the code saw are sequential: this one it cannot have guessed.
+        self.next_request = u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        ) >> 1;
+        self.add_paths(&[], &[]).await?;
+        self.recycles += 1;
+        Ok(())
     }
 
     pub async fn destroy(mut self) {

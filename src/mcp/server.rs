@@ -143,6 +143,16 @@ impl SandboxServer {
         }
     }
 
+    /// Who calls, for the recycling of run sandboxes (`SANDBOX_RECYCLE`): a run's sandbox serves
+    /// only the same caller's runs. The principal, or over HTTP without one the MCP session;
+    /// over stdio the one client.
+    pub(super) fn reuse_key(&self) -> String {
+        match &self.client {
+            Some(client) => client.id.as_str().to_string(),
+            None => "stdio".to_string(),
+        }
+    }
+
     /// The principal this server speaks for, when the caller is one.
     pub(super) fn principal(&self) -> Option<&Principal> {
         self.client.as_ref()?.principal.as_deref()

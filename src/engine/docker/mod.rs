@@ -206,6 +206,9 @@ impl DockerBackend {
             }),
             ipc_mode: Some("private".to_string()),
             ulimits: Some(sandbox_ulimits(limits.pids)),
+            // A sandbox that ended (its server gone, or killed) is removed by the engine with its
+            // anonymous volumes: nothing is left for anyone to clean up.
+            auto_remove: Some(true),
             ..Default::default()
         };
 
@@ -222,7 +225,10 @@ impl DockerBackend {
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             open_stdin: Some(true),
-            stdin_once: Some(false),
+            // The engine closes the sandbox's stdin when the one attached client (this server)
+            // goes: its supervisor then ends it (python/runner/supervisor.py), even after the
+            // server was killed outright.
+            stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!networked),
             host_config: Some(host_config),
@@ -570,6 +576,14 @@ fn describe_engine(
         unenforced,
         remote,
         endpoint,
+        memory_bytes: info
+            .mem_total
+            .and_then(|m| u64::try_from(m).ok())
+            .filter(|&m| m > 0),
+        cpus: info
+            .ncpu
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n > 0),
     }
 }
 
@@ -805,24 +819,10 @@ impl Backend for DockerBackend {
         self.signal(id, "SIGKILL").await
     }
 
-    async fn freeze(&self, id: &SandboxId) -> Result<(), BackendError> {
-        let docker = self.client().await?;
-        docker
-            .pause_container(&id.0)
-            .await
-            .map_err(|e| not_found_or(e, id))
-    }
-
-    async fn thaw(&self, id: &SandboxId) -> Result<(), BackendError> {
-        let docker = self.client().await?;
-        match docker.unpause_container(&id.0).await {
-            Ok(()) => Ok(()),
-            // 409: not paused (or not running): nothing to thaw.
-            Err(e) if status_of(&e) == Some(409) => Ok(()),
-            // Podman says "is not paused, can't unpause: container state improper" with a 500.
-            Err(e) if status_of(&e) == Some(500) && !self.is_paused(&docker, id).await => Ok(()),
-            Err(e) => Err(not_found_or(e, id)),
-        }
+    async fn recycle(&self, id: &SandboxId) -> Result<(), BackendError> {
+        // The supervisor (pid 1) kills every other process on SIGUSR2, empties the places the
+        // code can write, and starts a new runner.
+        self.signal(id, "SIGUSR2").await
     }
 
     async fn memory_usage(&self, id: &SandboxId) -> Result<Option<u64>, BackendError> {
@@ -1120,12 +1120,6 @@ impl DockerBackend {
     /// the caller keeps the error it has).
     async fn is_running(&self, docker: &Docker, id: &SandboxId) -> bool {
         state_flag(docker, id, |state| state.running).await
-    }
-
-    /// Whether the container exists and is paused (a failed inspection counts as paused, so
-    /// that the caller keeps the error it has).
-    async fn is_paused(&self, docker: &Docker, id: &SandboxId) -> bool {
-        state_flag(docker, id, |state| state.paused).await
     }
 
     /// Whether the engine is Podman, from its `/version` (asked once per backend).

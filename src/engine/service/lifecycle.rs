@@ -128,30 +128,41 @@ impl Engine {
         }
     }
 
-    /// Removes every sandbox of this server instance (sessions and any in flight), all at once:
-    /// an MCP client gives a closing server only a moment before it kills it.
+    /// Removes every sandbox of this server instance (pooled, recycled, sessions and any in
+    /// flight), all at once, first: an MCP client gives a closing server two seconds before it
+    /// signals it (and the sandboxes end themselves once the server is gone, see
+    /// `python/runner/supervisor.py`, should it be killed before this is done).
     pub async fn shutdown(&self) {
         self.closing.cancel();
-        for sandbox in self.pool.close() {
-            self.retire(sandbox);
-        }
+        let idle: Vec<_> = self
+            .pool
+            .close()
+            .into_iter()
+            .chain(self.recycled.drain())
+            .collect();
+        let sessions = self.take_all_sessions();
+        // Everything this instance's label names, in parallel, with what was idle.
+        tokio::join!(
+            futures_util::future::join_all(idle.into_iter().map(|s| s.destroy())),
+            self.sweep()
+        );
         self.close_prepared().await;
-        // A refill may be starting sandboxes: let it finish (it retires them once closed).
+        // A refill may be starting sandboxes: it stops at its next step, or is dropped (what it
+        // started is then removed by the sweep below).
         let refill = self
             .pool_task
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(refill) = refill {
-            if tokio::time::timeout(Duration::from_secs(60), refill)
+        if let Some(mut refill) = refill {
+            if tokio::time::timeout(Duration::from_secs(2), &mut refill)
                 .await
                 .is_err()
             {
-                tracing::warn!("the pool refill did not stop in time");
+                refill.abort();
             }
         }
         self.settle().await;
-        let sessions = self.take_all_sessions();
         self.sweep().await;
         self.stop_egress().await;
         remove_unused_storage(self.backend.as_ref(), &self.owner.instance).await;

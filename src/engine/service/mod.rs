@@ -11,6 +11,8 @@
 //! - `dependencies`: installing and finding dependency sets, and the cache's maintenance;
 //! - `pip`: `pip` asked for by the code during an execution, answered through the installer;
 //! - `pool`: keeping the warm pool full and drawing from it;
+//! - `recycle`: a run's sandbox emptied for its caller's next run, or removed; shares of the
+//!   capacity taken back from idle sandboxes when a call waits for one;
 //! - `prepared`: sandboxes prepared per dependency set, in the background, and handed out;
 //! - `lifecycle`: finding the server's own container, removing what dead servers left, and
 //!   removing everything at shutdown.
@@ -23,6 +25,7 @@ mod lifecycle;
 mod pip;
 mod pool;
 mod prepared;
+mod recycle;
 mod run;
 mod runner_set;
 mod sessions;
@@ -31,13 +34,14 @@ mod snapshots;
 pub use egress::{HostRequest, HostStatus};
 pub use snapshots::{Forked, Restored};
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{self, Admission};
 use super::artifacts;
 use super::backend::{Backend, SandboxSpec};
 use super::deps;
@@ -47,9 +51,10 @@ use super::installer::{self, Dependencies};
 use super::outcome::{DependencyReport, Execution};
 use super::owner::Owner;
 use super::platform::{self, Platform, Refusal};
-use super::pool::{Pool, QUIET};
+use super::pool::Pool;
 use super::prepared::Prepared;
 use super::protocol;
+use super::recycled::Recycled;
 use super::sandbox::{LiveOutputSink, Sandbox, Task};
 use super::sessions::Sessions;
 use super::whole_output;
@@ -84,6 +89,13 @@ pub struct RunOptions {
     /// The caller's own directory under `SANDBOX_FILES_DIR` (a principal's, see
     /// [`super::files_dir::owner_dir_name`]); `None`: runs are saved at its top.
     pub files_owner: Option<String>,
+    /// Who the call comes from, for recycling (`SANDBOX_RECYCLE`): a run's sandbox serves only
+    /// runs with the same key (a principal, an MCP session, the stdio client); `None`: never
+    /// recycled.
+    pub reuse: Option<String>,
+    /// The server's own work ahead of demand (the pool, prepared sandboxes): it never waits for
+    /// a share of the capacity, and starts only when one is free.
+    pub(crate) background: bool,
 }
 
 impl RunOptions {
@@ -112,10 +124,12 @@ pub struct Engine {
     executions: Semaphore,
     deps: Dependencies,
     pool: Arc<Pool>,
-    /// Used sandboxes frozen and waiting for a pause in the calls to be removed.
-    removals_deferred: Arc<AtomicUsize>,
-    /// Removals of such sandboxes running at once.
-    removal_slots: Arc<Semaphore>,
+    /// Sandboxes runs used, emptied, waiting for their caller's next run.
+    recycled: Arc<Recycled<Sandbox>>,
+    /// The bounds on live sandboxes and starts, set once the engine first answers.
+    admission: tokio::sync::OnceCell<Arc<Admission>>,
+    /// Starts tried again after a passing failure.
+    start_retries: AtomicU64,
     /// Sandbox removals running after their result was returned.
     background: tokio_util::task::TaskTracker,
     /// Set once the server has looked for its own container (see `identified`).
@@ -147,12 +161,6 @@ async fn remove(sandbox: Sandbox, started: Instant) {
     tracing::debug!(sandbox = %id, destroy_ms = started.elapsed().as_millis() as u64, "sandbox removed");
 }
 
-/// How many used sandboxes may wait, frozen, for a pause in the calls to be removed, and for how
-/// long at most. Only calls shorter than `pool::QUIET` leave them waiting (a longer call is its own
-/// pause), so what they hold is small and held briefly.
-const REMOVALS_DEFERRED: usize = 16;
-const REMOVAL_DEFERRED_AT_MOST: Duration = Duration::from_secs(2);
-
 impl Engine {
     pub fn new(backend: Arc<dyn Backend>, config: Config) -> Engine {
         let executions = Semaphore::new(config.max_concurrent.max(1));
@@ -161,8 +169,9 @@ impl Engine {
         Engine {
             deps,
             pool: Arc::new(Pool::new(config.pool_size, plain_cap)),
-            removals_deferred: Arc::new(AtomicUsize::new(0)),
-            removal_slots: Arc::new(Semaphore::new(2)),
+            recycled: Arc::new(Recycled::default()),
+            admission: tokio::sync::OnceCell::new(),
+            start_retries: AtomicU64::new(0),
             background: tokio_util::task::TaskTracker::new(),
             identified: tokio::sync::OnceCell::new(),
             platform: tokio::sync::OnceCell::new(),
@@ -348,7 +357,104 @@ impl Engine {
     /// its runner's IPython found or installed first and named in its environment (see
     /// [`Engine::code_spec`]); with `SANDBOX_NETWORK=allowlist` on an egress network of its own,
     /// adopted there as code.
+    ///
+    /// Every such sandbox holds a share of the server's capacity (see `engine::admission`): a
+    /// call waits for one in turn, within its time; the server's own work takes one only when it
+    /// is free. A start that fails for a passing reason is tried once more on a new sandbox.
     pub(crate) async fn launch_code_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        options: &RunOptions,
+    ) -> Result<Sandbox, EngineError> {
+        let admission = self.admission().await?;
+        let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
+        let deadline = Instant::now() + timeout;
+        let mut failed: Option<EngineError> = None;
+        loop {
+            let (admitted, starting) = if options.background {
+                admission
+                    .try_admit()
+                    .ok_or(EngineError::AtCapacity(admission::Refusal::Busy))?
+            } else {
+                if admission.wanted() || admission.live() >= admission.capacity().sandboxes {
+                    self.give_up_idle();
+                }
+                admission.admit(deadline).await?
+            };
+            let launched = self.launch_code_sandbox_once(spec, options).await;
+            drop(starting);
+            match launched {
+                Ok(mut sandbox) => {
+                    sandbox.admit(admitted);
+                    return Ok(sandbox);
+                }
+                Err(e)
+                    if failed.is_none()
+                        && e.is_transient_start()
+                        && !self.closing.is_cancelled() =>
+                {
+                    tracing::warn!(
+                        "a sandbox failed to start ({e}); trying once more on a new one"
+                    );
+                    self.start_retries.fetch_add(1, Ordering::SeqCst);
+                    failed = Some(e);
+                }
+                Err(e) if failed.is_some() && e.is_transient_start() => {
+                    return Err(EngineError::StartFailedTwice(Box::new(e)))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The bounds of this server, computed once the engine has described its host.
+    pub(crate) async fn admission(&self) -> Result<Arc<Admission>, EngineError> {
+        let platform = self.platform().await?;
+        Ok(self
+            .admission
+            .get_or_init(|| async {
+                let engine = &platform.engine;
+                let host = admission::Host {
+                    memory_bytes: engine.memory_bytes,
+                    cpus: engine.cpus,
+                    tasks: (!engine.remote)
+                        .then(admission::Host::local_tasks)
+                        .flatten(),
+                };
+                let cost = admission::Cost::of(
+                    self.config.limits.memory_bytes,
+                    self.config.limits.pids,
+                    platform.code.name.as_deref(),
+                );
+                let capacity = admission::Capacity::of(&host, &cost, self.config.max_sandboxes);
+                tracing::info!(
+                    sandboxes = capacity.sandboxes,
+                    starts = capacity.starts,
+                    why = %capacity.why,
+                    "at most {} sandboxes at once, {} starting at once",
+                    capacity.sandboxes,
+                    capacity.starts
+                );
+                Arc::new(Admission::new(capacity))
+            })
+            .await
+            .clone())
+    }
+
+    /// The admission's state for `/metrics` and `doctor`, once it is known: (live, bound,
+    /// waiting, refused, retried starts).
+    pub fn admission_state(&self) -> Option<(usize, usize, usize, u64, u64)> {
+        let admission = self.admission.get()?;
+        Some((
+            admission.live(),
+            admission.capacity().sandboxes,
+            admission.waiting(),
+            admission.refused(),
+            self.start_retries.load(Ordering::SeqCst),
+        ))
+    }
+
+    async fn launch_code_sandbox_once(
         &self,
         spec: &SandboxSpec,
         options: &RunOptions,
@@ -371,6 +477,7 @@ impl Engine {
     pub(crate) fn background_options(&self) -> RunOptions {
         RunOptions {
             cancel: Some(self.closing.child_token()),
+            background: true,
             ..RunOptions::default()
         }
     }
@@ -408,6 +515,13 @@ impl Engine {
             return Ok((sandbox, Some(report)));
         }
         let execute_next = kind == "ephemeral" && requirements.is_empty();
+        if execute_next && spec.image == self.config.image {
+            if let Some(mut sandbox) = self.take_recycled(options) {
+                // It may have died while it waited: checked on the way, like a pooled one.
+                sandbox.check_on_first_execution();
+                return Ok((sandbox, None));
+            }
+        }
         let mut sandbox = match self.take_pooled(&spec.image, execute_next).await {
             Some(sandbox) => sandbox,
             None => {
@@ -435,43 +549,6 @@ impl Engine {
                 Err(e)
             }
         }
-    }
-
-    /// Removes a sandbox a call has used, in the background: frozen at once (nothing in it runs
-    /// any more), removed once the calls pause for `pool::QUIET` (or after
-    /// `REMOVAL_DEFERRED_AT_MOST`). A removal costs the engine about
-    /// as much CPU as starting a sandbox, which during a burst of calls would come out of the next
-    /// calls. At most `REMOVALS_DEFERRED` wait so; beyond that, or when the engine cannot freeze
-    /// it, the sandbox is removed at once.
-    pub(crate) fn retire_used(&self, mut sandbox: Sandbox) {
-        let waiting = self.removals_deferred.clone();
-        if waiting.fetch_add(1, Ordering::SeqCst) >= REMOVALS_DEFERRED {
-            waiting.fetch_sub(1, Ordering::SeqCst);
-            return self.retire(sandbox);
-        }
-        let pool = self.pool.clone();
-        let removals = self.removal_slots.clone();
-        self.background.spawn(async move {
-            let started = Instant::now();
-            let frozen = sandbox.freeze().await.is_ok();
-            if frozen {
-                while !pool.is_closed()
-                    && !pool.quiet(Instant::now())
-                    && started.elapsed() < REMOVAL_DEFERRED_AT_MOST
-                {
-                    tokio::time::sleep(QUIET).await;
-                }
-            }
-            waiting.fetch_sub(1, Ordering::SeqCst);
-            // Two at a time: the waiting ones all become due at the same pause, often the cold
-            // start of a call that found the pool empty, which they would otherwise starve.
-            let _permit = removals.acquire().await;
-            if frozen {
-                // gVisor cannot kill a frozen sandbox: thaw it right before the removal kills it.
-                let _ = sandbox.thaw().await;
-            }
-            remove(sandbox, started).await;
-        });
     }
 
     /// Removes a sandbox in the background; `shutdown` waits for these removals.

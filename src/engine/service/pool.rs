@@ -157,6 +157,9 @@ fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
                             engine.retire(sandbox);
                         }
                     }
+                    // The capacity is in use: the pool waits for a pause in the calls.
+                    Err(crate::engine::EngineError::AtCapacity(_)) => failed = true,
+                    Err(_) if pool.is_closed() => failed = true, // shutting down
                     Err(e) => {
                         tracing::warn!("could not start a pool sandbox: {e}");
                         failed = true;

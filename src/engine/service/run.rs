@@ -63,7 +63,9 @@ impl Engine {
         result
     }
 
-    /// Runs code in a fresh sandbox that is removed, with its workspace, before this returns.
+    /// Runs code in a fresh sandbox: a new one, or one the caller's last run used, emptied by its
+    /// supervisor since (`SANDBOX_RECYCLE`, see `engine::recycled`); nothing of another run is
+    /// left in it.
     pub async fn run_ephemeral(
         &self,
         task: Task<'_>,
@@ -90,6 +92,11 @@ impl Engine {
                 .await;
         }
         let executed = started.elapsed();
+        // Neither dependencies nor pip's changes, the default image: as a pooled sandbox is.
+        let plain = requirements.is_empty()
+            && report.is_none()
+            && self.check_image(options.image.as_deref()).ok().as_deref()
+                == Some(self.config.image.as_str());
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
             let run_dir = options.run_dir(ephemeral_run_dir());
@@ -99,8 +106,8 @@ impl Engine {
                 .await;
         }
         let collected = started.elapsed();
-        // The result goes back now; the sandbox is removed in the background.
-        self.retire_used(sandbox);
+        // The result goes back now; the sandbox is recycled or removed in the background.
+        self.retire_used(sandbox, options, &result, plain);
         self.pool_used();
         tracing::debug!(
             acquire_ms = ms(acquired),

@@ -660,3 +660,156 @@ async fn live_output_reaches_the_sink_while_the_code_runs() {
     engine.stop_session(Scope::Server, &id).await.expect("stop");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_start_that_fails_is_tried_once_more_on_a_new_sandbox() {
+    let (engine, fake) = engine_with(|_| {});
+    fake.fail_next_starts(1);
+    let execution = within(
+        LIMIT,
+        engine.run_ephemeral(Task::Python("print(3)"), &RunOptions::default()),
+    )
+    .await
+    .expect("the second sandbox ran it");
+    assert_eq!(stdout(&execution), "3\n");
+    assert_eq!(fake.count(|e| matches!(e, Event::Created(_))), 2);
+    assert_eq!(engine.admission_state().map(|s| s.4), Some(1), "one retry");
+    // Twice: the caller is told so, with the cause, and nothing is left.
+    fake.fail_next_starts(2);
+    let failed = within(
+        LIMIT,
+        engine.run_ephemeral(Task::Python("print(3)"), &RunOptions::default()),
+    )
+    .await
+    .expect_err("both starts failed");
+    assert!(
+        matches!(failed, EngineError::StartFailedTwice(_)),
+        "{failed:?}"
+    );
+    assert!(failed.to_string().contains("injected fault"), "{failed}");
+    engine.settle().await;
+    assert!(fake.sandboxes().is_empty());
+    assert_eq!(
+        engine.admission_state().map(|s| s.0),
+        Some(0),
+        "every share given back"
+    );
+}
+
+#[tokio::test]
+async fn calls_beyond_the_bound_wait_their_turn_or_are_refused_in_time() {
+    let (engine, fake) = engine_with(|config| config.max_sandboxes = Some(1));
+    let session = engine
+        .create_session(Scope::Server, &RunOptions::default())
+        .await
+        .expect("the one sandbox");
+    let short = RunOptions {
+        timeout: Some(Duration::from_millis(200)),
+        ..RunOptions::default()
+    };
+    let refused = within(
+        LIMIT,
+        engine.run_ephemeral(Task::Python("print(1)"), &short),
+    )
+    .await
+    .expect_err("no share within its time");
+    assert!(matches!(refused, EngineError::AtCapacity(_)), "{refused:?}");
+    assert!(
+        refused.to_string().contains("SANDBOX_MAX_SANDBOXES=1"),
+        "{refused}"
+    );
+    // A call that waits runs once the session's sandbox is gone.
+    let waiting = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run_ephemeral(Task::Python("print(2)"), &RunOptions::default())
+                .await
+        })
+    };
+    eventually("a call in the queue", LIMIT, || {
+        engine.admission_state().is_some_and(|s| s.2 == 1)
+    })
+    .await;
+    assert_eq!(
+        fake.count(|e| matches!(e, Event::Created(_))),
+        1,
+        "it waits, it does not start"
+    );
+    engine
+        .stop_session(Scope::Server, &session)
+        .await
+        .expect("stopped");
+    let ran = within(LIMIT, waiting).await.expect("joined").expect("ran");
+    assert_eq!(stdout(&ran), "2\n");
+    engine.shutdown().await;
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn the_pool_grows_only_within_the_bound() {
+    let (engine, fake) = engine_with(|config| {
+        config.pool_size = 4;
+        config.max_sandboxes = Some(2);
+    });
+    engine.start_pool();
+    eventually("the pool within the bound", LIMIT, || {
+        engine.pool_ready() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(engine.pool_ready(), 2);
+    assert_eq!(fake.sandboxes().len(), 2, "never over the bound");
+    // A call takes a pooled one; a call for another image gets the share of an idle pooled one.
+    let ran = within(
+        LIMIT,
+        engine.run_ephemeral(Task::Python("print(5)"), &RunOptions::default()),
+    )
+    .await
+    .expect("ran");
+    assert_eq!(stdout(&ran), "5\n");
+    engine.shutdown().await;
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn shutdown_removes_sandboxes_in_every_state() {
+    let (engine, fake) = engine_with(|config| config.pool_size = 1);
+    engine.start_pool();
+    eventually("a pooled sandbox", LIMIT, || engine.pool_ready() == 1).await;
+    let _idle = engine
+        .create_session(Scope::Server, &RunOptions::default())
+        .await
+        .expect("an idle session");
+    // A run in progress, and a start in progress.
+    let busy = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run_ephemeral(
+                    Task::Python("import time\nwhile True: time.sleep(0.05)"),
+                    &RunOptions::default(),
+                )
+                .await
+        })
+    };
+    eventually("the busy run's sandbox", LIMIT, || fake.running() >= 3).await;
+    fake.set_start_delay(Duration::from_millis(500));
+    let starting = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .create_session(Scope::Server, &RunOptions::default())
+                .await
+        })
+    };
+    eventually("a start under way", LIMIT, || {
+        fake.count(|e| matches!(e, Event::Created(_))) >= 4
+    })
+    .await;
+    within(LIMIT, engine.shutdown()).await;
+    busy.abort();
+    starting.abort();
+    eventually("nothing left", LIMIT, || fake.sandboxes().is_empty()).await;
+    assert_eq!(fake.running(), 0);
+}

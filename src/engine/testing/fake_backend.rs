@@ -320,6 +320,8 @@ impl Backend for FakeBackend {
             unenforced: Vec::new(),
             endpoint: "fake".into(),
             remote: false,
+            memory_bytes: None,
+            cpus: None,
         })
     }
 

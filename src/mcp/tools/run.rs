@@ -122,6 +122,8 @@ impl SandboxServer {
             keep_whole_output: true,
             consent: None,
             files_owner: self.principal().map(|p| p.files_dir_name()),
+            reuse: Some(self.reuse_key()),
+            ..RunOptions::default()
         };
         (options, notices)
     }

@@ -8,15 +8,18 @@
 # at /dev/null.
 #
 # Two processes run this package. The bootstrap is the container's pid 1: it becomes the supervisor
-# (supervisor.py), which forks the runner proper (runner.py) and starts a new one whenever the
-# runner dies (killed by the kernel for memory, by the code itself, or on the host's request after
-# an interrupt went unanswered). The container, and so the workspace, outlive the runner: a session
-# loses its variables, never its files. The supervisor runs no user code and reads nothing from the
+# (supervisor.py), which prepares the runner once (its imports, IPython's shell) and forks the
+# runner proper (runner.py) from that state, and a new one whenever the runner dies (killed by the
+# kernel for memory, by the code itself, or on the host's request after an interrupt went
+# unanswered), or when the host recycles the sandbox for another call. The container, and so the
+# workspace, outlive the runner: a session loses its variables, never its files. The supervisor runs no user code and reads nothing from the
 # host; it only writes one frame per runner death.
 #
 # The modules, by concern:
 #   protocol.py    frames, and every string in them made valid UTF-8; the request and reply formats
-#   supervisor.py  pid 1: forks the runner, reports its death, obeys only the host's signals
+#   supervisor.py  pid 1: forks the runner, reports its death, obeys only the host's signals,
+#                  ends the sandbox when the host hangs up
+#   recycle.py     what the code could leave, removed before a sandbox serves another call
 #   processes.py   killing and counting the other processes of the sandbox
 #   seccomp.py     the filter that keeps the code from signalling, tracing or opening pid 1
 #   runner.py      the runner's start and its request loop
@@ -47,10 +50,11 @@ import os
 
 def run():
     """Pid 1 supervises (and returns only in each runner it forks); any other pid is the runner."""
+    prepared = None
     if os.getpid() == 1:
         from . import supervisor
 
-        supervisor.supervise()
+        prepared = supervisor.supervise()
     from . import runner
 
-    runner.main()
+    runner.main(prepared if prepared is not None else runner.prepare())

@@ -43,7 +43,18 @@ def start_shell():
     return shell, None
 
 
-def main():
+def prepare():
+    """What every runner of this sandbox starts from, made before any code runs (by the supervisor,
+    once, so each runner it forks has it at once): (shell, why there is none, whether this sandbox
+    runs the server's own scripts). IPython's import and its shell are paid here, before the
+    runner says ready (a pooled sandbox pays them before any call comes)."""
+    # Told of no set: a sandbox of the server's own scripts (installer, preparer, maintenance).
+    scripts = not os.environ.get("PCS_IPYTHON")
+    shell, why = (None, "no IPython set was given") if scripts else start_shell()
+    return shell, why, scripts
+
+
+def main(prepared):
     # Frames go through the protocol module's attributes, not names bound here: code that rewrites
     # protocol.send_frame in the runner's memory (the tests of a lying runner do) changes what the
     # runner really sends.
@@ -59,11 +70,7 @@ def main():
         "python": sys.version.split()[0],
         "init_protected": init_protected,
     }
-    # IPython's import and its shell are paid here, before the runner says ready (a pooled
-    # sandbox pays them before any call comes).
-    # Told of no set: a sandbox of the server's own scripts (installer, preparer, maintenance).
-    scripts = not os.environ.get("PCS_IPYTHON")
-    shell, why = (None, "no IPython set was given") if scripts else start_shell()
+    shell, why, scripts = prepared
     if shell is not None:
         ready["ipython"] = sys.modules["IPython"].__version__
     else:

@@ -1,5 +1,9 @@
 # A seccomp filter the runner installs on itself before it runs any code, inherited by everything
-# the code starts: nothing but the host can then signal, trace or open pid 1 (the supervisor).
+# the code starts: nothing but the host can then signal, trace or open pid 1 (the supervisor); and
+# the code cannot make what would outlive it in the sandbox's IPC namespace, where no wipe can find
+# it under every runtime (System V shared memory, semaphores and message queues, POSIX message
+# queues): those calls fail with ENOSYS, as on a kernel without them. A sandbox is reused for the
+# next call only once everything the code could leave is gone (supervisor.py's recycle).
 
 import errno
 import os
@@ -12,29 +16,42 @@ _TARGETING_SYSCALLS = {
     "aarch64": (0xC00000B7, {129: 0, 130: 0, 131: 0, 138: 0, 240: 0, 434: 0, 270: 0, 271: 0, 117: 1}),
 }
 
+# Syscalls refused outright (ENOSYS), by architecture: shmget, semget, msgget, mq_open.
+_UNAVAILABLE_SYSCALLS = {
+    "x86_64": (29, 64, 68, 240),
+    "aarch64": (194, 190, 186, 180),
+}
+
 
 def targeting_init_filter(machine):
     """A seccomp BPF program (a list of (code, jt, jf, k)) that fails with EPERM every syscall of
     _TARGETING_SYSCALLS whose target is pid 1, and every syscall of another ABI (i386 through int
-    0x80, x32), which would pass under other numbers; it allows everything else. None for an
-    unknown architecture."""
+    0x80, x32), which would pass under other numbers; with ENOSYS every syscall of
+    _UNAVAILABLE_SYSCALLS; it allows everything else. None for an unknown architecture."""
     if machine not in _TARGETING_SYSCALLS:
         return None
     audit_arch, syscalls = _TARGETING_SYSCALLS[machine]
+    unavailable = _UNAVAILABLE_SYSCALLS[machine]
     LOAD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, RETURN = 0x20, 0x15, 0x35, 0x06
     ALLOW, DENY = 0x7FFF0000, 0x00050000 | errno.EPERM
+    NOT_HERE = 0x00050000 | errno.ENOSYS
     arguments = sorted(set(syscalls.values()))
     # Layout: 0 load arch, 1 check arch, 2 load nr, 3 check for x32's bit, 4.. one test per
-    # syscall, then "allow", then per argument a load and a test, then "deny" and "allow".
-    first_argument_check = 4 + len(syscalls) + 1
+    # unavailable syscall, one per targeting syscall, then "allow", then per argument a load and
+    # a test, then "deny", "allow" and "not here".
+    first_check = 4 + len(unavailable)
+    first_argument_check = first_check + len(syscalls) + 1
     deny_at = first_argument_check + 2 * len(arguments)
     allow_at = deny_at + 1
+    not_here_at = allow_at + 1
     program = [
         (LOAD, 0, 0, 4),
         (JUMP_IF_EQUAL, 0, deny_at - 2, audit_arch),
         (LOAD, 0, 0, 0),
         (JUMP_IF_AT_LEAST, deny_at - 4, 0, 0x40000000),
     ]
+    for number in unavailable:
+        program.append((JUMP_IF_EQUAL, not_here_at - len(program) - 1, 0, number))
     for number, argument in sorted(syscalls.items()):
         check_at = first_argument_check + 2 * arguments.index(argument)
         program.append((JUMP_IF_EQUAL, check_at - len(program) - 1, 0, number))
@@ -43,7 +60,7 @@ def targeting_init_filter(machine):
         program.append((LOAD, 0, 0, 16 + 8 * argument))  # its low 32 bits: a pid is an int
         here = len(program)
         program.append((JUMP_IF_EQUAL, deny_at - here - 1, allow_at - here - 1, 1))
-    program += [(RETURN, 0, 0, DENY), (RETURN, 0, 0, ALLOW)]
+    program += [(RETURN, 0, 0, DENY), (RETURN, 0, 0, ALLOW), (RETURN, 0, 0, NOT_HERE)]
     return program
 
 

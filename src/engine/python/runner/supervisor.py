@@ -1,20 +1,33 @@
-# The supervisor: the container's pid 1. It forks the runner, and a new one whenever the runner dies;
-# it runs no user code and reads nothing from the host, and writes one "exited" frame per runner
-# death (protocol.py).
+# The supervisor: the container's pid 1. It prepares the runner once (its modules, IPython and the
+# shell imported and warmed: runner.prepare), then forks the runner from that state, and a new one
+# whenever the runner dies: a new runner is ready in the time of a fork. It runs no user code and
+# reads nothing from the host, and writes one "exited" frame per runner death (protocol.py). It is
+# not dumpable, so the code (the same user) cannot open its memory through /proc and change what
+# the next runner starts from; the runner it forks is made dumpable again.
 #
 # The host interrupts an execution with SIGINT to pid 1, which passes it on (KeyboardInterrupt in
 # the code); when that does not work it sends SIGUSR1, on which the supervisor kills every other
-# process. SIGTERM (`docker stop`, an engine shutting down) ends the sandbox. The supervisor obeys
-# only signals sent from outside the sandbox (the host's): the code can signal pid 1 too, and is
-# ignored.
+# process. SIGUSR2 recycles the sandbox for another call: every other process killed, everything
+# the code could write removed (recycle.py), then a new runner. SIGTERM (`docker stop`, an engine
+# shutting down) ends the sandbox. The supervisor obeys only signals sent from outside the sandbox
+# (the host's): the code can signal pid 1 too, and is ignored.
+#
+# The sandbox ends itself when the host hangs up (its server exited or was killed: the engine
+# closes the container's stdin when the one attached client goes, and removes the container when
+# pid 1 exits): the supervisor looks at its stdin between signals, every HANGUP_LOOK seconds,
+# whatever the runner is doing.
 
 import os
 import select
 import signal
 import time
 
+from . import recycle
 from .processes import kill_others
 from .protocol import write_frame
+
+# How often the supervisor looks whether the host hung up.
+HANGUP_LOOK = 0.25
 
 
 def oom_kill_count():
@@ -39,20 +52,56 @@ def host_hung_up():
     return any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, event in poller.poll(0))
 
 
+def end_sandbox(status):
+    """Kills every other process and exits: the container ends (and the engine removes it)."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(status)
+
+
+def next_signal(watched):
+    """The next of the `watched` signals (blocked); ends the sandbox if the host hangs up first."""
+    while True:
+        info = signal.sigtimedwait(watched, HANGUP_LOOK)
+        if info is not None:
+            return info
+        if host_hung_up():
+            end_sandbox(0)
+
+
+def set_dumpable(dumpable):
+    """prctl(PR_SET_DUMPABLE): whether a process of the same user may trace this one or open its
+    memory through /proc. Best effort (False where the runtime refuses)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(4, 1 if dumpable else 0, 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
 def supervise():
-    """Pid 1: returns only in a freshly forked runner; never returns in the supervisor itself.
+    """Pid 1: returns, only in each freshly forked runner, what runner.prepare made (the runner's
+    imports and shell, made once, before any code ran); never returns in the supervisor itself.
 
     The signals it acts on are blocked and taken with sigwaitinfo, which says who sent each: the
     host's (`docker kill`, an engine stopping the container) come from outside the sandbox's pid
     namespace, with sender pid 0. The code runs as the same user and can signal pid 1 too; its
     signals carry its pid and are ignored, so the code cannot end its sandbox, or pass for the
     host asking for an interrupt."""
-    watched = {signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGCHLD}
+    watched = {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGCHLD}
     for signum in watched:
         # A handler, so the kernel delivers these to pid 1 at all; blocked, so sigwaitinfo takes them.
         signal.signal(signum, lambda *_: None)
     signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    set_dumpable(False)
+    from . import runner
+
+    prepared = runner.prepare()
     requested = False
+    recycling = False
     while True:
         oom_before = oom_kill_count()
         try:
@@ -64,13 +113,15 @@ def supervise():
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            signal.signal(signal.SIGUSR2, signal.SIG_DFL)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
-            return
+            set_dumpable(True)
+            return prepared
         started = time.monotonic()
         status = None
         while status is None:
-            info = signal.sigwaitinfo(watched)
+            info = next_signal(watched)
             if info.si_signo == signal.SIGCHLD:
                 # Reaps the runner, and the orphans the code leaves behind.
                 try:
@@ -90,34 +141,33 @@ def supervise():
                     os.kill(pid, signal.SIGINT)
                 except OSError:
                     pass
-            elif info.si_signo == signal.SIGUSR1:
+            elif info.si_signo in (signal.SIGUSR1, signal.SIGUSR2):
                 requested = True
+                recycling = recycling or info.si_signo == signal.SIGUSR2
                 try:
                     os.kill(-1, signal.SIGKILL)
                 except OSError:
                     pass
             elif info.si_signo == signal.SIGTERM:
                 # `docker stop` or an engine shutting down: end the sandbox, no new runner.
-                try:
-                    os.kill(-1, signal.SIGKILL)
-                except OSError:
-                    pass
-                os._exit(128 + signal.SIGTERM)
+                end_sandbox(128 + signal.SIGTERM)
         # Every process of the sandbox descends from pid 1: none is left once it has no children.
         kill_others(5.0, lambda children: not children)
         if host_hung_up():
-            os._exit(0)
+            end_sandbox(0)
         oom_after = oom_kill_count()
         oom = None if oom_before is None or oom_after is None else oom_after > oom_before
-        write_frame(
-            1,
-            {
-                "type": "exited",
-                "status": os.waitstatus_to_exitcode(status),
-                "oom": oom,
-                "requested": requested,
-            },
-        )
+        frame = {
+            "type": "exited",
+            "status": os.waitstatus_to_exitcode(status),
+            "oom": oom,
+            "requested": requested,
+        }
+        if recycling:
+            # What is left where the code could write once the wipe is done (0: nothing).
+            frame["recycled"] = recycle.wipe()
+        write_frame(1, frame)
         requested = False
+        recycling = False
         if time.monotonic() - started < 1.0:
             time.sleep(0.2)  # a runner that cannot start must not spin

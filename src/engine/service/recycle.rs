@@ -1,0 +1,85 @@
+//! After an ephemeral run: its sandbox recycled for the same caller's next run, or removed; and
+//! idle sandboxes given up when a call waits for their share of the capacity.
+
+use std::time::Instant;
+
+use super::{Engine, RunOptions};
+use crate::engine::outcome::Execution;
+use crate::engine::recycled::{self, MAX_USES};
+use crate::engine::sandbox::Sandbox;
+use crate::engine::EngineError;
+
+impl Engine {
+    /// A sandbox the caller's last run used, emptied since, if one waits.
+    pub(super) fn take_recycled(&self, options: &RunOptions) -> Option<Sandbox> {
+        let key = options.reuse.as_deref()?;
+        self.recycled.take(key, Instant::now())
+    }
+
+    /// Done with the sandbox of an ephemeral run: recycled in the background for the caller's
+    /// next run when `SANDBOX_RECYCLE` allows and the run left it usable (it ended by itself,
+    /// nothing lost, no dependencies or network, the default image), else removed.
+    pub(super) fn retire_used(
+        &self,
+        mut sandbox: Sandbox,
+        options: &RunOptions,
+        result: &Result<Execution, EngineError>,
+        plain: bool,
+    ) {
+        let ended_normally = result.as_ref().is_ok_and(|e| {
+            !e.timed_out && !e.cancelled && !e.state_lost && !e.workspace_lost && !e.out_of_memory
+        });
+        let key = match &options.reuse {
+            Some(key)
+                if self.config.recycle
+                    && plain
+                    && ended_normally
+                    && sandbox.egress().is_none()
+                    && sandbox.recycles() < MAX_USES
+                    && !self.closing.is_cancelled() =>
+            {
+                key.clone()
+            }
+            _ => return self.retire(sandbox),
+        };
+        let kept = self.recycled.clone();
+        let closing = self.closing.clone();
+        self.background.spawn(async move {
+            let started = Instant::now();
+            if let Err(e) = sandbox.recycle().await {
+                tracing::info!(sandbox = %sandbox.id(), "not recycled ({e}): removing it");
+                return sandbox.destroy().await;
+            }
+            tracing::debug!(sandbox = %sandbox.id(), recycle_ms = started.elapsed().as_millis() as u64, "recycled");
+            if closing.is_cancelled() {
+                return sandbox.destroy().await;
+            }
+            if let Some(over) = kept.put(key, sandbox, Instant::now()) {
+                over.destroy().await;
+            }
+            // Removed once it has waited too long, unless its caller took it meanwhile (at
+            // shutdown every kept one is removed at once).
+            tokio::select! {
+                () = tokio::time::sleep(recycled::IDLE) => {}
+                () = closing.cancelled() => return,
+            }
+            let expired = kept.expired(Instant::now());
+            futures_util::future::join_all(expired.into_iter().map(Sandbox::destroy)).await;
+        });
+    }
+
+    /// A call waits for a share of the capacity: removes a sandbox that holds one idly (a
+    /// recycled one first, then one of the pool), so the share comes free.
+    pub(super) fn give_up_idle(&self) {
+        let idle = self.recycled.oldest().or_else(|| self.pool.evict());
+        if let Some(sandbox) = idle {
+            tracing::debug!(sandbox = %sandbox.id(), "removing an idle sandbox: a call needs its share");
+            self.retire(sandbox);
+        }
+    }
+
+    /// Sandboxes recycled and waiting now.
+    pub fn recycled_waiting(&self) -> usize {
+        self.recycled.len()
+    }
+}
