@@ -151,6 +151,21 @@ impl Capacity {
     }
 }
 
+/// What the admission holds now (for `/metrics` and `doctor`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Sandboxes holding a share, and the bound.
+    pub live: usize,
+    pub limit: usize,
+    /// Calls waiting for a share.
+    pub waiting: usize,
+    /// Calls refused (queue full or out of time), and starts tried again, so far.
+    pub refused: u64,
+    pub retried: u64,
+    /// Recycled sandboxes waiting for their caller.
+    pub recycled: usize,
+}
+
 /// A call that got no sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {

@@ -17,6 +17,12 @@
 //! | `sandbox_dependency_installs_total` | counter | |
 //! | `sandbox_dependency_cache_hits_total` | counter | |
 //! | `sandbox_copied_out_bytes_total` | counter | |
+//! | `sandbox_sandboxes_live` | gauge | |
+//! | `sandbox_sandboxes_max` | gauge | |
+//! | `sandbox_admission_queue_length` | gauge | |
+//! | `sandbox_admission_refused_total` | counter | |
+//! | `sandbox_start_retries_total` | counter | |
+//! | `sandbox_recycled_ready` | gauge | |
 //!
 //! Labels never carry a client's text: a `tool` label is a [`ToolLabel`], made only from the
 //! server's own tool names, and every other name a client calls is counted as `<unknown>`.
@@ -119,6 +125,65 @@ fn call_histogram() -> Histogram {
     Histogram::new(CALL_BUCKETS)
 }
 
+/// The server's capacity now (`engine::admission`), read from the engine when scraped.
+#[derive(Default)]
+struct Capacity {
+    live: Gauge,
+    max: Gauge,
+    queue: Gauge,
+    refused: Counter,
+    retries: Counter,
+    recycled: Gauge,
+}
+
+impl Capacity {
+    fn register(registry: &mut Registry) -> Capacity {
+        let capacity = Capacity::default();
+        registry.register(
+            "sandbox_sandboxes_live",
+            "Sandboxes for the agent's code holding a share of the server's capacity",
+            capacity.live.clone(),
+        );
+        registry.register(
+            "sandbox_sandboxes_max",
+            "The most such sandboxes at once (SANDBOX_MAX_SANDBOXES or computed from the host)",
+            capacity.max.clone(),
+        );
+        registry.register(
+            "sandbox_admission_queue_length",
+            "Calls waiting for a sandbox",
+            capacity.queue.clone(),
+        );
+        registry.register(
+            "sandbox_admission_refused",
+            "Calls refused a sandbox (the queue full, or none free within their time)",
+            capacity.refused.clone(),
+        );
+        registry.register(
+            "sandbox_start_retries",
+            "Sandbox starts tried again after a passing failure",
+            capacity.retries.clone(),
+        );
+        registry.register(
+            "sandbox_recycled_ready",
+            "Sandboxes a run used, emptied, waiting for the same client's next run",
+            capacity.recycled.clone(),
+        );
+        capacity
+    }
+
+    fn set(&self, state: &crate::engine::admission::State) {
+        self.live.set(state.live as i64);
+        self.max.set(state.limit as i64);
+        self.queue.set(state.waiting as i64);
+        self.refused
+            .inc_by(state.refused.saturating_sub(self.refused.get()));
+        self.retries
+            .inc_by(state.retried.saturating_sub(self.retries.get()));
+        self.recycled.set(state.recycled as i64);
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     calls: Family<Labels2, Counter>,
@@ -131,6 +196,7 @@ pub struct Metrics {
     installs: Counter,
     cache_hits: Counter,
     copied_out: Counter,
+    capacity: Capacity,
     /// Serializes scrapes: the values read from the engine are set, then encoded.
     scrape: Mutex<()>,
 }
@@ -206,7 +272,9 @@ impl Metrics {
             "Bytes of workspace files copied out of sandboxes",
             copied_out.clone(),
         );
+        let capacity = Capacity::register(&mut registry);
         Metrics {
+            capacity,
             registry,
             calls,
             call_seconds,
@@ -271,6 +339,9 @@ impl Metrics {
         self.pool_ready.clear();
         for (set, ready) in sets {
             self.pool_ready.get_or_create(&[("set", set)]).set(ready);
+        }
+        if let Some(state) = engine.admission_state() {
+            self.capacity.set(&state);
         }
         self.encode()
     }

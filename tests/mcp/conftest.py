@@ -29,6 +29,9 @@ def server_params(**env):
     merged = dict(os.environ)
     merged.setdefault("LOG_LEVEL", os.environ.get("PCS_TEST_LOG", "warn"))
     merged.setdefault("SANDBOX_SNAPSHOT_DIR", SNAPSHOT_DIR)
+    # One pooled sandbox, not the default two: most tests make a call or two, and each sandbox
+    # started costs the suite about a second of CPU under gVisor. Tests of the pool set theirs.
+    merged.setdefault("SANDBOX_POOL_SIZE", "1")
     merged.update({k: str(v) for k, v in env.items()})
     return StdioServerParameters(command=os.path.abspath(BIN), args=[], env=merged)
 
@@ -50,6 +53,23 @@ def sandboxes():
 def volumes():
     out = subprocess.run(["docker", "volume", "ls", "-q", "--filter", "label=" + LABEL], capture_output=True, text=True, check=True)
     return [line for line in out.stdout.split() if line]
+
+
+def find_server_pid(tag):
+    """The server process started with PCS_TEST_TAG=tag (the SDK does not expose its pid)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"PCS_TEST_TAG={tag}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/comm") as f:
+                if f.read().strip().startswith("python-code-sa"):
+                    return int(name)
+        except OSError:
+            continue
+    return None
 
 
 def text_of(result):

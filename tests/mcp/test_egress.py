@@ -21,7 +21,7 @@ import anyio
 import pytest
 from mcp import types
 
-from conftest import BIN, LABEL, connect, sandboxes, server_params, text_of
+from conftest import BIN, LABEL, connect, find_server_pid, sandboxes, server_params, text_of
 from egress_endpoints import PROBE_WHEEL, Lab, docker
 
 pytestmark = pytest.mark.anyio
@@ -140,23 +140,6 @@ async def start_session(client, **args):
 
 async def in_session(client, cid, code):
     return await client.call_tool("run_python", {"container_id": cid, "code": code})
-
-
-def find_server_pid(tag):
-    """The server process started with PCS_TEST_TAG=tag (the SDK does not expose its pid)."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if f"PCS_TEST_TAG={tag}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/comm") as f:
-                if f.read().strip().startswith("python-code-sa"):
-                    return int(name)
-        except OSError:
-            continue
-    return None
 
 
 def containers_of(pid):

@@ -84,6 +84,18 @@ pub async fn doctor(mut config: Config) -> ExitCode {
             ),
         );
     }
+    if let Ok(admission) = engine.admission().await {
+        let capacity = admission.capacity();
+        report.line(
+            true,
+            "capacity",
+            format!(
+                "at most {} sandboxes at once ({}), {} starting at once (the engine's CPUs); calls \
+                 beyond wait in turn within their time",
+                capacity.sandboxes, capacity.why, capacity.starts
+            ),
+        );
+    }
     if backend.image_id(&config.image).await.is_err() {
         report.line(
             false,

@@ -95,7 +95,7 @@ pub struct RunOptions {
     pub reuse: Option<String>,
     /// The server's own work ahead of demand (the pool, prepared sandboxes): it never waits for
     /// a share of the capacity, and starts only when one is free.
-    pub(crate) background: bool,
+    pub background: bool,
 }
 
 impl RunOptions {
@@ -441,17 +441,17 @@ impl Engine {
             .clone())
     }
 
-    /// The admission's state for `/metrics` and `doctor`, once it is known: (live, bound,
-    /// waiting, refused, retried starts).
-    pub fn admission_state(&self) -> Option<(usize, usize, usize, u64, u64)> {
+    /// The admission's state for `/metrics` and `doctor`, once the engine has answered.
+    pub fn admission_state(&self) -> Option<admission::State> {
         let admission = self.admission.get()?;
-        Some((
-            admission.live(),
-            admission.capacity().sandboxes,
-            admission.waiting(),
-            admission.refused(),
-            self.start_retries.load(Ordering::SeqCst),
-        ))
+        Some(admission::State {
+            live: admission.live(),
+            limit: admission.capacity().sandboxes,
+            waiting: admission.waiting(),
+            refused: admission.refused(),
+            retried: self.start_retries.load(Ordering::SeqCst),
+            recycled: self.recycled.len(),
+        })
     }
 
     async fn launch_code_sandbox_once(

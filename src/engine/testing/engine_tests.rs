@@ -673,7 +673,11 @@ async fn a_start_that_fails_is_tried_once_more_on_a_new_sandbox() {
     .expect("the second sandbox ran it");
     assert_eq!(stdout(&execution), "3\n");
     assert_eq!(fake.count(|e| matches!(e, Event::Created(_))), 2);
-    assert_eq!(engine.admission_state().map(|s| s.4), Some(1), "one retry");
+    assert_eq!(
+        engine.admission_state().map(|s| s.retried),
+        Some(1),
+        "one retry"
+    );
     // Twice: the caller is told so, with the cause, and nothing is left.
     fake.fail_next_starts(2);
     let failed = within(
@@ -690,7 +694,7 @@ async fn a_start_that_fails_is_tried_once_more_on_a_new_sandbox() {
     engine.settle().await;
     assert!(fake.sandboxes().is_empty());
     assert_eq!(
-        engine.admission_state().map(|s| s.0),
+        engine.admission_state().map(|s| s.live),
         Some(0),
         "every share given back"
     );
@@ -728,7 +732,7 @@ async fn calls_beyond_the_bound_wait_their_turn_or_are_refused_in_time() {
         })
     };
     eventually("a call in the queue", LIMIT, || {
-        engine.admission_state().is_some_and(|s| s.2 == 1)
+        engine.admission_state().is_some_and(|s| s.waiting == 1)
     })
     .await;
     assert_eq!(

@@ -17,9 +17,11 @@ use crate::mcp::SandboxServer;
 impl SandboxServer {
     #[tool(
         name = "run_python_ephemeral",
-        description = "Run Python code in a brand-new, isolated sandbox that is destroyed right after \
-                       the call. Best for one-off scripts: nothing persists between calls (use \
-                       sandbox_initialize and run_python to keep variables). The code runs as `python` \
+        description = "Run Python code in a fresh, isolated sandbox: a new interpreter with an empty \
+                       /workspace and /tmp every call (a sandbox this client's previous call used \
+                       may serve it, once emptied: none of that call's processes, files or \
+                       variables remain). Best for one-off scripts: nothing persists between calls \
+                       (use sandbox_initialize and run_python to keep variables). The code runs as `python` \
                        would run a script, as an unprivileged user in /workspace, with Python 3.11 and \
                        its standard library. Returns stdout, stderr (with the traceback of an uncaught \
                        exception) and the exit status; a failure, non-zero exit or timeout is reported \

@@ -1,0 +1,124 @@
+"""Under load, through the official SDK against the real engine, under both runtimes: calls beyond
+the server's capacity wait their turn and every one is answered correctly; nothing is left when
+the client closes right after a burst, nor after the server is killed outright (the sandboxes end
+themselves); a run's sandbox serves the same client's next run only once nothing of the last
+run is left in it."""
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import stdio_client
+
+from conftest import connect, find_server_pid, sandboxes, server_params, text_of
+
+RUNTIMES = ["runc", "runsc"]
+
+
+async def run(client, code):
+    result = await client.call_tool("run_python_ephemeral", {"code": code})
+    assert not result.is_error, text_of(result)
+    return result.structured_content
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_burst_beyond_the_capacity_is_answered_and_closing_leaves_nothing(runtime):
+    # Two sandboxes at most: twelve concurrent calls wait their turn; every answer is right.
+    async with connect(SANDBOX_RUNTIME=runtime, SANDBOX_MAX_SANDBOXES="2", SANDBOX_POOL_SIZE="2") as client:
+        results = await asyncio.gather(*(run(client, f"print(sum(range({n})))") for n in range(12)))
+        assert [r["stdout"] for r in results] == [f"{sum(range(n))}\n" for n in range(12)]
+        assert 0 < len(sandboxes()) <= 2
+        # Another burst, and the client closes while its calls are still in flight.
+        burst = [asyncio.ensure_future(run(client, "import time; time.sleep(0.5); print(1)")) for _ in range(6)]
+        await asyncio.sleep(0.3)
+        closed_at = time.monotonic()
+    for call in burst:
+        call.cancel()
+    # The SDK gives a closing server 2 s before it signals it: everything is gone by then.
+    await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - closed_at)))
+    assert sandboxes() == [], "sandboxes outlived the client's close by 2 s"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_after_a_kill_the_sandboxes_end_themselves(runtime):
+    tag = uuid.uuid4().hex
+    params = server_params(SANDBOX_RUNTIME=runtime, SANDBOX_POOL_SIZE="2", PCS_TEST_TAG=tag)
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as client:
+            await client.initialize()
+            session = await client.call_tool("sandbox_initialize", {})
+            assert not session.is_error, text_of(session)
+            await run(client, "print('recycled next')")
+            busy = asyncio.ensure_future(
+                client.call_tool("run_python_ephemeral", {"code": "while True: pass"})
+            )
+            deadline = time.monotonic() + 60
+            while len(sandboxes()) < 4:  # the pool's, the session's, the busy run's (and recycled)
+                assert time.monotonic() < deadline, sandboxes()
+                await asyncio.sleep(0.2)
+            pid = find_server_pid(tag)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            busy.cancel()
+            # No other server runs: the engine removes each sandbox once it ended itself.
+            deadline = time.monotonic() + 30
+            while sandboxes():
+                assert time.monotonic() < deadline, f"left after the kill: {sandboxes()}"
+                await asyncio.sleep(0.2)
+
+
+LEAVE = r"""
+import ctypes, errno, os, subprocess, sys, json
+open('/workspace/left.txt', 'w').write('x')
+os.makedirs('/workspace/d/e', exist_ok=True); os.chmod('/workspace/d', 0)
+open('/tmp/left.txt', 'w').write('x')
+open('/dev/shm/left', 'w').write('x')
+os.symlink('/etc/passwd', '/tmp/link')
+subprocess.Popen(['sleep', '1000'], start_new_session=True)
+os.environ['LEFT'] = '1'
+json.dumps = None
+libc = ctypes.CDLL(None, use_errno=True)
+shm = libc.shmget(0, 4096, 0o1000 | 0o600)
+print(os.getpid(), shm, ctypes.get_errno() == errno.ENOSYS)
+try:
+    open('/proc/1/mem', 'rb')
+    print('pid 1 open')
+except OSError as e:
+    print('pid 1 closed', e.errno)
+"""
+
+LOOK = r"""
+import json, os
+print(os.getpid())
+print(sorted(os.listdir('/workspace')), sorted(n for n in os.listdir('/tmp') if not n.startswith(('.', 'pcs-pip-'))), os.listdir('/dev/shm'))
+print(os.environ.get('LEFT'), json.dumps is not None)
+print([p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/cmdline').read().startswith('sleep')])
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_recycled_sandbox_keeps_nothing_of_the_last_run(runtime):
+    async with connect(SANDBOX_RUNTIME=runtime, SANDBOX_POOL_SIZE="1") as client:
+        first = (await run(client, LEAVE))["stdout"].split("\n")
+        pid, shm, nosys = first[0].split()
+        assert (shm, nosys) == ("-1", "True"), "System V IPC is not available to the code"
+        assert first[1].startswith("pid 1 closed"), first
+        # The next run: the same sandbox (its pid namespace went on), nothing of the last run.
+        for _ in range(50):
+            second = (await run(client, LOOK))["stdout"].split("\n")
+            if int(second[0]) > int(pid):
+                break
+            await asyncio.sleep(0.1)  # the recycle is still under way: a pooled one served
+        else:
+            pytest.fail("no run was served by the recycled sandbox")
+        assert second[1:5] == ["[] [] []", "None True", "[]", ""], second
+    async with connect(SANDBOX_RUNTIME=runtime, SANDBOX_POOL_SIZE="1", SANDBOX_RECYCLE="false") as client:
+        pids = {(await run(client, "import os; print(os.getpid())"))["stdout"] for _ in range(3)}
+        assert len(pids) == 1, "without recycling every run has a fresh sandbox (its runner's pid is the first)"
