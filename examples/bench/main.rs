@@ -13,6 +13,10 @@
 //! use the same engine: a full `docker run --rm IMAGE python3 -c pass` lifecycle (one at a time,
 //! and as a rate with 4 in parallel), and a round trip to an already running, attached Python
 //! interpreter. Nothing here is a test: it prints figures.
+//!
+//! `--only-soak` (or `--soak`, after the rest) is the soak: concurrent callers for a fixed time with
+//! a mix of short programs, every result checked, beside the same mix through `docker run --rm`
+//! with the same runtime, CPU and time limit, under each runtime (see `soak.rs`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -83,6 +87,29 @@ struct Cli {
     /// ephemeral runs (no pool) under runc and under gVisor (when registered).
     #[arg(long)]
     only_runtimes: bool,
+    /// Measure only the soak: concurrent callers for a fixed time with a mix of short programs
+    /// (some fail on purpose, one runs past the limit), every result checked, beside the same mix
+    /// through `docker run --rm` with the same runtime, CPU and limit; the server's memory and
+    /// the sandboxes it leaves once its client closes the session.
+    #[arg(long)]
+    only_soak: bool,
+    /// Add the soak to the run (left out by default: with the default knobs it is 4 runs, each
+    /// twice --soak-time, over 9 minutes).
+    #[arg(long)]
+    soak: bool,
+    /// Concurrent callers of the soak, one run per count, e.g. 1,4.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4])]
+    soak_callers: Vec<usize>,
+    /// Length of each side (server, floor) of each soak run, e.g. 60s.
+    #[arg(long, default_value = "60s")]
+    soak_time: String,
+    /// Runtimes of the soak, one server each (runtimes not registered with the engine are
+    /// skipped).
+    #[arg(long, value_delimiter = ',', default_values = ["runsc", "runc"])]
+    soak_runtime: Vec<String>,
+    /// The soak's limit per call: SANDBOX_TIMEOUT of its servers, `timeout` in the floor.
+    #[arg(long, default_value = "1s")]
+    soak_timeout: String,
 }
 
 /// The step under way, shown as a spinner on a terminal and as plain lines otherwise.
@@ -101,18 +128,22 @@ macro_rules! step {
 mod client;
 mod egress;
 mod floor;
+mod leftovers;
 mod measure;
+mod mix;
 mod output;
 mod overview;
 mod plot;
 mod runtimes;
 mod snapshot;
+mod soak;
 
 use egress::egress;
 use overview::run;
 use plot::{plot_prompt, PlotOptions};
 use runtimes::runtimes;
 use snapshot::snapshots;
+use soak::{soak, SoakOptions};
 
 fn main() -> ExitCode {
     if std::env::var_os(SERVER_ROLE).is_some() {
@@ -173,6 +204,30 @@ fn main() -> ExitCode {
         output_lines: cli.output_lines,
         json: cli.json,
     };
+    let soak_durations = (
+        config::parse_duration("--soak-time", &cli.soak_time),
+        config::parse_duration("--soak-timeout", &cli.soak_timeout),
+    );
+    let (soak_time, soak_limit) = match soak_durations {
+        (Ok(t), Ok(l)) => (t, l),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("python-code-sandbox: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if cli.soak_callers.contains(&0) {
+        eprintln!("python-code-sandbox: --soak-callers: each count must be at least 1");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let soak_options = SoakOptions {
+        callers: cli.soak_callers.clone(),
+        period: soak_time,
+        runtimes: cli.soak_runtime.clone(),
+        limit: soak_limit,
+        limit_text: cli.soak_timeout.clone(),
+        json: cli.json,
+    };
+    let (only_soak, with_soak) = (cli.only_soak, cli.soak);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -188,6 +243,9 @@ fn main() -> ExitCode {
     let progress = python_code_sandbox::cli::progress::Progress::start("bench");
     let _ = PROGRESS.set(progress.sink());
     let measured = runtime.block_on(async move {
+        if only_soak {
+            return soak(config, soak_options).await;
+        }
         if only_runtimes {
             return runtimes(&options).await;
         }
@@ -200,8 +258,12 @@ fn main() -> ExitCode {
         if !only_plot {
             run(config.clone(), options).await?;
         }
-        plot_prompt(config, plot).await?;
-        snapshots(snapshot_runs, json_out).await
+        plot_prompt(config.clone(), plot).await?;
+        snapshots(snapshot_runs, json_out).await?;
+        if with_soak {
+            soak(config, soak_options).await?;
+        }
+        Ok(())
     });
     progress.finish(if measured.is_ok() { "done" } else { "failed" });
     match measured {
