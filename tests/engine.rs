@@ -1042,67 +1042,79 @@ async fn the_strongest_runtime_runs_the_code_by_default() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_used_sandbox_is_frozen_then_removed() {
+async fn a_used_sandbox_serves_only_the_same_callers_next_run_and_only_once_emptied() {
     if skip_without_engine() {
         return;
     }
-    // runc: the code finds its container id in /proc/self/cgroup (gVisor shows none).
     let engine = std::sync::Arc::new(engine_with(|c| {
         c.pool_size = 1;
         c.runtime = Some("runc".to_string());
     }));
     engine.start_pool();
-    no_hang(async {
-        while engine.pool_ready() < 1 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        let since = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .as_secs()
-            .saturating_sub(1);
-        // The code leaves a process behind and says which container it ran in.
-        let result = run(
-            &engine,
-            "import subprocess\nsubprocess.Popen(['sleep', '300'])\n\
-             print(open('/proc/self/cgroup').read())",
-        )
-        .await;
-        let out = text(&result.stdout);
-        let id = out
-            .split(|c: char| !c.is_ascii_hexdigit())
+    let caller = |key: &str| RunOptions {
+        reuse: Some(key.to_string()),
+        ..RunOptions::default()
+    };
+    // Under runc a sandbox's cgroup names its container.
+    let container_of = |out: &str| {
+        out.split(|c: char| !c.is_ascii_hexdigit())
             .find(|part| part.len() == 64)
             .unwrap_or_else(|| panic!("no container id in {out:?}"))
-            .to_string();
-        // Before it is gone, the used sandbox was frozen (the engine's pause): the engine's own
-        // record of the container's events says so, however short the pause was.
-        let docker = docker().await;
-        let filters = std::collections::HashMap::from([
-            ("type".to_string(), vec!["container".to_string()]),
-            ("container".to_string(), vec![id.clone()]),
-        ]);
-        let mut events = std::pin::pin!(docker.events(Some(
-            bollard::query_parameters::EventsOptions {
-                since: Some(since.to_string()),
-                until: None,
-                filters: Some(filters),
-            }
-        )));
-        let mut actions = Vec::new();
-        while let Some(event) = futures_util::StreamExt::next(&mut events).await {
-            let action = event.expect("an event").action.unwrap_or_default();
-            let gone = action == "destroy";
-            actions.push(action);
-            if gone {
-                break;
-            }
+            .to_string()
+    };
+    const WHERE: &str = "print(open('/proc/self/cgroup').read())";
+    no_hang(async {
+        let first = engine
+            .run_ephemeral(
+                Task::Python(&format!(
+                    "import subprocess\nsubprocess.Popen(['sleep', '300'])\n\
+                     open('/workspace/left', 'w').write('x')\n{WHERE}"
+                )),
+                &caller("a"),
+            )
+            .await
+            .expect("first run");
+        let used = container_of(&text(&first.stdout));
+        while engine.recycled_waiting() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        let paused = actions.iter().position(|a| a == "pause");
-        let destroyed = actions.iter().position(|a| a == "destroy");
-        let seen_paused = matches!((paused, destroyed), (Some(p), Some(d)) if p < d);
+        // Another caller never gets it.
+        let other = engine
+            .run_ephemeral(Task::Python(WHERE), &caller("b"))
+            .await
+            .expect("another caller's run");
+        assert_ne!(container_of(&text(&other.stdout)), used);
+        // The same caller does, with nothing of its last run in it.
+        let again = engine
+            .run_ephemeral(
+                Task::Python(&format!(
+                    "import os\nprint(os.listdir('/workspace'), [p for p in os.listdir('/proc') \
+                     if p.isdigit() and open(f'/proc/{{p}}/cmdline').read().startswith('sleep')])\n{WHERE}"
+                )),
+                &caller("a"),
+            )
+            .await
+            .expect("the same caller's run");
+        let out = text(&again.stdout);
+        assert_eq!(container_of(&out), used, "the recycled sandbox served it: {out}");
+        assert!(out.starts_with("[] []\n"), "nothing of the last run is left: {out}");
+        // A run that ends badly (here, out of time) is never recycled: its sandbox goes.
+        let timed_out = engine
+            .run_ephemeral(
+                Task::Python(&format!("{WHERE}\nimport time\ntime.sleep(60)")),
+                &RunOptions {
+                    timeout: Some(std::time::Duration::from_secs(2)),
+                    ..caller("a")
+                },
+            )
+            .await
+            .expect("a run out of time");
+        assert!(timed_out.timed_out);
+        engine.settle().await;
+        let gone = container_of(&text(&timed_out.stdout));
         assert!(
-            seen_paused,
-            "the used sandbox was removed without being frozen first: {actions:?}"
+            docker().await.inspect_container(&gone, None).await.is_err(),
+            "the sandbox of a run out of time was removed"
         );
     })
     .await;

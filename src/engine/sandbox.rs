@@ -300,6 +300,23 @@ pub struct Sandbox {
     admitted: Option<super::admission::Admitted>,
     /// Runs it served since its start, counted when it is recycled.
     recycles: u32,
+    /// `id`, for those who hold no `&Sandbox`.
+    container: Container,
+}
+
+/// The container a sandbox runs in now, shared with whoever must reach it without the sandbox
+/// (a session removed while it executes): a restart replaces the container.
+#[derive(Debug, Clone)]
+pub struct Container(Arc<std::sync::Mutex<SandboxId>>);
+
+impl Container {
+    pub fn now(&self) -> SandboxId {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, id: SandboxId) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = id;
+    }
 }
 
 /// Why an execution was interrupted, if it was.
@@ -383,7 +400,7 @@ impl Sandbox {
         let started = std::time::Instant::now();
         let id = backend.create(spec).await?;
         let mut sandbox = Sandbox {
-            id,
+            id: id.clone(),
             paths: Vec::new(),
             backend,
             state: State::Down("not started".into()),
@@ -397,6 +414,7 @@ impl Sandbox {
             spec: spec.clone(),
             admitted: None,
             recycles: 0,
+            container: Container(Arc::new(std::sync::Mutex::new(id.clone()))),
         };
         match sandbox.start_runner().await {
             Ok(()) => {
@@ -417,6 +435,11 @@ impl Sandbox {
 
     pub fn id(&self) -> &SandboxId {
         &self.id
+    }
+
+    /// Its container now, for those who hold no `&Sandbox`.
+    pub(crate) fn container(&self) -> Container {
+        self.container.clone()
     }
 
     /// Holds `admitted` (its share of the server's capacity) until it is dropped.
@@ -569,6 +592,7 @@ impl Sandbox {
             tracing::warn!(sandbox = %self.id, "could not remove the container being replaced: {e}");
         }
         self.id = self.backend.create(&self.spec).await?;
+        self.container.set(self.id.clone());
         self.start_runner().await
     }
 
@@ -1209,11 +1233,12 @@ impl Sandbox {
                 ))
                 .await),
             Err(RunnerFailure::Protocol(e)) => Err(self.broken(e).await),
-            Err(RunnerFailure::Exited(_)) => {
+            Err(RunnerFailure::Exited(exit)) => {
                 self.state = State::Respawning(runner);
-                Err(EngineError::SandboxStart(
-                    "the sandbox's runner exited; try again".into(),
-                ))
+                Err(EngineError::SandboxStart(format!(
+                    "the sandbox's runner exited (status {}); try again",
+                    exit.exit_code()
+                )))
             }
             Err(RunnerFailure::Ended) => {
                 let reason = Self::why_stopped(&self.backend, &self.id).await?;

@@ -76,6 +76,9 @@ impl Scope<'_> {
 /// A live session: a sandbox whose runner keeps its state between executions.
 pub(crate) struct Session {
     pub(super) sandbox: Mutex<Sandbox>,
+    /// Its sandbox's container now (a restart replaces it), readable while an execution holds
+    /// the sandbox: removing the container interrupts that execution.
+    pub(super) container: super::sandbox::Container,
     pub(super) image: String,
     /// The client that created it; `None` when it was created for the whole server.
     pub(super) client: Option<ClientId>,
@@ -100,6 +103,11 @@ pub(super) struct SessionDependencies {
 }
 
 impl Session {
+    /// The container its sandbox runs in now.
+    pub(super) fn container(&self) -> super::backend::SandboxId {
+        self.container.now()
+    }
+
     pub(super) fn dependencies(&self) -> SessionDependencies {
         self.dependencies
             .lock()

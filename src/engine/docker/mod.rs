@@ -4,6 +4,7 @@
 //! sandbox is allowed to do. The connection is made lazily and kept: a server started while the
 //! daemon is down still starts, and works as soon as the daemon answers.
 
+mod deaths;
 pub mod image;
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +41,8 @@ pub struct DockerBackend {
     ready_images: Mutex<Vec<String>>,
     /// The engine is Podman (asked once): its Docker-compatible API needs a few detours.
     podman: tokio::sync::OnceCell<bool>,
+    /// How sandboxes the engine removed by itself ended (see `deaths`).
+    deaths: std::sync::Arc<deaths::Deaths>,
 }
 
 impl Default for DockerBackend {
@@ -55,6 +58,7 @@ impl DockerBackend {
             build_ca_bundle: None,
             ready_images: Mutex::new(Vec::new()),
             podman: tokio::sync::OnceCell::new(),
+            deaths: Default::default(),
         }
     }
 
@@ -734,6 +738,7 @@ impl Backend for DockerBackend {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
         let docker = self.client().await?;
+        self.deaths.watch(&docker).await;
         let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
         let mut body = Self::container_body(spec);
         let mut own_volumes = Vec::new();
@@ -879,9 +884,18 @@ impl Backend for DockerBackend {
 
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
         let docker = self.client().await?;
-        let inspected = inspect(&docker, &id.0)
-            .await
-            .map_err(|e| not_found_or(e, id))?;
+        let inspected = match inspect(&docker, &id.0).await {
+            Ok(inspected) => inspected,
+            Err(e) if status_of(&e) == Some(404) => {
+                // Removed by the engine once it ended: its events said how.
+                return self
+                    .deaths
+                    .of(&id.0)
+                    .await
+                    .ok_or_else(|| not_found_or(e, id));
+            }
+            Err(e) => return Err(classify(e)),
+        };
         let state = inspected.state.unwrap_or_default();
         Ok(ExitInfo {
             running: state.running.unwrap_or(false),

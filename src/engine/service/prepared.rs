@@ -267,6 +267,12 @@ fn spawn_preparation(engine: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
                         engine.retire(refused.sandbox);
                     }
                 }
+                Err(EngineError::AtCapacity(_)) => {
+                    // The capacity is in use (or being started into) now: not the set's fault.
+                    engine.prepared.failed(&wanted);
+                    drop(engine);
+                    let _ = tokio::time::timeout(Duration::from_millis(500), wake.notified()).await;
+                }
                 Err(e) => {
                     engine.prepared.failed(&wanted);
                     tracing::warn!(

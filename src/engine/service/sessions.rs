@@ -8,7 +8,7 @@ use tokio::sync::Mutex;
 
 use super::pip::CodePip;
 use super::{Engine, RunOptions};
-use crate::engine::backend::{BackendError, SandboxId};
+use crate::engine::backend::BackendError;
 use crate::engine::egress::SessionNetwork;
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::{Sandbox, Task};
@@ -77,6 +77,7 @@ impl Engine {
             lease.bind(&network);
         }
         let session = Session {
+            container: sandbox.container(),
             network,
             sandbox: Mutex::new(sandbox),
             image,
@@ -245,7 +246,7 @@ impl Engine {
             .remove(&full)
             .ok_or_else(|| EngineError::UnknownSession(full.clone()))?;
         // An execution in flight is interrupted by killing the sandbox; its caller gets an error.
-        if let Err(e) = self.backend.destroy(&SandboxId(full.clone())).await {
+        if let Err(e) = self.backend.destroy(&session.container()).await {
             tracing::warn!(sandbox = %full, "could not remove a stopped session: {e}");
         }
         session.sandbox.lock().await.forget();
@@ -315,7 +316,7 @@ impl Engine {
             let (id, session) = (id.clone(), session.clone());
             self.background.spawn(async move {
                 // An execution in flight is interrupted by killing the sandbox.
-                if let Err(e) = backend.destroy(&SandboxId(id.clone())).await {
+                if let Err(e) = backend.destroy(&session.container()).await {
                     tracing::warn!(sandbox = %id, "could not remove a disconnected client's session: {e}");
                 }
                 session.sandbox.lock().await.forget();
@@ -358,7 +359,7 @@ impl Engine {
                 Err(_) => String::new(),
             };
             self.end_session(id, &format!("{reason}{saved}"));
-            if let Err(e) = self.backend.destroy(&SandboxId(id.clone())).await {
+            if let Err(e) = self.backend.destroy(&session.container()).await {
                 tracing::warn!(session = %id, "could not remove an expired session: {e}");
             }
         }
@@ -401,7 +402,7 @@ impl Engine {
         let reason = format!("{reason}{hint}");
         self.end_session(id, &reason);
         let backend = self.backend.clone();
-        let sandbox = SandboxId(id.to_string());
+        let sandbox = session.container();
         let instance = self.owner.instance.clone();
         // Tracked with the other background removals: `settle` and shutdown wait for it.
         self.background.spawn(async move {

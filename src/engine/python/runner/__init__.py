@@ -50,11 +50,11 @@ import os
 
 def run():
     """Pid 1 supervises (and returns only in each runner it forks); any other pid is the runner."""
-    prepared = None
+    start = None
     if os.getpid() == 1:
         from . import supervisor
 
-        prepared = supervisor.supervise()
+        start = supervisor.supervise()
     from . import runner
 
-    runner.main(prepared if prepared is not None else runner.prepare())
+    runner.main(start if start is not None else runner.prepare())

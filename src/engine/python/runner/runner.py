@@ -54,7 +54,7 @@ def prepare():
     return shell, why, scripts
 
 
-def main(prepared):
+def main(start):
     # Frames go through the protocol module's attributes, not names bound here: code that rewrites
     # protocol.send_frame in the runner's memory (the tests of a lying runner do) changes what the
     # runner really sends.
@@ -70,7 +70,7 @@ def main(prepared):
         "python": sys.version.split()[0],
         "init_protected": init_protected,
     }
-    shell, why, scripts = prepared
+    shell, why, scripts = start
     if shell is not None:
         ready["ipython"] = sys.modules["IPython"].__version__
     else:

@@ -99,7 +99,7 @@ def supervise():
     set_dumpable(False)
     from . import runner
 
-    prepared = runner.prepare()
+    start = runner.prepare()
     requested = False
     recycling = False
     while True:
@@ -117,7 +117,7 @@ def supervise():
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
             set_dumpable(True)
-            return prepared
+            return start
         started = time.monotonic()
         status = None
         while status is None:
