@@ -111,6 +111,42 @@ pub fn head_and_tail(text: &str, budget: usize) -> Excerpt<'_> {
     }
 }
 
+/// [`head_and_tail`], with the part `whole` of the text (a line that says something) kept whole or
+/// cut whole: when the cut would split it, head or tail stops short of it. Says whether it is
+/// in the cut part.
+pub fn head_and_tail_around(
+    text: &str,
+    budget: usize,
+    whole: Option<std::ops::Range<usize>>,
+) -> (Excerpt<'_>, bool) {
+    let excerpt = head_and_tail(text, budget);
+    let Some(whole) = whole.filter(|_| excerpt.is_cut()) else {
+        return (excerpt, false);
+    };
+    let head_end = excerpt.head.len();
+    let tail_start = text.len() - excerpt.tail.len();
+    if whole.end <= head_end || whole.start >= tail_start {
+        return (excerpt, false);
+    }
+    let head_end = head_end.min(whole.start);
+    let tail_start = tail_start.max(whole.end).min(text.len());
+    // Both are on character boundaries: the part's ends are (it is text of its own).
+    let (Some(head), Some(tail), Some(cut)) = (
+        text.get(..head_end),
+        text.get(tail_start..),
+        text.get(head_end..tail_start),
+    ) else {
+        return (excerpt, false);
+    };
+    let excerpt = Excerpt {
+        head,
+        tail,
+        cut_chars: cut.chars().count(),
+        cut_lines: cut.matches('\n').count() + usize::from(!cut.ends_with('\n')),
+    };
+    (excerpt, true)
+}
+
 /// How a budget of characters is shared between two texts of `a` and `b` characters: both whole
 /// when they fit together; else a short one keeps all it has and the other gets the rest, or
 /// each gets half.
@@ -328,6 +364,36 @@ mod tests {
         assert_eq!((e.head, e.tail, e.cut_chars), ("", "\n", 7));
         let e = head_and_tail("abcdef", 2);
         assert_eq!((e.head, e.tail), ("", "ef"));
+    }
+
+    #[test]
+    fn a_part_kept_whole_is_never_split_by_the_cut() {
+        let marker = "[marker 1234567890]\n";
+        let lines = |n: usize| "efgh\n".repeat(n);
+        // Wholly in the cut part: said so, the cut as it was.
+        let text = format!("{}{marker}{}", lines(50), lines(50));
+        let (e, hidden) = head_and_tail_around(&text, 100, Some(250..270));
+        assert!(hidden);
+        assert_eq!(e, head_and_tail(&text, 100));
+        // The head would end in it: it stops short of it.
+        let text = format!("abcd\n{marker}{}", lines(100));
+        assert!(head_and_tail(&text, 30).head.len() > 5);
+        let (e, hidden) = head_and_tail_around(&text, 30, Some(5..25));
+        assert!(hidden);
+        assert_eq!(e.head, "abcd\n");
+        assert_eq!(e.cut_chars, text.len() - 5 - e.tail.len());
+        assert_eq!(e.cut_lines, 1 + 100 - e.tail.lines().count());
+        // The tail would start in it.
+        let text = format!("{}{marker}ijkl\n", lines(100));
+        assert!(head_and_tail(&text, 40).tail.len() > 5);
+        let (e, hidden) = head_and_tail_around(&text, 40, Some(500..520));
+        assert!(hidden);
+        assert_eq!(e.tail, "ijkl\n");
+        // Within the head, or a text that is not cut: shown.
+        let (_, hidden) = head_and_tail_around(&text, 100, Some(0..20));
+        assert!(!hidden);
+        let (e, hidden) = head_and_tail_around(&text, 10_000, Some(500..520));
+        assert!(!hidden && !e.is_cut());
     }
 
     #[test]

@@ -239,16 +239,66 @@ async fn endless_output_is_cut_at_the_cap() {
     no_hang(async {
         let result = run(&engine, "while True: print('x')").await;
         assert!(result.timed_out);
-        assert_eq!(
-            result.stdout.len() + result.stderr.len(),
-            64 * 1024,
-            "exactly the cap is kept"
+        // The cap, but for the line that says what was dropped and the last partial line cut.
+        let cut = result.discarded[0].clone().expect("stdout was cut");
+        let kept = result.stdout.len() - cut.marker_len + result.stderr.len();
+        assert!(
+            (64 * 1024 - 4..=64 * 1024).contains(&kept),
+            "the cap is kept: {kept}"
         );
         assert!(
             result.truncated_bytes > 64 * 1024,
             "much more was written: {}",
             result.truncated_bytes
         );
+        // The interrupt's traceback is whole, at the end of stderr.
+        assert!(result.discarded[1].is_none());
+        assert!(text(&result.stderr).contains("KeyboardInterrupt"));
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_output_keeps_its_first_and_last_lines_and_says_what_was_dropped_between() {
+    if skip_without_engine() {
+        return;
+    }
+    // The default limit (1 MiB).
+    let engine = engine();
+    no_hang(async {
+        let code = "for i in range(2_000_000):\n    print(i)\nprint('FINAL RESULT 42')\n";
+        let result = run(&engine, code).await;
+        assert_eq!(result.exit_code, 0, "{}", text(&result.stderr));
+        let mut whole: String = (0..2_000_000).map(|i| format!("{i}\n")).collect();
+        whole.push_str("FINAL RESULT 42\n");
+        let cut = result.discarded[0].clone().expect("stdout was cut");
+        let kept = text(&result.stdout);
+        let (head, rest) = kept.split_at(cut.at);
+        let (line, tail) = rest.split_at(cut.marker_len);
+        assert!(whole.starts_with(head) && head.starts_with("0\n1\n2\n"));
+        assert!(whole.ends_with(tail));
+        assert!(
+            tail.ends_with("\n1999999\nFINAL RESULT 42\n"),
+            "the last line is kept"
+        );
+        // Whole lines: the head ends one, the tail starts one.
+        let dropped = &whole[head.len()..whole.len() - tail.len()];
+        assert!(head.ends_with('\n') && dropped.ends_with('\n'));
+        let lines = dropped.matches('\n').count();
+        assert_eq!(
+            line,
+            format!(
+                "[… {} bytes ({lines} lines) of stdout not kept here: over the 1 MiB output \
+                 limit (SANDBOX_MAX_OUTPUT) …]\n",
+                dropped.len()
+            )
+        );
+        assert_eq!((cut.bytes, cut.lines), (dropped.len() as u64, lines as u64));
+        assert_eq!(result.truncated_bytes, dropped.len() as u64);
+        // Half the limit each, less at most a line.
+        assert!(head.len() > (512 << 10) - 8 && head.len() <= 512 << 10);
+        assert!(tail.len() > (512 << 10) - 8 && tail.len() <= 512 << 10);
     })
     .await;
     assert_nothing_left(&engine).await;

@@ -621,14 +621,34 @@ async fn run(
     }
 }
 
-/// Writes an execution's output as the code wrote it, and notes about limits to stderr.
+/// Writes an execution's output as the code wrote it (a stream over its share of the output
+/// limit: its head and tail, without the line between them), and notes about limits to stderr.
 fn report(execution: &Execution) -> ExitCode {
+    let [out_cut, err_cut] = execution.discarded.each_ref().map(Option::as_ref);
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(&execution.stdout);
+    for part in as_written(&execution.stdout, out_cut) {
+        let _ = stdout.write_all(part);
+    }
     let _ = stdout.flush();
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(&execution.stderr);
-    if execution.truncated_bytes > 0 {
+    for part in as_written(&execution.stderr, err_cut) {
+        let _ = stderr.write_all(part);
+    }
+    for (name, cut) in [("stdout", out_cut), ("stderr", err_cut)] {
+        if let Some(d) = cut {
+            let _ = writeln!(
+                stderr,
+                "[python-code-sandbox: output cut; {name} keeps its first {} and last {} bytes, \
+                 the {} ({}) between them were discarded (SANDBOX_MAX_OUTPUT, {})]",
+                d.at,
+                d.tail,
+                crate::text::count(d.bytes, "byte"),
+                crate::text::count(d.lines, "line"),
+                crate::text::bytes(d.limit),
+            );
+        }
+    }
+    if execution.truncated_bytes > 0 && out_cut.is_none() && err_cut.is_none() {
         let _ = writeln!(
             stderr,
             "[python-code-sandbox: output cut; {} more bytes were discarded]",
@@ -644,6 +664,18 @@ fn report(execution: &Execution) -> ExitCode {
         return ExitCode::from(EXIT_TIMEOUT);
     }
     ExitCode::from(execution.exit_code.rem_euclid(256) as u8)
+}
+
+/// A stream's bytes as the code wrote them: all of them, or head and tail around the line that
+/// stands for what was dropped between them.
+fn as_written<'a>(
+    kept: &'a [u8],
+    discarded: Option<&crate::engine::outcome::Discarded>,
+) -> [&'a [u8]; 2] {
+    match discarded.and_then(|d| Some((kept.get(..d.at)?, kept.get(d.range().end..)?))) {
+        Some((head, tail)) => [head, tail],
+        None => [kept, &[]],
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM, naming it: what ends a server or a `run`.

@@ -221,7 +221,7 @@ pub const SANDBOX_TIMEOUT: Setting = Setting {
 pub const SANDBOX_MAX_OUTPUT: Setting = Setting {
     name: "SANDBOX_MAX_OUTPUT",
     default: Shown::Value("1m"),
-    doc: "bytes of stdout+stderr kept per execution (at most `64m`); the rest is counted and reported as cut",
+    doc: "bytes of stdout+stderr kept per execution (at most `64m`), shared by the two streams; a stream over its share keeps its first and last lines, and a line between them says how many bytes and lines were not kept",
     read: Read::Value(|config, var, v| {
         let bytes = parse_bytes(var, v, 1)?;
         if bytes > MAX_OUTPUT_CEILING {

@@ -202,6 +202,90 @@ impl StreamName {
     }
 }
 
+/// Bytes of one stream the runner did not keep, over the output limit (`SANDBOX_MAX_OUTPUT`): the
+/// stream keeps its head and its tail, and between them, in the kept bytes, one line says what was
+/// dropped there ([`Discarded::marker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discarded {
+    /// Where that line starts in the kept stream: the head's length, in bytes.
+    pub at: usize,
+    /// The line's length in bytes, its line breaks included.
+    pub marker_len: usize,
+    /// Bytes of the tail, after the line.
+    pub tail: usize,
+    /// Bytes dropped between head and tail.
+    pub bytes: u64,
+    /// Lines those bytes span (a line cut partway counts once).
+    pub lines: u64,
+    /// The output limit they were over.
+    pub limit: u64,
+}
+
+impl Discarded {
+    /// The line that stands for the dropped bytes in `stream`'s text (without line breaks).
+    pub fn marker(&self, stream: StreamName) -> String {
+        format!(
+            "[… {} ({}) of {} not kept here: over the {} output limit (SANDBOX_MAX_OUTPUT) …]",
+            crate::text::count(self.bytes, "byte"),
+            crate::text::count(self.lines, "line"),
+            stream.as_str(),
+            crate::text::bytes(self.limit),
+        )
+    }
+
+    /// The line's place in the kept stream, in bytes.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.at..self.at + self.marker_len
+    }
+
+    /// Where a position in the stream as the code wrote it is in the kept stream: the same in the
+    /// head, after the line anywhere among the dropped bytes, shifted back in the tail.
+    fn place(&self, position: u64) -> u64 {
+        let at = self.at as u64;
+        if position <= at {
+            position
+        } else {
+            position
+                .saturating_sub(self.bytes)
+                .max(at)
+                .saturating_add(self.marker_len as u64)
+        }
+    }
+}
+
+/// A stream as the runner kept it (`kept`: its head, the first `cut_at` bytes, then its tail), with
+/// the line for the `bytes` dropped between them (spanning `lines` lines) put where they were.
+pub fn mark_discarded(
+    mut kept: Vec<u8>,
+    stream: StreamName,
+    cut_at: usize,
+    bytes: u64,
+    lines: u64,
+    limit: u64,
+) -> (Vec<u8>, Option<Discarded>) {
+    if bytes == 0 {
+        return (kept, None);
+    }
+    let at = cut_at.min(kept.len());
+    let mut discarded = Discarded {
+        at,
+        marker_len: 0,
+        tail: kept.len() - at,
+        bytes,
+        lines: lines.clamp(1, bytes),
+        limit,
+    };
+    let mut line = Vec::new();
+    if at > 0 && kept[at - 1] != b'\n' {
+        line.push(b'\n');
+    }
+    line.extend_from_slice(discarded.marker(stream).as_bytes());
+    line.push(b'\n');
+    discarded.marker_len = line.len();
+    kept.splice(at..at, line);
+    (kept, Some(discarded))
+}
+
 /// `(mime type, value)` pairs, `text/plain` always among them: values are text, base64 for
 /// `image/png` and `image/jpeg` (checked), JSON text for the JSON types (checked).
 pub type MimeBundle = Vec<(String, String)>;
@@ -287,10 +371,18 @@ pub struct Shown {
 
 /// The outputs in order: stream text cut from the kept stdout and stderr at the positions each
 /// output carries (positions beyond what was kept, or going back, are clamped), consecutive text
-/// of one stream merged; clears and updates applied.
-pub fn ordered(raw: Vec<RawOutput>, stdout: &[u8], stderr: &[u8]) -> Shown {
+/// of one stream merged; clears and updates applied. A stream the runner cut (`discarded`) has
+/// the line for its dropped bytes where they were: an output produced while they were written
+/// comes after that line, in its order among the others.
+pub fn ordered(
+    raw: Vec<RawOutput>,
+    stdout: &[u8],
+    stderr: &[u8],
+    discarded: [Option<&Discarded>; 2],
+) -> Shown {
     let mut shown = Showing {
         streams: [(StreamName::Stdout, stdout), (StreamName::Stderr, stderr)],
+        discarded,
         done: [0; 2],
         outputs: Vec::with_capacity(raw.len() * 2 + 2),
         clear_pending: false,
@@ -366,6 +458,7 @@ pub fn ordered(raw: Vec<RawOutput>, stdout: &[u8], stderr: &[u8]) -> Shown {
 /// The state of [`ordered`] while it walks the runner's outputs.
 struct Showing<'a> {
     streams: [(StreamName, &'a [u8]); 2],
+    discarded: [Option<&'a Discarded>; 2],
     /// Bytes of each stream already placed (shown or skipped).
     done: [usize; 2],
     outputs: Vec<Output>,
@@ -400,28 +493,41 @@ impl Showing<'_> {
         self.push(output);
     }
 
-    /// Places the stream text written before `to`: shown when `emit`, else skipped.
+    /// Places the stream text written before `to` (positions in the streams as written): shown
+    /// when `emit`, else skipped, but for the line that stands for dropped bytes, which is always
+    /// shown.
     fn advance(&mut self, to: [u64; 2], emit: bool) {
         for i in 0..2 {
             let (name, bytes) = self.streams[i];
-            let end = usize::try_from(to[i])
+            let discarded = self.discarded[i];
+            let to = discarded.map_or(to[i], |d| d.place(to[i]));
+            let end = usize::try_from(to)
                 .unwrap_or(usize::MAX)
                 .min(bytes.len())
                 .max(self.done[i]);
-            if emit && end > self.done[i] {
-                let text = String::from_utf8_lossy(&bytes[self.done[i]..end]).into_owned();
-                if self.clear_pending {
-                    self.clear();
-                }
-                match self.outputs.last_mut() {
-                    Some(Output::Stream {
-                        name: last,
-                        text: so_far,
-                    }) if *last == name => so_far.push_str(&text),
-                    _ => self.outputs.push(Output::Stream { name, text }),
+            let start = self.done[i];
+            if emit && end > start {
+                self.emit(name, &bytes[start..end]);
+            } else if let Some(line) = discarded.map(Discarded::range) {
+                if start <= line.start && line.end <= end {
+                    self.emit(name, &bytes[line]);
                 }
             }
             self.done[i] = end;
+        }
+    }
+
+    fn emit(&mut self, name: StreamName, bytes: &[u8]) {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        if self.clear_pending {
+            self.clear();
+        }
+        match self.outputs.last_mut() {
+            Some(Output::Stream {
+                name: last,
+                text: so_far,
+            }) if *last == name => so_far.push_str(&text),
+            _ => self.outputs.push(Output::Stream { name, text }),
         }
     }
 }
@@ -462,7 +568,7 @@ mod tests {
                 serde_json::json!({"output_type":"display_data","data":[["text/plain","late"]],"at":[1,0],"metadata":[1]}),
             ),
         ];
-        let shown = ordered(raws, b"a\nb\nc\n", b"w\nTB!!\n");
+        let shown = ordered(raws, b"a\nb\nc\n", b"w\nTB!!\n", [None, None]);
         assert!(!shown.cleared);
         assert_eq!(
             shown.outputs,
@@ -512,7 +618,7 @@ mod tests {
             ),
             raw(serde_json::json!({"output_type":"clear_output","at":[4,1]})),
         ];
-        let shown = ordered(raws, b"a\nb\nc\n", b"w");
+        let shown = ordered(raws, b"a\nb\nc\n", b"w", [None, None]);
         assert!(shown.cleared);
         // An update of an earlier call's display is not cleared with this call's outputs.
         assert_eq!(
@@ -536,7 +642,7 @@ mod tests {
                 raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[i * 2, 0]}))
             })
             .collect();
-        let shown = ordered(raws, b"0\n1\n2\n", b"");
+        let shown = ordered(raws, b"0\n1\n2\n", b"", [None, None]);
         assert_eq!(shown.outputs, vec![stream(StreamName::Stdout, "2\n")]);
         // A wait with nothing after it clears nothing.
         let raws = vec![
@@ -545,7 +651,7 @@ mod tests {
             ),
             raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[0,0]})),
         ];
-        let shown = ordered(raws, b"", b"");
+        let shown = ordered(raws, b"", b"", [None, None]);
         assert!(!shown.cleared);
         assert_eq!(shown.outputs, vec![Output::display(plain("D"))]);
         // The next display clears too.
@@ -556,7 +662,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            ordered(raws, b"a\n", b"").outputs,
+            ordered(raws, b"a\n", b"", [None, None]).outputs,
             vec![Output::display(plain("D"))]
         );
     }
@@ -578,7 +684,7 @@ mod tests {
             ),
         ];
         let id = |s: &str| Some(s.to_string());
-        let shown = ordered(raws, b"", b"");
+        let shown = ordered(raws, b"", b"", [None, None]);
         assert_eq!(
             shown.outputs,
             vec![
@@ -641,7 +747,7 @@ mod tests {
                 serde_json::json!({"output_type":"update_display_data","data":[["text/plain","x"]],"display_id":"\u{1b}[2J","at":[0,0]}),
             ),
         ];
-        let shown = ordered(raws, b"", b"");
+        let shown = ordered(raws, b"", b"", [None, None]);
         let id = |s: &str| Some(s.to_string());
         assert_eq!(
             shown.outputs,

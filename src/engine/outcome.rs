@@ -5,12 +5,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use super::displays::{Metadata, MimeBundle, Output, StreamName};
+pub use super::displays::{Discarded, Metadata, MimeBundle, Output, StreamName};
 use super::protocol::{ChangedEntry, RaisedException, RunnerResult};
 
 /// The outcome of one execution.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Execution {
+    /// Each stream as kept: whole, or (over its share of `SANDBOX_MAX_OUTPUT`) its head and tail
+    /// with the line of [`Discarded::marker`] between them (`discarded` says where).
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     /// The code's exit status: 0, `sys.exit(n)`, 1 for an uncaught exception, 130 when interrupted,
@@ -18,8 +20,11 @@ pub struct Execution {
     pub exit_code: i32,
     /// Time the code ran, as measured inside the sandbox (or on the host when the runner died).
     pub duration: Duration,
-    /// Bytes of output beyond the cap: counted, not kept.
+    /// Bytes of output beyond the cap: counted, not kept (both streams).
     pub truncated_bytes: u64,
+    /// What was dropped from the middle of stdout and of stderr (a stream over its share of the
+    /// cap keeps its head and tail): `stdout`/`stderr` have a line saying so where it was.
+    pub discarded: [Option<Discarded>; 2],
     /// The wall-clock limit expired.
     pub timed_out: bool,
     /// The caller cancelled the execution.
@@ -67,6 +72,7 @@ impl Execution {
             exit_code: result.exit_code,
             duration: Duration::from_secs_f64(result.duration_ms / 1000.0),
             truncated_bytes: result.dropped_bytes,
+            discarded: result.discarded,
             error: result.error,
             outputs: result.outputs,
             outputs_dropped: result.outputs_dropped,

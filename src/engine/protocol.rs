@@ -13,7 +13,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::bounded::at_most;
-pub use super::displays::{MimeBundle, Output, RawOutput, StreamName, MAX_OUTPUTS};
+use super::displays::mark_discarded;
+pub use super::displays::{Discarded, MimeBundle, Output, RawOutput, StreamName, MAX_OUTPUTS};
 use super::runner_set::RunnerIpython;
 use crate::text::truncate_chars;
 
@@ -664,8 +665,18 @@ pub struct RawResult {
     pub exit_code: i64,
     pub stdout: String,
     pub stderr: String,
+    /// Bytes dropped between each stream's head and tail (over the output limit), the lines they
+    /// span, and where in the kept bytes the cut is (the head's length; the end when not given).
     pub stdout_dropped: u64,
     pub stderr_dropped: u64,
+    #[serde(default)]
+    pub stdout_dropped_lines: u64,
+    #[serde(default)]
+    pub stderr_dropped_lines: u64,
+    #[serde(default)]
+    pub stdout_cut_at: Option<u64>,
+    #[serde(default)]
+    pub stderr_cut_at: Option<u64>,
     pub duration_ms: f64,
     pub interrupted: bool,
     pub error: Option<RaisedException>,
@@ -701,10 +712,13 @@ pub struct RaisedException {
 /// An execution's outcome as reported by the runner, decoded and bounded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunnerResult {
+    /// Each stream as kept: whole, or its head and tail with a line for what was dropped between.
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// Bytes the code wrote beyond the output cap (counted, not kept).
+    /// Bytes the code wrote beyond the output cap (counted, not kept), both streams.
     pub dropped_bytes: u64,
+    /// What was dropped from stdout and from stderr, and where the line that says so is.
+    pub discarded: [Option<Discarded>; 2],
     pub exit_code: i32,
     pub duration_ms: f64,
     pub interrupted: bool,
@@ -739,7 +753,8 @@ pub enum ProtocolError {
 
 impl RawResult {
     /// Decodes the output and holds the runner to the cap it was given: whatever it claims, no
-    /// more than `max_output` bytes of output are kept on the host.
+    /// more than `max_output` bytes of output are kept on the host (and one line for each stream
+    /// cut, where its dropped bytes were).
     pub fn validate(
         self,
         expected_id: u64,
@@ -759,16 +774,37 @@ impl RawResult {
         let mut stdout = decode(&self.stdout)?;
         let mut stderr = decode(&self.stderr)?;
         let cap = usize::try_from(max_output).unwrap_or(usize::MAX);
-        let mut dropped = self.stdout_dropped.saturating_add(self.stderr_dropped);
+        let mut dropped = [self.stdout_dropped, self.stderr_dropped];
         if stdout.len() > cap {
-            dropped = dropped.saturating_add((stdout.len() - cap) as u64);
+            dropped[0] = dropped[0].saturating_add((stdout.len() - cap) as u64);
             stdout.truncate(cap);
         }
         let room = cap - stdout.len();
         if stderr.len() > room {
-            dropped = dropped.saturating_add((stderr.len() - room) as u64);
+            dropped[1] = dropped[1].saturating_add((stderr.len() - room) as u64);
             stderr.truncate(room);
         }
+        let cut_at = |at: Option<u64>, len: usize| {
+            at.map_or(len, |at| usize::try_from(at).unwrap_or(usize::MAX).min(len))
+        };
+        let stdout_cut = cut_at(self.stdout_cut_at, stdout.len());
+        let stderr_cut = cut_at(self.stderr_cut_at, stderr.len());
+        let (stdout, stdout_discarded) = mark_discarded(
+            stdout,
+            StreamName::Stdout,
+            stdout_cut,
+            dropped[0],
+            self.stdout_dropped_lines,
+            max_output,
+        );
+        let (stderr, stderr_discarded) = mark_discarded(
+            stderr,
+            StreamName::Stderr,
+            stderr_cut,
+            dropped[1],
+            self.stderr_dropped_lines,
+            max_output,
+        );
         let duration_ms = if self.duration_ms.is_finite() && self.duration_ms >= 0.0 {
             self.duration_ms
         } else {
@@ -823,7 +859,12 @@ impl RawResult {
             }
             figures.push(png);
         }
-        let shown = super::displays::ordered(self.outputs, &stdout, &stderr);
+        let shown = super::displays::ordered(
+            self.outputs,
+            &stdout,
+            &stderr,
+            [stdout_discarded.as_ref(), stderr_discarded.as_ref()],
+        );
         Ok(RunnerResult {
             outputs: shown.outputs,
             outputs_cleared: shown.cleared,
@@ -831,7 +872,8 @@ impl RawResult {
             outputs_dropped: self.outputs_dropped,
             stdout,
             stderr,
-            dropped_bytes: dropped,
+            dropped_bytes: dropped[0].saturating_add(dropped[1]),
+            discarded: [stdout_discarded, stderr_discarded],
             exit_code,
             duration_ms,
             interrupted: self.interrupted,
@@ -1178,8 +1220,91 @@ mod tests {
             panic!()
         };
         let result = raw.validate(1, 10).unwrap();
-        assert_eq!(result.stdout.len(), 10);
         assert_eq!(result.dropped_bytes, 90);
+        // The 10 bytes kept, then the line for the rest.
+        assert_eq!(
+            String::from_utf8_lossy(&result.stdout),
+            "xxxxxxxxxx\n[… 90 bytes (1 line) of stdout not kept here: over the 10 bytes output \
+             limit (SANDBOX_MAX_OUTPUT) …]\n"
+        );
+        let cut = result.discarded[0].clone().expect("stdout was cut");
+        assert_eq!((cut.at, cut.tail, cut.bytes), (10, 0, 90));
+        assert_eq!(cut.range().end, result.stdout.len());
+        assert!(result.discarded[1].is_none());
+    }
+
+    #[test]
+    fn a_stream_cut_in_its_middle_has_the_line_there_and_outputs_around_it_in_order() {
+        use super::super::displays::{Output, StreamName};
+        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+        // As written: "a\nb\n" + 1000 lines of "m\n" + "y\nz\n"; displays before the cut, in the
+        // dropped middle (two), at the tail's start and in the tail. Stderr is whole.
+        let display = |name: &str, at: u64| {
+            format!(
+                r#"{{"output_type":"display_data","data":[["text/plain","{name}"]],"at":[{at},0]}}"#
+            )
+        };
+        let frame = format!(
+            r#"{{"type":"result","id":1,"exit_code":0,"stdout":"{}","stderr":"{}","stdout_dropped":2000,"stderr_dropped":0,"stdout_dropped_lines":1000,"stdout_cut_at":4,"duration_ms":1,"interrupted":false,"error":null,"outputs":[{},{},{},{},{}]}}"#,
+            b64(b"a\nb\ny\nz\n"),
+            b64(b"e\n"),
+            display("before", 2),
+            display("middle 1", 5),
+            display("middle 2", 1000),
+            display("tail start", 2004),
+            display("in tail", 2006),
+        );
+        let Ok(Reply::Result(raw)) = Reply::parse(frame.as_bytes()) else {
+            panic!("not a result")
+        };
+        let result = raw.validate(1, 100).unwrap();
+        let line = "[… 2000 bytes (1000 lines) of stdout not kept here: over the 100 bytes output \
+                    limit (SANDBOX_MAX_OUTPUT) …]\n";
+        assert_eq!(
+            String::from_utf8_lossy(&result.stdout),
+            format!("a\nb\n{line}y\nz\n")
+        );
+        assert_eq!(result.dropped_bytes, 2000);
+        let cut = result.discarded[0].clone().expect("stdout was cut");
+        assert_eq!((cut.at, cut.tail, cut.lines), (4, 4, 1000));
+        assert_eq!(&result.stdout[cut.range()], line.as_bytes());
+        let stream = |text: &str| Output::Stream {
+            name: StreamName::Stdout,
+            text: text.into(),
+        };
+        let shown = |name: &str| Output::display(vec![("text/plain".into(), name.into())]);
+        assert_eq!(
+            result.outputs,
+            vec![
+                stream("a\n"),
+                shown("before"),
+                stream(&format!("b\n{line}")),
+                shown("middle 1"),
+                shown("middle 2"),
+                shown("tail start"),
+                stream("y\n"),
+                shown("in tail"),
+                stream("z\n"),
+                Output::Stream {
+                    name: StreamName::Stderr,
+                    text: "e\n".into()
+                },
+            ]
+        );
+        // A head that does not end a line (no line break in it): the line starts a line of its own.
+        let frame = format!(
+            r#"{{"type":"result","id":1,"exit_code":0,"stdout":"{}","stderr":"","stdout_dropped":5,"stderr_dropped":0,"stdout_dropped_lines":1,"stdout_cut_at":3,"duration_ms":1,"interrupted":false,"error":null}}"#,
+            b64(b"abcxyz"),
+        );
+        let Ok(Reply::Result(raw)) = Reply::parse(frame.as_bytes()) else {
+            panic!("not a result")
+        };
+        let result = raw.validate(1, 100).unwrap();
+        assert!(
+            String::from_utf8_lossy(&result.stdout)
+                .starts_with("abc\n[… 5 bytes (1 line) of stdout")
+                && result.stdout.ends_with("…]\nxyz".as_bytes())
+        );
     }
 
     #[test]

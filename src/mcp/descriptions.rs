@@ -21,8 +21,9 @@ pub fn limits_line(config: &Config) -> String {
         }
     };
     format!(
-        "Limits per execution: {} wall clock, {} memory, {} CPU(s), {} processes, output cut at {} \
-         (the result shows at most {} characters of it, head and tail, and says where the whole is), \
+        "Limits per execution: {} wall clock, {} memory, {} CPU(s), {} processes, output kept to {} \
+         (a longer stream's first and last lines, saying what was dropped between; the result \
+         shows at most {} characters of it, head and tail, and says where the whole is), \
          {network}.",
         duration(config.limits.timeout),
         bytes(config.limits.memory_bytes),

@@ -245,19 +245,22 @@ const MIN_SHOWN_CHARS: usize = 200;
 
 /// The outputs as a model reads them (see the module's docs). `shares` are the characters each
 /// stream (stdout, stderr) may keep, as the stream fields got them; `cut_line` says what was cut
-/// from a stream and where its whole is.
+/// from a stream and where its whole is, and whether the line `markers` gives for the stream
+/// (the one for bytes the capture dropped) is in the cut part: that line is never split.
 pub fn bounded(
     outputs: &[Output],
     shares: [usize; 2],
     budget: usize,
-    cut_line: &dyn Fn(StreamName, &Excerpt) -> String,
+    cut_line: &dyn Fn(StreamName, &Excerpt, bool) -> String,
+    markers: [Option<&str>; 2],
 ) -> Vec<Output> {
     let mut outputs: Vec<Option<Output>> = outputs.iter().cloned().map(Some).collect();
-    for (name, share) in [StreamName::Stdout, StreamName::Stderr]
+    for ((name, share), marker) in [StreamName::Stdout, StreamName::Stderr]
         .into_iter()
         .zip(shares)
+        .zip(markers)
     {
-        cut_stream(&mut outputs, name, share, cut_line);
+        cut_stream(&mut outputs, name, share, cut_line, marker);
     }
     let mut room = budget.saturating_mul(2);
     for output in outputs.iter_mut().flatten() {
@@ -279,7 +282,8 @@ fn cut_stream(
     outputs: &mut [Option<Output>],
     name: StreamName,
     share: usize,
-    cut_line: &dyn Fn(StreamName, &Excerpt) -> String,
+    cut_line: &dyn Fn(StreamName, &Excerpt, bool) -> String,
+    marker: Option<&str>,
 ) {
     let is_ours = |output: &Option<Output>| matches!(output, Some(Output::Stream { name: n, .. }) if *n == name);
     let whole: String = outputs
@@ -289,13 +293,14 @@ fn cut_stream(
             _ => None,
         })
         .collect();
-    let excerpt = text::head_and_tail(&whole, share);
+    let marker = marker.and_then(|marker| whole.find(marker).map(|at| at..at + marker.len()));
+    let (excerpt, within) = text::head_and_tail_around(&whole, share, marker);
     if !excerpt.is_cut() {
         return;
     }
     let head_end = excerpt.head.len();
     let tail_start = whole.len() - excerpt.tail.len();
-    let line = cut_line(name, &excerpt);
+    let line = cut_line(name, &excerpt, within);
     let mut offset = 0;
     for output in outputs.iter_mut().filter(|output| is_ours(output)) {
         let Some(Output::Stream { text, .. }) = output else {
@@ -422,8 +427,47 @@ mod tests {
         (from..to).map(|i| format!("line {i:05}\n")).collect()
     }
 
-    fn line_for(name: StreamName, excerpt: &Excerpt) -> String {
-        format!("[cut {} {}]", name.as_str(), excerpt.cut_chars)
+    fn line_for(name: StreamName, excerpt: &Excerpt, within: bool) -> String {
+        let within = if within { " around the marker" } else { "" };
+        format!("[cut {} {}{within}]", name.as_str(), excerpt.cut_chars)
+    }
+
+    #[test]
+    fn the_line_for_what_the_capture_dropped_is_kept_or_cut_whole() {
+        let marker = "[… 9000 bytes (900 lines) of stdout not kept here …]";
+        let outputs = vec![
+            stream(StreamName::Stdout, &lines(0, 1)),
+            display(&[("text/plain", "D1")]),
+            stream(
+                StreamName::Stdout,
+                &format!("{marker}\n{}", lines(910, 1000)),
+            ),
+        ];
+        // The head would end in the marker's line, too far into it to move back to its start: it
+        // stops before it, and the line says so.
+        let share = 100;
+        let head = share * 2 / 5;
+        assert!(head - lines(0, 1).len() > head / 2 && head < marker.chars().count());
+        let bounded = bounded(
+            &outputs,
+            [share, 0],
+            20_000,
+            &line_for,
+            [Some(marker), None],
+        );
+        let Output::Stream { text, .. } = &bounded[2] else {
+            panic!("{bounded:?}")
+        };
+        assert!(text.starts_with("[cut stdout "), "{text}");
+        assert!(text.contains(" around the marker]\n"), "{text}");
+        assert!(!text.contains("[… 9000"), "{text}");
+        assert_eq!(bounded[0], outputs[0]);
+        // Without the marker given, the head would have ended in it.
+        let plain = super::bounded(&outputs, [share, 0], 20_000, &line_for, [None, None]);
+        let Output::Stream { text, .. } = &plain[2] else {
+            panic!("{plain:?}")
+        };
+        assert!(text.starts_with("[… 9000"), "{text}");
     }
 
     #[test]
@@ -437,7 +481,7 @@ mod tests {
             display(&[("text/plain", "D2")]),
             stream(StreamName::Stdout, &third),
         ];
-        let bounded = bounded(&outputs, [1000, 1000], 20_000, &line_for);
+        let bounded = bounded(&outputs, [1000, 1000], 20_000, &line_for, [None, None]);
         let whole = format!("{first}{second}{third}");
         let excerpt = text::head_and_tail(&whole, 1000);
         let expected = format!(
@@ -479,7 +523,10 @@ mod tests {
             stream(StreamName::Stdout, "hi\n"),
             display(&[("text/plain", "x")]),
         ];
-        assert_eq!(bounded(&outputs, [3, 0], 20_000, &line_for), outputs);
+        assert_eq!(
+            bounded(&outputs, [3, 0], 20_000, &line_for, [None, None]),
+            outputs
+        );
     }
 
     #[test]
@@ -494,7 +541,7 @@ mod tests {
                 ("text/plain", "<Figure>"),
             ]),
         ];
-        let bounded = bounded(&outputs, [0, 0], 20_000, &line_for);
+        let bounded = bounded(&outputs, [0, 0], 20_000, &line_for, [None, None]);
         let data = |i: usize| match &bounded[i] {
             Output::DisplayData { data, .. } => data.clone(),
             other => panic!("{other:?}"),
@@ -518,7 +565,7 @@ mod tests {
         let outputs: Vec<Output> = (0..20)
             .map(|_| display(&[("text/plain", &plain)]))
             .collect();
-        let bounded = bounded(&outputs, [0, 0], 4_000, &line_for);
+        let bounded = bounded(&outputs, [0, 0], 4_000, &line_for, [None, None]);
         let texts: Vec<&str> = bounded
             .iter()
             .map(|o| match o {
@@ -541,7 +588,7 @@ mod tests {
             evalue: "v".into(),
             traceback,
         }];
-        let bounded = bounded(&outputs, [0, 0], 2_000, &line_for);
+        let bounded = bounded(&outputs, [0, 0], 2_000, &line_for, [None, None]);
         let Output::Error { traceback, .. } = &bounded[0] else {
             panic!()
         };

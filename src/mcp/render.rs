@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::notebook::{self, OutputJson};
 use crate::config::Limits;
 use crate::engine::artifacts::{display_path, is_displayable_image};
-use crate::engine::outcome::{NetworkEntry, Output, StreamName};
+use crate::engine::outcome::{Discarded, NetworkEntry, Output, StreamName};
 use crate::engine::{Artifact, Execution, KeptStream};
 use crate::text::{self, bytes, duration, Excerpt};
 
@@ -19,6 +19,9 @@ pub struct ExecutionOutput {
     /// What the code wrote to stdout (invalid UTF-8 replaced), as the text shows it: whole, or
     /// when stdout and stderr together are longer than the server's model output budget, the
     /// head and tail around one line saying what was cut and where the whole is (`stdout_cut`).
+    /// Over the output limit it was captured as its head and tail already, with the line
+    /// `[… N bytes (L lines) of stdout not kept here: …]` where the bytes not kept were
+    /// (`stdout_dropped_bytes`).
     pub stdout: String,
     /// What the code wrote to stderr, tracebacks included; cut like stdout (`stderr_cut`).
     pub stderr: String,
@@ -32,10 +35,17 @@ pub struct ExecutionOutput {
     pub duration_ms: u64,
     /// The wall-clock limit expired and the code was interrupted.
     pub timed_out: bool,
-    /// Output beyond the limit was discarded.
+    /// Output beyond the limit (`SANDBOX_MAX_OUTPUT`) was discarded.
     pub truncated: bool,
-    /// How many bytes were discarded.
+    /// How many bytes were discarded, both streams.
     pub truncated_bytes: u64,
+    /// Bytes of stdout discarded between its head and its tail (over the output limit), and the
+    /// lines they span (a line cut partway counts once).
+    pub stdout_dropped_bytes: u64,
+    pub stdout_dropped_lines: u64,
+    /// The same for stderr.
+    pub stderr_dropped_bytes: u64,
+    pub stderr_dropped_lines: u64,
     /// The client cancelled the call.
     pub cancelled: bool,
     /// The interpreter was restarted: variables from earlier calls are gone.
@@ -170,8 +180,9 @@ impl CutOutput {
         }
     }
 
-    /// The one line that stands for the cut part: how much, and where the whole is.
-    fn line(&self, stream: &str) -> String {
+    /// The one line that stands for the cut part: how much, and where the whole is; and, when the
+    /// line for bytes the capture did not keep is in the cut part (`within`), how many those were.
+    fn line(&self, stream: &str, within: Option<&Discarded>) -> String {
         let mut places = Vec::new();
         if let Some(path) = &self.workspace_path {
             places.push(format!(
@@ -192,8 +203,16 @@ impl CutOutput {
             }
             _ => String::new(),
         };
+        let not_kept = within.map_or(String::new(), |d| {
+            format!(
+                "; within them {} ({}) were not kept at all (over the {} output limit)",
+                text::count(d.bytes, "byte"),
+                text::count(d.lines, "line"),
+                bytes(d.limit)
+            )
+        });
         format!(
-            "[… {} ({}) cut here; the whole {stream} ({}) {whole}{note} …]",
+            "[… {} ({}) cut here{not_kept}; the whole {stream} ({}) {whole}{note} …]",
             text::count(self.cut_chars, "character"),
             text::count(self.cut_lines, "line"),
             bytes(self.whole_bytes),
@@ -202,11 +221,16 @@ impl CutOutput {
 }
 
 /// A stream as the model reads it: whole, or its head, the line saying what was cut, its tail.
-fn shown(stream: &str, excerpt: &Excerpt, cut: Option<&CutOutput>) -> String {
+fn shown(
+    stream: &str,
+    excerpt: &Excerpt,
+    cut: Option<&CutOutput>,
+    within: Option<&Discarded>,
+) -> String {
     let Some(cut) = cut else {
         return excerpt.head.to_string();
     };
-    let line = cut.line(stream);
+    let line = cut.line(stream, within);
     let mut text = String::with_capacity(excerpt.head.len() + line.len() + excerpt.tail.len() + 2);
     text.push_str(excerpt.head);
     if !excerpt.head.is_empty() && !excerpt.head.ends_with('\n') {
@@ -372,16 +396,26 @@ pub fn execution(
     container_id: Option<&str>,
     readable_max: u64,
 ) -> CallToolResult {
-    // Stdout and stderr share the model's budget; each beyond its share keeps head and tail.
+    // Stdout and stderr share the model's budget; each beyond its share keeps head and tail. The
+    // line for bytes the capture dropped stays whole, in the text or in the cut part.
     let whole_stdout = String::from_utf8_lossy(&execution.stdout);
     let whole_stderr = String::from_utf8_lossy(&execution.stderr);
+    let [stdout_discarded, stderr_discarded] = execution.discarded.each_ref().map(Option::as_ref);
     let (stdout_share, stderr_share) = text::share_budget(
         limits.model_output_chars,
         whole_stdout.chars().count(),
         whole_stderr.chars().count(),
     );
-    let stdout_excerpt = text::head_and_tail(&whole_stdout, stdout_share);
-    let stderr_excerpt = text::head_and_tail(&whole_stderr, stderr_share);
+    let (stdout_excerpt, stdout_within) = text::head_and_tail_around(
+        &whole_stdout,
+        stdout_share,
+        marker_range(&whole_stdout, &execution.stdout, stdout_discarded),
+    );
+    let (stderr_excerpt, stderr_within) = text::head_and_tail_around(
+        &whole_stderr,
+        stderr_share,
+        marker_range(&whole_stderr, &execution.stderr, stderr_discarded),
+    );
     let kept = execution.whole_output.as_ref();
     let stdout_cut = stdout_excerpt.is_cut().then(|| {
         let kept = kept.map(|k| &k.stdout);
@@ -391,21 +425,45 @@ pub fn execution(
         let kept = kept.map(|k| &k.stderr);
         CutOutput::of(&stderr_excerpt, execution.stderr.len(), kept, container_id)
     });
-    let stdout = shown("stdout", &stdout_excerpt, stdout_cut.as_ref());
-    let stderr = shown("stderr", &stderr_excerpt, stderr_cut.as_ref());
+    let stdout = shown(
+        "stdout",
+        &stdout_excerpt,
+        stdout_cut.as_ref(),
+        stdout_discarded.filter(|_| stdout_within),
+    );
+    let stderr = shown(
+        "stderr",
+        &stderr_excerpt,
+        stderr_cut.as_ref(),
+        stderr_discarded.filter(|_| stderr_within),
+    );
     // The outputs' stream text is the same text, cut the same way.
-    let cut_line = |name: StreamName, excerpt: &Excerpt| {
-        let (whole, kept) = match name {
-            StreamName::Stdout => (execution.stdout.len(), kept.map(|k| &k.stdout)),
-            StreamName::Stderr => (execution.stderr.len(), kept.map(|k| &k.stderr)),
+    let cut_line = |name: StreamName, excerpt: &Excerpt, within: bool| {
+        let (whole, kept, discarded) = match name {
+            StreamName::Stdout => (
+                execution.stdout.len(),
+                kept.map(|k| &k.stdout),
+                stdout_discarded,
+            ),
+            StreamName::Stderr => (
+                execution.stderr.len(),
+                kept.map(|k| &k.stderr),
+                stderr_discarded,
+            ),
         };
-        CutOutput::of(excerpt, whole, kept, container_id).line(name.as_str())
+        CutOutput::of(excerpt, whole, kept, container_id)
+            .line(name.as_str(), discarded.filter(|_| within))
     };
+    let markers = [
+        stdout_discarded.map(|d| d.marker(StreamName::Stdout)),
+        stderr_discarded.map(|d| d.marker(StreamName::Stderr)),
+    ];
     let outputs = notebook::bounded(
         &execution.outputs,
         [stdout_share, stderr_share],
         limits.model_output_chars,
         &cut_line,
+        [markers[0].as_deref(), markers[1].as_deref()],
     );
     let deliveries: Vec<Delivery> = execution
         .files
@@ -425,6 +483,10 @@ pub fn execution(
         timed_out: execution.timed_out,
         truncated: execution.truncated_bytes > 0,
         truncated_bytes: execution.truncated_bytes,
+        stdout_dropped_bytes: stdout_discarded.map_or(0, |d| d.bytes),
+        stdout_dropped_lines: stdout_discarded.map_or(0, |d| d.lines),
+        stderr_dropped_bytes: stderr_discarded.map_or(0, |d| d.bytes),
+        stderr_dropped_lines: stderr_discarded.map_or(0, |d| d.lines),
         cancelled: execution.cancelled,
         state_lost: execution.state_lost,
         workspace_lost: execution.workspace_lost,
@@ -511,6 +573,55 @@ pub fn execution(
     result
 }
 
+/// Where the line for the bytes the capture dropped is in a stream's text (`whole`, from `bytes`).
+fn marker_range(
+    whole: &str,
+    bytes: &[u8],
+    discarded: Option<&Discarded>,
+) -> Option<std::ops::Range<usize>> {
+    let d = discarded?;
+    let start = String::from_utf8_lossy(bytes.get(..d.at)?).len();
+    let range = start..start + d.marker_len;
+    whole
+        .get(range.clone())
+        .is_some_and(|line| line.ends_with("…]\n"))
+        .then_some(range)
+}
+
+/// The text's line saying what the output limit dropped, stream by stream.
+fn discarded_line(execution: &Execution, limits: &Limits) -> Option<String> {
+    if execution.truncated_bytes == 0 {
+        return None;
+    }
+    let parts: Vec<String> = [StreamName::Stdout, StreamName::Stderr]
+        .into_iter()
+        .zip(&execution.discarded)
+        .filter_map(|(name, d)| {
+            let d = d.as_ref()?;
+            Some(format!(
+                "{} keeps its first {} and last {}, the {} ({}) between them were discarded",
+                name.as_str(),
+                bytes(d.at as u64),
+                bytes(d.tail as u64),
+                text::count(d.bytes, "byte"),
+                text::count(d.lines, "line"),
+            ))
+        })
+        .collect();
+    let what = if parts.is_empty() {
+        format!(
+            "{} were discarded",
+            text::count(execution.truncated_bytes, "byte")
+        )
+    } else {
+        parts.join("; ")
+    };
+    Some(format!(
+        "[output over the {} limit (SANDBOX_MAX_OUTPUT): {what}]\n",
+        bytes(limits.max_output_bytes)
+    ))
+}
+
 fn summary(
     execution: &Execution,
     limits: &Limits,
@@ -572,12 +683,8 @@ fn summary(
             execution.outputs_dropped
         ));
     }
-    if execution.truncated_bytes > 0 {
-        text.push_str(&format!(
-            "[output cut at {}: {} more bytes were discarded]\n",
-            bytes(limits.max_output_bytes),
-            execution.truncated_bytes
-        ));
+    if let Some(line) = discarded_line(execution, limits) {
+        text.push_str(&line);
     }
     if execution.timed_out || execution.cancelled {
         text.push_str(if execution.state_lost {
@@ -655,7 +762,12 @@ mod tests {
             .map(|t| t.text.clone())
             .unwrap_or_default();
         assert!(text.starts_with("timed out after 1m"), "{text}");
-        assert!(text.contains("5 more bytes were discarded"));
+        assert!(
+            text.contains(
+                "[output over the 1 MiB limit (SANDBOX_MAX_OUTPUT): 5 bytes were discarded]"
+            ),
+            "{text}"
+        );
         assert_eq!(result.structured_content.unwrap()["container_id"], "abc");
     }
 
@@ -788,6 +900,73 @@ mod tests {
         assert_eq!(cut["cut_lines"].as_u64().unwrap() + shown_lines, 10_000);
         assert_eq!(structured["stderr"], "Traceback: boom\n");
         assert!(structured["stderr_cut"].is_null());
+    }
+
+    #[test]
+    fn bytes_the_capture_dropped_are_said_in_the_stream_or_in_the_models_cut_line() {
+        use crate::engine::displays::mark_discarded;
+        let mut limits = crate::config::Config::default().limits;
+        let kept: String = (0..100)
+            .chain(9900..10_000)
+            .map(|i| format!("line {i:05}\n"))
+            .collect();
+        let (stdout, discarded) = mark_discarded(
+            kept.into_bytes(),
+            StreamName::Stdout,
+            1100,
+            108_900,
+            9800,
+            1 << 20,
+        );
+        let mut e = sample();
+        e.stdout = stdout;
+        e.truncated_bytes = 108_900;
+        e.discarded = [discarded, None];
+        let marker = "[… 108900 bytes (9800 lines) of stdout not kept here: over the 1 MiB output \
+                      limit (SANDBOX_MAX_OUTPUT) …]";
+        let said = "[output over the 1 MiB limit (SANDBOX_MAX_OUTPUT): stdout keeps its first 1.1 \
+                    KiB and last 1.1 KiB, the 108900 bytes (9800 lines) between them were discarded]";
+        // Read whole: the line is where the bytes were, and the text says it again at the end.
+        let result = execution(&e, &limits, None, 5 << 20);
+        let text = text_of(&result);
+        assert!(
+            text.contains(&format!("line 00099\n{marker}\nline 09900\n")),
+            "{text}"
+        );
+        assert!(text.contains(said), "{text}");
+        let structured = result.structured_content.unwrap();
+        assert_eq!(structured["stdout_dropped_bytes"], 108_900);
+        assert_eq!(structured["stdout_dropped_lines"], 9800);
+        assert_eq!(structured["stderr_dropped_bytes"], 0);
+        assert_eq!(structured["truncated_bytes"], 108_900);
+        assert!(structured["stdout_cut"].is_null());
+        // Cut for the model around it: the model's cut line says it too, and it is never split.
+        limits.model_output_chars = 1000;
+        let result = execution(&e, &limits, None, 5 << 20);
+        let text = text_of(&result);
+        assert!(!text.contains(marker), "{text}");
+        let cut: Vec<&str> = text.lines().filter(|l| l.contains(" cut here")).collect();
+        assert_eq!(cut.len(), 1, "{text}");
+        assert!(
+            cut[0].contains(
+                " lines) cut here; within them 108900 bytes (9800 lines) were not kept at all \
+                 (over the 1 MiB output limit); the whole stdout ("
+            ),
+            "{}",
+            cut[0]
+        );
+        assert!(text.contains(said), "{text}");
+        assert!(
+            text.contains("\nline 09999\n"),
+            "the last line is there: {text}"
+        );
+        // A budget that ends the head within the line: it stops before it.
+        limits.model_output_chars = 2700;
+        let text = text_of(&execution(&e, &limits, None, 5 << 20));
+        assert!(
+            !text.contains("[… 108900 bytes") || text.contains(marker),
+            "{text}"
+        );
     }
 
     #[test]

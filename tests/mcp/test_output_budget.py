@@ -52,14 +52,25 @@ async def test_fifty_megabytes_of_output_come_back_within_the_budget_and_are_sav
         assert structured["stdout"] in text
         assert structured["stdout"].startswith("000000 xxx")
         assert structured["stdout"].rstrip("\n").endswith("xxx")
-        # The saved file holds every byte captured, as captured.
+        # The saved file holds every byte captured, as captured: the first and the last lines
+        # written, and between them the line saying how much the capture did not keep.
         with open(cut["saved_to"], "rb") as saved:
             whole = saved.read()
         assert len(whole) == cut["whole_bytes"]
-        assert CAPTURE - 1000 <= len(whole) <= CAPTURE
         assert whole.startswith(b"000000 " + b"x" * 992 + b"\n000001 ")
         lines = whole.split(b"\n")
-        assert all(l == b"%06d %s" % (n, b"x" * 992) for n, l in enumerate(lines[:-2])), "lines in order"
+        [marker] = [n for n, l in enumerate(lines) if l.startswith("[… ".encode())]
+        dropped = structured["stdout_dropped_bytes"]
+        assert lines[marker] == (
+            f"[… {dropped} bytes ({dropped // 1000} lines) of stdout not kept here: "
+            "over the 8 MiB output limit (SANDBOX_MAX_OUTPUT) …]"
+        ).encode()
+        assert CAPTURE - 2000 <= len(whole) - len(lines[marker]) - 1 <= CAPTURE
+        assert all(l == b"%06d %s" % (n, b"x" * 992) for n, l in enumerate(lines[:marker])), "head in order"
+        first = 50_000 - (len(lines) - 1 - marker - 1)
+        assert all(l == b"%06d %s" % (n, b"x" * 992) for n, l in enumerate(lines[marker + 1 : -1], first)), "tail in order"
+        assert (marker + dropped // 1000 + len(lines) - 1 - marker - 1) == 50_000
+        assert "cut here; within them %d bytes" % dropped in line, line
         assert cut["cut_lines"] >= len(lines) - 40
 
 

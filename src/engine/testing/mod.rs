@@ -7,6 +7,7 @@
 
 pub mod fake_backend;
 
+mod capture_tests;
 mod engine_tests;
 mod ipython_tests;
 mod sandbox_tests;

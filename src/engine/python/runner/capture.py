@@ -1,6 +1,17 @@
 # Reading an execution's stdout and stderr pipes within the output cap, and knowing at any moment
 # how much of each stream has been written (display.py places outputs between stream bytes so).
 #
+# Within the cap: both streams together keep at most `cap` bytes, shared as the model's budget is
+# (text.rs share_budget): both whole when they fit together; else a stream that fits in half the
+# cap stays whole and the other gets the rest; else each gets half. A stream over its share keeps
+# its head (half its share, the first bytes) and its tail (the rest: the latest bytes, in a ring),
+# and counts the bytes between them, and the lines those span. A share only ever shrinks while
+# the code writes (the other stream grows), so the head is cut back and the ring drops its oldest
+# bytes; nothing dropped is ever needed again. At the end the head is cut back to its last whole
+# line and the tail starts at a line's start (each cut at a character's start instead when its
+# part has no line break), so neither shows a line cut partway; the host puts a line saying what
+# was dropped where the cut is.
+#
 # Live output: when the host asks for it (it has somewhere to show it), the same thread sends what
 # the code wrote as "output" frames while it runs: at most LIVE_PER_SECOND frames a second, each
 # with at most LIVE_BYTES of each stream (the latest; how much was skipped is counted), and a last
@@ -30,6 +41,120 @@ LIVE_BYTES = 2048
 LIVE_PER_SECOND = 4
 
 
+def shares(cap, a, b):
+    """How `cap` bytes are shared between streams of `a` and `b` bytes (text.rs share_budget)."""
+    half = cap // 2
+    if a + b <= cap:
+        return a, b
+    if a <= half:
+        return a, cap - a
+    if b <= half:
+        return cap - b, b
+    return half, cap - half
+
+
+def _utf8_start(data, end):
+    """The largest offset <= `end` in `data` that does not split a UTF-8 sequence."""
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte < 0x80:
+            return end
+        if byte >= 0xC0:
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return end if back >= length else end - back
+    return end
+
+
+# The ring's dropped front is given back once it is this long and at least as long as what it
+# keeps: each byte is copied at most once more, so the ring costs O(1) a byte.
+RING_SLACK = 1 << 16
+
+
+class Kept:
+    """One stream's bytes within its share: whole while they fit, then a head and a ring."""
+
+    def __init__(self):
+        self.head = bytearray()
+        # The tail: ring[start:]. Bytes before `start` are dropped, given back now and then.
+        self.ring = bytearray()
+        self.start = 0
+        self.total = 0
+        self.cut = False
+        # Line breaks among the dropped bytes; whether the last one dropped before the tail was a
+        # line break (the tail then starts a line).
+        self.newlines = 0
+        self.tail_starts_line = True
+
+    def add(self, chunk):
+        self.total += len(chunk)
+        (self.ring if self.cut else self.head).extend(chunk)
+
+    def tail_len(self):
+        return len(self.ring) - self.start
+
+    def dropped(self):
+        return self.total - len(self.head) - self.tail_len()
+
+    def fit(self, share):
+        """Keeps at most `share` bytes: all of them, or half the share of the first and the rest of
+        the latest."""
+        if self.total <= share and not self.cut:
+            return
+        half = share // 2
+        if not self.cut:
+            self.cut = True
+            self.ring = self.head[half:]
+            self.start = 0
+            del self.head[half:]
+            self.tail_starts_line = half == 0 or self.head[-1] == 0x0A
+        elif len(self.head) > half:
+            self._drop_head(half)
+        over = self.tail_len() - (share - half)
+        if over > 0:
+            self._drop_front(over)
+
+    def _drop_head(self, end):
+        self.newlines += self.head.count(b"\n", end)
+        del self.head[end:]
+
+    def _drop_front(self, n):
+        end = self.start + n
+        self.newlines += self.ring.count(b"\n", self.start, end)
+        self.tail_starts_line = self.ring[end - 1] == 0x0A
+        self.start = end
+        if end >= RING_SLACK and end >= len(self.ring) - end:
+            del self.ring[:end]
+            self.start = 0
+
+    def finish(self):
+        """Cuts head and tail at line boundaries (at characters' starts when there are none)."""
+        if not self.cut:
+            return
+        newline = self.head.rfind(b"\n")
+        self._drop_head(newline + 1 if newline >= 0 else _utf8_start(self.head, len(self.head)))
+        if not self.tail_starts_line:
+            # The first line break before the tail's last byte: the last line is kept even when it
+            # is the only one (cut at its start, where it has no break before it).
+            newline = self.ring.find(b"\n", self.start, max(self.start, len(self.ring) - 1))
+            if newline >= 0:
+                self._drop_front(newline + 1 - self.start)
+            else:
+                skip = 0
+                while skip < 3 and skip < self.tail_len() and 0x80 <= self.ring[self.start + skip] < 0xC0:
+                    skip += 1
+                if skip:
+                    self._drop_front(skip)
+
+    def lines(self):
+        """The lines the dropped bytes span (a line cut partway counts once)."""
+        if not self.dropped():
+            return 0
+        return self.newlines + (0 if self.tail_starts_line else 1)
+
+    def kept(self):
+        return bytes(self.head) + bytes(self.ring[self.start :])
+
+
 class CaptureJob:
     """Reads one execution's stdout and stderr pipes, keeping at most `cap` bytes of both."""
 
@@ -52,9 +177,8 @@ class CaptureJob:
         # held: it never takes it (what it writes is not captured anyway).
         self.pid = os.getpid()
         self.fds = {out_fd: 0, err_fd: 1}
-        self.kept = [bytearray(), bytearray()]
-        self.dropped = [0, 0]
-        self.room = cap
+        self.kept = [Kept(), Kept()]
+        self.cap = cap
         # Bytes read from each pipe (kept or dropped). Reading a chunk and counting it happen under
         # the lock, so `position` never sees a chunk in between.
         self.read = [0, 0]
@@ -88,11 +212,7 @@ class CaptureJob:
                             continue
                         self.read[stream] += len(chunk)
                         end = self.read[stream]
-                    keep = min(len(chunk), self.room)
-                    if keep:
-                        self.kept[stream] += chunk[:keep]
-                        self.room -= keep
-                    self.dropped[stream] += len(chunk) - keep
+                    self._keep(stream, chunk)
                     if self.live is not None:
                         self._live_add(stream, chunk, end)
                 if self.live is not None and time.monotonic() - self.live_sent_at >= 1 / LIVE_PER_SECOND:
@@ -105,6 +225,25 @@ class CaptureJob:
                     os.close(fd)
                 self.fds = {}
             self.done.set()
+
+    def _keep(self, stream, chunk):
+        kept = self.kept
+        kept[stream].add(chunk)
+        for part, share in zip(kept, shares(self.cap, kept[0].total, kept[1].total)):
+            part.fit(share)
+
+    def result(self):
+        """The result's fields for the streams, once the job is done: each one's kept bytes
+        (base64), the bytes dropped between its head and tail, the lines they span, and where in
+        the kept bytes the cut is."""
+        fields = {}
+        for part, name in zip(self.kept, ("stdout", "stderr")):
+            part.finish()
+            fields[name] = base64.b64encode(part.kept()).decode("ascii")
+            fields[name + "_dropped"] = part.dropped()
+            fields[name + "_dropped_lines"] = part.lines()
+            fields[name + "_cut_at"] = len(part.head)
+        return fields
 
     def _live_add(self, stream, chunk, end):
         """`chunk`, the stream's bytes up to offset `end`, into the next frame."""
