@@ -379,7 +379,7 @@ async def test_the_server_removes_a_full_pool_when_it_exits():
 
 
 async def test_pool_size_zero_works():
-    async with connect(SANDBOX_POOL_SIZE="0") as client:
+    async with connect(SANDBOX_POOL_SIZE="0", SANDBOX_RECYCLE="false") as client:
         result = await client.call_tool("run_python_ephemeral", {"code": "print('no pool')"})
         assert result.structured_content["stdout"] == "no pool\n"
         # The run's sandbox is removed in the background, and no pool sandbox takes its place.

@@ -152,6 +152,8 @@ fn spawn_refill(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
             let mut failed = false;
             for result in results {
                 match result {
+                    // A call waits for the share it holds: it goes.
+                    Ok(sandbox) if engine.share_wanted() => engine.retire(sandbox),
                     Ok(sandbox) => {
                         if let Some(sandbox) = pool.put(sandbox) {
                             engine.retire(sandbox);

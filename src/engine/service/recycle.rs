@@ -44,6 +44,7 @@ impl Engine {
         };
         let kept = self.recycled.clone();
         let closing = self.closing.clone();
+        let admission = self.admission.get().cloned();
         self.background.spawn(async move {
             let started = Instant::now();
             if let Err(e) = sandbox.recycle().await {
@@ -51,7 +52,8 @@ impl Engine {
                 return sandbox.destroy().await;
             }
             tracing::debug!(sandbox = %sandbox.id(), recycle_ms = started.elapsed().as_millis() as u64, "recycled");
-            if closing.is_cancelled() {
+            // At shutdown, or when a call waits for its share: removed, not kept.
+            if closing.is_cancelled() || admission.is_some_and(|a| a.wanted()) {
                 return sandbox.destroy().await;
             }
             if let Some(over) = kept.put(key, sandbox, Instant::now()) {
@@ -76,6 +78,12 @@ impl Engine {
             tracing::debug!(sandbox = %sandbox.id(), "removing an idle sandbox: a call needs its share");
             self.retire(sandbox);
         }
+    }
+
+    /// Whether a call waits for a share of the capacity (what is started or kept for later
+    /// should give its share up).
+    pub(super) fn share_wanted(&self) -> bool {
+        self.admission.get().is_some_and(|a| a.wanted())
     }
 
     /// Sandboxes recycled and waiting now.
