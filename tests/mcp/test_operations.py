@@ -34,7 +34,8 @@ class Server:
 
     def __init__(self, wait_for_mcp=True, **env):
         merged = dict(os.environ)
-        merged.update({"LOG_LEVEL": "info", "SANDBOX_POOL_SIZE": "0", "SANDBOX_HTTP_TOKEN": TOKEN})
+        # No pool and no recycled run sandboxes: the counts of sandboxes started stay exact.
+        merged.update({"LOG_LEVEL": "info", "SANDBOX_POOL_SIZE": "0", "SANDBOX_RECYCLE": "false", "SANDBOX_HTTP_TOKEN": TOKEN})
         merged.setdefault("SANDBOX_SNAPSHOT_DIR", SNAPSHOT_DIR)
         merged.update({k: str(v) for k, v in env.items() if v is not None})
         for name in [k for k, v in env.items() if v is None]:
