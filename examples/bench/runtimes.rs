@@ -102,15 +102,21 @@ pub(crate) async fn runtime_figures(
     })
 }
 
-/// runc and gVisor side by side (gVisor only when the engine has it).
-pub(crate) async fn runtimes(options: &BenchOptions) -> Result<(), String> {
+/// The runtimes registered with the engine, by name.
+pub(crate) async fn registered_runtimes(
+) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
     let engine = Engine::with_docker(Config::default());
-    let registered = engine
+    Ok(engine
         .backend()
         .info()
         .await
         .map_err(|e| e.to_string())?
-        .runtimes;
+        .runtimes)
+}
+
+/// runc and gVisor side by side (gVisor only when the engine has it).
+pub(crate) async fn runtimes(options: &BenchOptions) -> Result<(), String> {
+    let registered = registered_runtimes().await?;
     let mut figures = Vec::new();
     for runtime in ["runc", "runsc"] {
         if !registered.contains_key(runtime) {

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use python_code_sandbox::config::Config;
-use python_code_sandbox::engine::Engine;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{json, Value};
 
@@ -350,13 +349,7 @@ async fn soak_run(
 
 /// The soak under each runtime registered with the engine, at each number of callers.
 pub(crate) async fn soak(config: Config, options: SoakOptions) -> Result<(), String> {
-    let engine = Engine::with_docker(Config::default());
-    let registered = engine
-        .backend()
-        .info()
-        .await
-        .map_err(|e| e.to_string())?
-        .runtimes;
+    let registered = crate::runtimes::registered_runtimes().await?;
     let floor_label = format!("io.python-code-sandbox.bench-floor={}", std::process::id());
     let mut runs = Vec::new();
     let mut skipped = Vec::new();
