@@ -17,10 +17,17 @@ use crate::engine::owner::LABEL_MANAGED;
 /// Deaths remembered at most.
 const KEPT: usize = 512;
 
+/// How long a sandbox killed by SIGKILL is looked at for a trailing `oom` event: the engine
+/// reports the kernel's memory kill and the exit apart, in either order.
+const OOM_TRAILS_BY: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
 pub struct Deaths {
     seen: Mutex<VecDeque<(String, ExitInfo)>>,
     watching: tokio::sync::OnceCell<()>,
+    /// The time of the latest event seen (seconds): a stream that ended resumes from there, so
+    /// nothing the engine said in between is missed.
+    latest: std::sync::atomic::AtomicI64,
 }
 
 impl Deaths {
@@ -53,13 +60,18 @@ impl Deaths {
             ),
             ("label".to_string(), vec![format!("{LABEL_MANAGED}=true")]),
         ]);
+        let latest = self.latest.load(std::sync::atomic::Ordering::Relaxed);
         let options = bollard::query_parameters::EventsOptions {
-            since: None,
+            since: (latest > 0).then(|| latest.to_string()),
             until: None,
             filters: Some(filters),
         };
         let mut events = std::pin::pin!(docker.events(Some(options)));
         while let Some(Ok(event)) = events.next().await {
+            if let Some(time) = event.time {
+                self.latest
+                    .fetch_max(time, std::sync::atomic::Ordering::Relaxed);
+            }
             let Some(actor) = event.actor else { continue };
             let Some(id) = actor.id else { continue };
             let exit_code = actor
@@ -92,21 +104,43 @@ impl Deaths {
         }
     }
 
+    fn find(&self, id: &str) -> Option<ExitInfo> {
+        self.lock()
+            .iter()
+            .find(|(seen, _)| seen == id)
+            .map(|(_, info)| info.clone())
+    }
+
     /// How the sandbox `id` ended, when the engine said (its `die` event may trail its removal
-    /// by a moment: looked for up to half a second).
+    /// by a moment: looked for up to half a second; a kill by SIGKILL is then looked at for a
+    /// trailing `oom`, see [`Deaths::out_of_memory`]).
     pub async fn of(&self, id: &str) -> Option<ExitInfo> {
         for _ in 0..10 {
-            let found = self
-                .lock()
-                .iter()
-                .find(|(seen, info)| seen == id && info.exit_code.is_some())
-                .map(|(_, info)| info.clone());
-            if found.is_some() {
-                return found;
+            if let Some(mut info) = self.find(id).filter(|info| info.exit_code.is_some()) {
+                if info.exit_code == Some(137) && !info.oom_killed {
+                    info.oom_killed = self.out_of_memory(id).await;
+                }
+                return Some(info);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
+    }
+
+    /// Whether the engine said the kernel stopped `id` for memory, waiting up to
+    /// [`OOM_TRAILS_BY`] for it: asked only of a sandbox that ended by SIGKILL, whose `oom` event
+    /// may come after its exit (then its inspection does not show it either).
+    pub async fn out_of_memory(&self, id: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + OOM_TRAILS_BY;
+        loop {
+            if self.find(id).is_some_and(|info| info.oom_killed) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -127,5 +161,19 @@ mod tests {
             deaths.record(&n.to_string(), false, Some(1));
         }
         assert!(deaths.of("a").await.is_none(), "only the latest are kept");
+    }
+
+    #[tokio::test]
+    async fn an_oom_event_after_the_exit_still_counts() {
+        let deaths = Arc::new(Deaths::default());
+        deaths.record("a", false, Some(137));
+        let later = deaths.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            later.record("a", true, None);
+        });
+        assert!(deaths.of("a").await.is_some_and(|a| a.oom_killed));
+        deaths.record("b", false, Some(137));
+        assert!(!deaths.of("b").await.is_some_and(|b| b.oom_killed), "no oom: a plain kill");
     }
 }

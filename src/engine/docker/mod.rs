@@ -896,11 +896,22 @@ impl Backend for DockerBackend {
             }
             Err(e) => return Err(classify(e)),
         };
+        let sandbox = inspected
+            .config
+            .and_then(|c| c.labels)
+            .is_some_and(|labels| labels.contains_key(crate::engine::owner::LABEL_MANAGED));
         let state = inspected.state.unwrap_or_default();
+        let running = state.running.unwrap_or(false);
+        let mut oom_killed = state.oom_killed.unwrap_or(false);
+        if sandbox && !running && !oom_killed && state.exit_code == Some(137) {
+            // The engine may record the kernel's memory kill after the exit (its events of the
+            // server's sandboxes are followed).
+            oom_killed = self.deaths.out_of_memory(&id.0).await;
+        }
         Ok(ExitInfo {
-            running: state.running.unwrap_or(false),
+            running,
             exit_code: state.exit_code,
-            oom_killed: state.oom_killed.unwrap_or(false),
+            oom_killed,
             started_at: state.started_at,
         })
     }
