@@ -174,6 +174,9 @@ mod tests {
         });
         assert!(deaths.of("a").await.is_some_and(|a| a.oom_killed));
         deaths.record("b", false, Some(137));
-        assert!(!deaths.of("b").await.is_some_and(|b| b.oom_killed), "no oom: a plain kill");
+        assert!(
+            !deaths.of("b").await.is_some_and(|b| b.oom_killed),
+            "no oom: a plain kill"
+        );
     }
 }

@@ -269,3 +269,25 @@ async fn a_traceback_after_a_flood_of_stderr_is_in_the_tail() {
         1
     );
 }
+
+#[tokio::test]
+async fn more_than_a_pipe_holds_at_once_is_read_while_the_code_waits_on_it() {
+    // A short execution's pipes are read by the executing thread once the code is done; code that
+    // writes more than a pipe holds before anything else reads it waits until the capture thread
+    // takes the pipes over: never for ever, and nothing is lost, from the code or from a child.
+    let engine = engine();
+    let code = "import subprocess, sys\n\
+                sys.stdout.write('a' * (3 << 20) + '\\n')\n\
+                subprocess.run([sys.executable, '-c', 'import os; os.write(1, b\"b\" * (3 << 20) + b\"\\\\n\")'])\n\
+                print('FINAL RESULT 42')";
+    let execution = run(&engine, code).await;
+    assert_eq!(execution.exit_code, 0, "{execution:?}");
+    let whole = "a".repeat(3 << 20) + "\n" + &"b".repeat(3 << 20) + "\nFINAL RESULT 42\n";
+    let d = execution.discarded[0].clone().expect("stdout was cut");
+    let (head, tail) = check_cut(StreamName::Stdout, &execution.stdout, &d, whole.as_bytes());
+    assert!(head.starts_with(b"aaaa"), "the head is the first bytes");
+    assert_eq!(
+        tail, b"FINAL RESULT 42\n",
+        "the tail starts at the last line"
+    );
+}

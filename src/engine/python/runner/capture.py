@@ -36,6 +36,10 @@ import time
 
 # The ioctl that tells how many bytes wait in a pipe (termios.FIONREAD, without importing termios).
 FIONREAD = 0x541B
+# fcntl's F_SETPIPE_SZ (Linux; fcntl.F_SETPIPE_SZ from Python 3.10), and the size asked for each
+# of an execution's pipes: the system's default maximum for an unprivileged process.
+F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20
 
 LIVE_BYTES = 2048
 LIVE_PER_SECOND = 4
@@ -185,6 +189,16 @@ class CaptureJob:
         self.lock = threading.Lock()
         self.finish_requested = threading.Event()
         self.done = threading.Event()
+        # Who reads the pipes: the capture thread or the executing thread itself, once (`claim`).
+        self.claimed = False
+        self.claim_lock = threading.Lock()
+
+    def claim(self):
+        """True for the first caller only: that one runs the job."""
+        with self.claim_lock:
+            first = not self.claimed
+            self.claimed = True
+            return first
 
     def run(self):
         poller = select.poll()
@@ -327,7 +341,13 @@ class CaptureJob:
 
 class Capture:
     """One thread for the runner's whole life: an execution never needs a new thread, so capture
-    keeps working when the code has used up the sandbox's process limit."""
+    keeps working when the code has used up the sandbox's process limit.
+
+    A short execution never wakes it: the pipes hold PIPE_BYTES each, and the executing thread
+    reads them itself once the code is done (`finish`). Code that runs past the flushing thread's
+    first tick (streams.py) has its pipes handed over (`hand_over`), so a writer never waits on a
+    full pipe for longer than a tick; live output is handed over at once. Under gVisor each wake-up
+    of another thread costs several system calls, each far dearer than on the host's kernel."""
 
     def __init__(self):
         self.jobs = queue.SimpleQueue()
@@ -338,6 +358,27 @@ class Capture:
             self.jobs.get().run()
 
     def start(self, out_fd, err_fd, cap, live=None):
+        for fd in (out_fd, err_fd):
+            try:
+                fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+            except OSError:
+                pass  # a smaller pipe: a writer may wait up to a tick for the hand-over
         job = CaptureJob(out_fd, err_fd, cap, live)
-        self.jobs.put(job)
+        if live is not None:
+            self.hand_over(job)
         return job
+
+    def hand_over(self, job):
+        """The capture thread reads `job`'s pipes from now on (unless its execution read them)."""
+        if job.claim():
+            self.jobs.put(job)
+
+    @staticmethod
+    def finish(job):
+        """The code is done and its pipes' write ends closed: the rest is read, by this thread
+        when nobody else reads them."""
+        job.finish_requested.set()
+        if job.claim():
+            job.run()
+        else:
+            job.done.wait()

@@ -202,7 +202,7 @@ class Executor:
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
-        self.streams.running.set()
+        self.streams.start(lambda: self.capture.hand_over(job))
         exit_code = 0
         interrupted = False
         error = None
@@ -244,7 +244,7 @@ class Executor:
         if self.shell is not None:
             self.shell.outputs = None
         self.job = None
-        self.streams.running.clear()
+        self.streams.stop()
         self.streams.flush(sys.stdout, sys.stderr)
         sys.stdin = self.original_stdin
         self.streams.install()
@@ -256,8 +256,7 @@ class Executor:
         signal.signal(signal.SIGINT, self.on_sigint)
         if interrupted:
             self.kill_strays()
-        job.finish_requested.set()
-        job.done.wait()
+        self.capture.finish(job)
         after, truncated = workspace_changes.snapshot()
         changed, left_out = workspace_changes.bounded(workspace_changes.changes(before, after))
         return {

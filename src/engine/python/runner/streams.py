@@ -22,6 +22,7 @@ import threading
 import time
 
 FLUSH_INTERVAL = 0.2
+IDLE_TICKS = 50
 BUFFER_SIZE = 1 << 16
 
 
@@ -48,7 +49,15 @@ class Streams:
         # Held while this runner flushes, and taken before a fork: a child is never forked while
         # the flushing thread holds a stream's lock (which would stay held forever in the child).
         self.lock = threading.Lock()
-        self.running = threading.Event()
+        # Whether code runs (set and cleared by the executing thread; plain values, read by the
+        # flushing thread at each tick), and what to call at each tick while it does.
+        self.running = False
+        self.tick = None
+        # The flushing thread wakes every FLUSH_INTERVAL (an execution starts without waking it:
+        # under gVisor every wake-up of another thread is several costly system calls) and,
+        # after IDLE_TICKS ticks without code, sleeps on `wake` until code runs again.
+        self.sleeping = False
+        self.wake = threading.Event()
         os.register_at_fork(
             before=self._before_fork,
             after_in_parent=self.lock.release,
@@ -76,13 +85,44 @@ class Streams:
             except Exception:
                 pass
 
+    def start(self, tick=None):
+        """Code starts running: call `tick` (from this thread), then flush, every FLUSH_INTERVAL
+        until `stop`. Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
+        self.tick = tick
+        self.running = True
+        if self.sleeping:
+            self.wake.set()
+
+    def stop(self):
+        self.running = False
+        self.tick = None
+
     def _loop(self):
+        idle = 0
         while True:
-            self.running.wait()
             time.sleep(FLUSH_INTERVAL)
-            if self.running.is_set():
+            if self.running:
+                idle = 0
+                # The tick first: it hands the pipes to their reader (capture.py), and a flush
+                # may wait on a writer that waits on a full pipe.
+                tick = self.tick
+                if tick is not None:
+                    tick()
                 with self.lock:
                     self.flush()
+                continue
+            idle += 1
+            if idle < IDLE_TICKS:
+                continue
+            # Long idle: sleep until code runs. `start` sets `running` before it looks at
+            # `sleeping`, and this looks at `running` after setting `sleeping`: one of the two
+            # sees the other, so code never runs without this thread.
+            idle = 0
+            self.wake.clear()
+            self.sleeping = True
+            if not self.running:
+                self.wake.wait()
+            self.sleeping = False
 
     def _before_fork(self):
         self.lock.acquire()
@@ -90,7 +130,8 @@ class Streams:
 
     def _after_fork_in_child(self):
         self.lock.release()
-        self.running.clear()  # the flushing thread does not exist in the child
+        self.running = False  # the flushing thread does not exist in the child
+        self.tick = None
 
     def _audit(self, event, args):
         # Only the events that start another program on these pipes; the hook is called for every
