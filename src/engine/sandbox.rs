@@ -1380,7 +1380,9 @@ impl Sandbox {
                 "a sandbox with dependencies or a network is never recycled".into(),
             ));
         }
+        let started = std::time::Instant::now();
         self.backend.recycle(&self.id).await?;
+        let signalled = started.elapsed();
         let reported = async {
             loop {
                 match runner.next_reply().await {
@@ -1415,7 +1417,9 @@ impl Sandbox {
                 exit.recycled
             )));
         }
+        let emptied = started.elapsed();
         self.respawned(runner).await?;
+        let ready = started.elapsed();
         // Request ids the code saw are sequential: this one it cannot have guessed.
         self.next_request = u64::from_le_bytes(
             uuid::Uuid::new_v4().as_bytes()[..8]
@@ -1424,6 +1428,15 @@ impl Sandbox {
         ) >> 1;
         self.add_paths(&[], &[]).await?;
         self.recycles += 1;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        tracing::debug!(
+            sandbox = %self.id,
+            signal_ms = ms(signalled),
+            emptied_ms = ms(emptied),
+            ready_ms = ms(ready),
+            total_ms = ms(started.elapsed()),
+            "recycle phases"
+        );
         Ok(())
     }
 

@@ -282,9 +282,10 @@ async def test_a_replica_stopped_gracefully_removes_only_its_own_sandboxes(repli
 
 
 async def test_a_killed_replicas_sandboxes_are_removed_when_a_server_starts_again(replicas):
-    """A replica killed outright (SIGKILL) cannot remove its sandboxes. The survivor does not
-    look for them while it runs: what dead servers left is removed when a server starts (and by
-    `python-code-sandbox cleanup`). Here the killed replica is started again on its port."""
+    """A replica killed outright (SIGKILL) cannot remove its sandboxes: they end themselves once
+    their server's attachment is gone (the engine removes them), and what is still there when a
+    server starts is removed then (and by `python-code-sandbox cleanup`). The survivor's are
+    never touched. Here the killed replica is started again on its port."""
     async with contextlib.AsyncExitStack() as stack:
         by_replica = await open_sessions(stack, replicas, 4)
         b = replicas.servers["b"]
@@ -292,17 +293,16 @@ async def test_a_killed_replicas_sandboxes_are_removed_when_a_server_starts_agai
         b.proc.send_signal(signal.SIGKILL)
         assert b.proc.wait(timeout=30) == -signal.SIGKILL
         left = {s.cid for s in by_replica["b"]}
-        assert left and sandboxes_of_pid(b_pid) == left, "the killed replica's sandboxes are still on the engine"
+        # They may be ending by themselves already (their supervisors saw the hang-up).
+        assert left and sandboxes_of_pid(b_pid) <= left
         # Its clients are told their MCP session is gone (the balancer sends them to a, which does
         # not know it); a's clients go on.
         await expect_session_gone(by_replica["b"][0])
         for session in by_replica["a"]:
             await session.step()
 
-        restarted = replicas.restart("b")
-        await wait_until(lambda: sandboxes_of_pid(b_pid) == set(), "the restarted replica removed what the killed one left")
-        await wait_until(lambda: any("left by servers that are gone" in line for line in restarted.log),
-                         "the restarted replica said it removed what the killed one left")
+        replicas.restart("b")
+        await wait_until(lambda: sandboxes_of_pid(b_pid) == set(), "nothing the killed replica had is left")
         # a's sandboxes and state are untouched.
         assert sandboxes_of_pid(replicas.servers["a"].proc.pid) == {s.cid for s in by_replica["a"]}
         for session in by_replica["a"]:
@@ -325,7 +325,7 @@ async def test_cleanup_removes_a_killed_replicas_sandboxes_and_not_the_survivors
         assert by_replica["a"] and by_replica["b"]
         b.proc.send_signal(signal.SIGKILL)
         assert b.proc.wait(timeout=30) == -signal.SIGKILL
-        assert sandboxes_of_pid(b.proc.pid) == {s.cid for s in by_replica["b"]}
+        assert sandboxes_of_pid(b.proc.pid) <= {s.cid for s in by_replica["b"]}
         done = subprocess.run([os.path.abspath(BIN), "cleanup"], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "LOG_LEVEL": "warn"})
         assert done.returncode == 0, done.stdout + done.stderr

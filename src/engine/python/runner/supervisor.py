@@ -167,7 +167,7 @@ def supervise():
             # What is left where the code could write once the wipe is done (0: nothing).
             frame["recycled"] = recycle.wipe()
         write_frame(1, frame)
+        if not requested and time.monotonic() - started < 1.0:
+            time.sleep(0.2)  # a runner that cannot start must not spin (a recycle is no spin)
         requested = False
         recycling = False
-        if time.monotonic() - started < 1.0:
-            time.sleep(0.2)  # a runner that cannot start must not spin
