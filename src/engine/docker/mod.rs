@@ -43,6 +43,9 @@ pub struct DockerBackend {
     podman: tokio::sync::OnceCell<bool>,
     /// How sandboxes the engine removed by itself ended (see `deaths`).
     deaths: std::sync::Arc<deaths::Deaths>,
+    /// On Podman, each sandbox's own tmpfs volumes, by container id: a sandbox the engine removed
+    /// by itself (auto-removal) can no longer be asked for them, and they must go too.
+    podman_volumes: std::sync::Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl Default for DockerBackend {
@@ -59,6 +62,7 @@ impl DockerBackend {
             ready_images: Mutex::new(Vec::new()),
             podman: tokio::sync::OnceCell::new(),
             deaths: Default::default(),
+            podman_volumes: Default::default(),
         }
     }
 
@@ -764,7 +768,15 @@ impl Backend for DockerBackend {
             remove_volumes(&docker, &own_volumes).await;
         }
         match created {
-            Ok(created) => Ok(SandboxId(created.id)),
+            Ok(created) => {
+                if !own_volumes.is_empty() {
+                    self.podman_volumes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(created.id.clone(), own_volumes);
+                }
+                Ok(SandboxId(created.id))
+            }
             Err(e) if status_of(&e) == Some(404) => {
                 // The image vanished since it was checked.
                 self.ready_images.lock().await.retain(|i| i != &spec.image);
@@ -957,12 +969,20 @@ impl Backend for DockerBackend {
         // On Podman a sandbox's tmpfs volumes are named ones of ours (see podman_tmpfs_volumes):
         // their names are read while the container exists, and they go after it.
         let own_volumes = if self.is_podman(&docker).await? {
-            podman_own_volumes(&docker, id).await
+            let known = self
+                .podman_volumes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id.0);
+            match known {
+                Some(names) => names,
+                None => podman_own_volumes(&docker, id).await,
+            }
         } else {
             Vec::new()
         };
         let removed = self.remove_container(&docker, id).await;
-        if removed.is_ok() {
+        if removed.is_ok() || matches!(removed, Err(BackendError::NotFound(_))) {
             remove_volumes(&docker, &own_volumes).await;
         }
         removed
