@@ -86,7 +86,7 @@ class Streams:
                 pass
 
     def start(self, tick=None):
-        """Code starts running: call `tick` (from this thread), then flush, every FLUSH_INTERVAL
+        """Code starts running: the flushing thread calls `tick`, then flushes, every FLUSH_INTERVAL
         until `stop`. Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
         self.tick = tick
         self.running = True
