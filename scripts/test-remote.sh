@@ -11,6 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# The MCP tests' servers choose their runtime themselves: the second engine has no runsc, so runc
+# is its fallback, which the tests check (tests/mcp/conftest.py sets runc otherwise).
+export PCS_MCP_RUNTIME=default
 DIR=${PCS_REMOTE_ENGINE_DIR:-/tmp/pcs-remote-ci}
 BIN=${PCS_BIN:-$ROOT/target/debug/python-code-sandbox}
 PY=$ROOT/.cache/venv-mcp/bin/python

@@ -9,7 +9,9 @@
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine; the
 #      engine-free ones' host runner gets the runner's IPython from scripts/ipython-set.sh),
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
-#      over stdio and streamable HTTP, and the server image driven the same way through `docker run`,
+#      over stdio and streamable HTTP, and the server image driven the same way through `docker run`
+#      (its servers under runc, but for the original tool set's tests, the load tests' gVisor half
+#      and the server image, which run under the default, gVisor: tests/mcp/conftest.py says why),
 #   5. a smoke call through the MCP Inspector CLI, a second real client, and MCP conformance
 #      (scripts/conformance.sh: the official server conformance suite over HTTP, without
 #      authentication against tests/conformance/expected-failures.yml and with principals against

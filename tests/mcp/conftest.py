@@ -17,12 +17,30 @@ LABEL = "io.python-code-sandbox.managed=true"
 # Snapshots the servers make (sessions that expire are saved first) go here, not into the user's
 # state directory; a test that looks at snapshots sets its own.
 SNAPSHOT_DIR = tempfile.mkdtemp(prefix="pcs-mcp-snapshots-")
+# The runtime the suite's servers (and the commands its tests run) use: runc unless
+# PCS_MCP_RUNTIME says otherwise ("default": the server's own choice, gVisor where registered).
+# The suite is about the protocol and the tools; under gVisor on this kind of machine (the ptrace
+# platform) each of its ~400 sandbox starts costs about 2 s of CPU. A module that sets
+# UNDER_DEFAULT_RUNTIME = True (the original tool set's, test_server.py) runs under the server's
+# default anyway, as do the tests that name a runtime (test_load.py: both) and the server image's
+# `docker run` line; the engine tests and the adversarial suite run under gVisor.
+SUITE_RUNTIME = os.environ.get("PCS_MCP_RUNTIME", "runc")
+RUNTIME_SET_HERE = SUITE_RUNTIME != "default" and "SANDBOX_RUNTIME" not in os.environ
+if RUNTIME_SET_HERE:
+    os.environ["SANDBOX_RUNTIME"] = SUITE_RUNTIME
 atexit.register(shutil.rmtree, SNAPSHOT_DIR, True)
 
 
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _default_runtime_where_asked(request, monkeypatch):
+    """The servers of a module with UNDER_DEFAULT_RUNTIME = True choose their runtime themselves."""
+    if getattr(request.module, "UNDER_DEFAULT_RUNTIME", False) and RUNTIME_SET_HERE:
+        monkeypatch.delenv("SANDBOX_RUNTIME", raising=False)
 
 
 def server_params(**env):

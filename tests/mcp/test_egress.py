@@ -611,8 +611,10 @@ async def test_a_killed_servers_proxy_and_networks_are_removed_by_the_next_serve
         if dead.proc.poll() is None:
             dead.proc.kill()
             dead.proc.wait()
+    # The session may be ending by itself (its supervisor saw the attachment hang up); the proxy
+    # and the network stay until a server removes them.
     left = containers_of(dead.proc.pid)
-    assert sorted(left) == sorted([proxy, session]) and len(networks_with(instance)) == 1, "nothing was left to clean"
+    assert proxy in left and set(left) <= {proxy, session} and len(networks_with(instance)) == 1, "nothing was left to clean"
     async with connect(**lab.env()) as client:
         await call_ok(client, "run_python_ephemeral", {"code": "print(2)"})
         poll(lambda: containers_of(dead.proc.pid) == [] and networks_with(instance) == [], 60,

@@ -17,6 +17,8 @@ import pytest
 from conftest import BIN, connect, sandboxes, server_params, text_of
 
 pytestmark = pytest.mark.anyio
+# The original tool set runs under the server's default runtime (gVisor where registered).
+UNDER_DEFAULT_RUNTIME = True
 
 TOOLS = {
     "run_python_ephemeral": {"code"},

@@ -127,29 +127,46 @@ async def test_a_server_in_a_container_leaves_a_live_host_servers_sandboxes_alon
         assert alive.structured_content["stdout"] == "still here\n", text_of(alive)
 
 
-async def test_a_containerized_server_killed_outright_is_cleaned_up_by_the_next_one():
+async def test_a_containerized_server_killed_outright_leaves_nothing_behind():
     """SIGKILL leaves the server no chance to clean up, and its pid is in a namespace no other
-    server can look into: its sandboxes name its container, which the engine says is gone."""
+    server can look into. Its session ends by itself (its attachment to the server hangs up); what
+    an engine would still hold of it (here a container with the session's labels, made by the test
+    as a session that could not end itself would stay) names the server's container, which the
+    engine says is gone: the next server's clean-up removes it."""
     name = f"pcs-server-test-{uuid.uuid4().hex[:12]}"
     params = StdioServerParameters(command="docker", args=docker_run(name=name) + [IMAGE, "stdio"])
-    cid = server = named = None
+    cid = server = labels = image = None
     # Only the client's own exit may fail (the server dies under it); checks come after.
     with contextlib.suppress(Exception):
         async with Client(params, read_timeout_seconds=600) as client:
             cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
             server = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name],
                                     capture_output=True, text=True).stdout.strip()
-            named = subprocess.run(
-                ["docker", "inspect", "-f", '{{index .Config.Labels "io.python-code-sandbox.server-container"}}', cid],
-                capture_output=True, text=True).stdout.strip()
+            labels = json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .Config.Labels}}", cid],
+                                               capture_output=True, text=True).stdout)
+            image = subprocess.run(["docker", "inspect", "-f", "{{.Config.Image}}", cid],
+                                   capture_output=True, text=True).stdout.strip()
             subprocess.run(["docker", "kill", name], capture_output=True)
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
     assert cid is not None, "the session did not start"
+    named = labels.get("io.python-code-sandbox.server-container")
     assert named == server, f"the session names {named!r}, not the server's container {server!r}"
-    assert cid in sandboxes(), "the killed server's session should still be there"
-    done = subprocess.run(["docker"] + docker_run() + [IMAGE, "cleanup"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert cid not in sandboxes(), "the next server's clean-up left the dead server's session"
+    deadline = time.monotonic() + 60
+    while cid in sandboxes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cid not in sandboxes(), "the killed server's session did not end by itself"
+    args = ["docker", "run", "-d", "--network", "none", "--entrypoint", "sleep"]
+    for key, value in labels.items():
+        args += ["--label", f"{key}={value}"]
+    stand_in = subprocess.run(args + [image, "600"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        assert stand_in in sandboxes()
+        done = subprocess.run(["docker"] + docker_run() + [IMAGE, "cleanup"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert stand_in not in sandboxes(), "the next server's clean-up left what the dead server had"
+    finally:
+        subprocess.run(["docker", "rm", "-f", stand_in], capture_output=True)
 
 
 async def test_streamable_http_from_the_container():
