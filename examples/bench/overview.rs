@@ -33,9 +33,11 @@ pub(crate) async fn run(config: Config, options: BenchOptions) -> Result<(), Str
     }
     let floor_lifecycle = percentile(&lifecycle, 50.0);
 
-    // Round trips to a running, attached interpreter, and cold ephemeral runs without a pool.
+    // Round trips to a running, attached interpreter, and cold ephemeral runs without a pool
+    // (nor recycling: a recycled sandbox is a warm one).
     let engine = Engine::with_docker(Config {
         pool_size: 0,
+        recycle: false,
         ..config.clone()
     });
     let round_trips = engine

@@ -84,7 +84,13 @@ pub(crate) async fn runtime_figures(
     .await;
     let _ = client.cancel().await;
     let (pooled, session) = measured?;
-    let client = plot_server(&[("SANDBOX_RUNTIME", runtime), ("SANDBOX_POOL_SIZE", "0")]).await?;
+    // Cold: no pool, and no recycling either (a recycled sandbox is a warm one).
+    let client = plot_server(&[
+        ("SANDBOX_RUNTIME", runtime),
+        ("SANDBOX_POOL_SIZE", "0"),
+        ("SANDBOX_RECYCLE", "false"),
+    ])
+    .await?;
     let cold = hello_series(
         &client,
         "run_python_ephemeral",

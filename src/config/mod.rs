@@ -334,6 +334,11 @@ pub struct Config {
     /// Live sandboxes at most (`SANDBOX_MAX_SANDBOXES`); `None`: computed from the host (see
     /// `engine::admission`).
     pub max_sandboxes: Option<usize>,
+    /// How long a call waits for a sandbox at least, whatever its time limit (a longer limit
+    /// waits as long): the limit is the code's, and a sandbox's start alone (about 2 s under
+    /// gVisor on ptrace, more while others start) can take longer than a short one. 60 s; not a
+    /// setting (tests shorten it).
+    pub admission_wait: Duration,
     /// A sandbox a run used may serve the same caller's next run once emptied
     /// (`SANDBOX_RECYCLE`).
     pub recycle: bool,
@@ -418,6 +423,7 @@ impl Default for Config {
             max_concurrent: 8,
             pool_size: 2,
             max_sandboxes: None,
+            admission_wait: Duration::from_secs(60),
             recycle: true,
             preload: Vec::new(),
             pool_max_memory: 2 << 30,

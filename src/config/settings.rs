@@ -515,7 +515,7 @@ pub const SANDBOX_POOL_SIZE: Setting = Setting {
 pub const SANDBOX_MAX_SANDBOXES: Setting = Setting {
     name: "SANDBOX_MAX_SANDBOXES",
     default: Shown::Prose("computed from the engine's host"),
-    doc: "sandboxes for the agent's code live at once (sessions, the pool, runs in progress, recycled ones); calls beyond it wait in turn within their time. By default the host's memory over the memory limit, or for a local engine its task headroom over a sandbox's pids limit and runtime, whichever is lower; CPUs bound the starts at once (`doctor` shows both)",
+    doc: "sandboxes for the agent's code live at once (sessions, the pool, runs in progress, recycled ones); calls beyond it wait in turn, for their `SANDBOX_TIMEOUT` and at least 60 s (the limit is the code's; a start alone can take longer than a short one), then get an error naming the bound. By default the host's memory over the memory limit, or for a local engine its task headroom over a sandbox's pids limit and runtime, whichever is lower; CPUs bound the starts at once (`doctor` shows both)",
     read: Read::Value(|config, var, v| {
         config.max_sandboxes = match v.trim() {
             "" | "auto" => None,

@@ -170,13 +170,16 @@ pub struct State {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error(
-        "no sandbox was free within the call's {waited_s}s: this server runs at most {limit} \
-         sandboxes at once ({why}), all in use; {waiting} calls were waiting. Try again, or the \
-         operator raises SANDBOX_MAX_SANDBOXES or gives the engine's host more capacity"
+        "no sandbox could be had within {waited_s}s: this server runs at most {limit} sandboxes \
+         at once ({why}), {live} of them live, and starts at most {starts} at once; {waiting} \
+         calls were waiting. Try again, or the operator raises SANDBOX_MAX_SANDBOXES or gives \
+         the engine's host more capacity"
     )]
     Timeout {
         waited_s: u64,
         limit: usize,
+        live: usize,
+        starts: usize,
         why: String,
         waiting: usize,
     },
@@ -297,6 +300,8 @@ impl Admission {
                 Err(Refusal::Timeout {
                     waited_s: started.elapsed().as_secs(),
                     limit: self.capacity.sandboxes,
+                    live: self.live(),
+                    starts: self.capacity.starts,
                     why: self.capacity.why.clone(),
                     waiting: self.waiting(),
                 })

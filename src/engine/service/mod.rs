@@ -359,8 +359,8 @@ impl Engine {
     /// adopted there as code.
     ///
     /// Every such sandbox holds a share of the server's capacity (see `engine::admission`): a
-    /// call waits for one in turn, within its time; the server's own work takes one only when it
-    /// is free. A start that fails for a passing reason is tried once more on a new sandbox.
+    /// call waits for one in turn, for its time limit and at least `Config::admission_wait`;
+    /// the server's own work takes one only when it is free. A start that fails for a passing reason is tried once more on a new sandbox.
     pub(crate) async fn launch_code_sandbox(
         &self,
         spec: &SandboxSpec,
@@ -368,7 +368,7 @@ impl Engine {
     ) -> Result<Sandbox, EngineError> {
         let admission = self.admission().await?;
         let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeout.max(self.config.admission_wait);
         let mut failed: Option<EngineError> = None;
         loop {
             let (admitted, starting) = if options.background {

@@ -702,7 +702,10 @@ async fn a_start_that_fails_is_tried_once_more_on_a_new_sandbox() {
 
 #[tokio::test]
 async fn calls_beyond_the_bound_wait_their_turn_or_are_refused_in_time() {
-    let (engine, fake) = engine_with(|config| config.max_sandboxes = Some(1));
+    let (engine, fake) = engine_with(|config| {
+        config.max_sandboxes = Some(1);
+        config.admission_wait = Duration::from_millis(200);
+    });
     let session = engine
         .create_session(Scope::Server, &RunOptions::default())
         .await
@@ -748,6 +751,44 @@ async fn calls_beyond_the_bound_wait_their_turn_or_are_refused_in_time() {
     assert_eq!(stdout(&ran), "2\n");
     engine.shutdown().await;
     assert!(fake.sandboxes().is_empty());
+}
+
+/// The code's time limit is not the call's wait for a sandbox: a call with a short one waits
+/// past it (a start alone can take longer) and runs once a share is free.
+#[tokio::test]
+async fn a_short_time_limit_does_not_cut_the_wait_for_a_sandbox() {
+    let (engine, _fake) = engine_with(|config| config.max_sandboxes = Some(1));
+    let session = engine
+        .create_session(Scope::Server, &RunOptions::default())
+        .await
+        .expect("the one sandbox");
+    let waiting = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let short = RunOptions {
+                timeout: Some(Duration::from_secs(1)),
+                ..RunOptions::default()
+            };
+            engine.run_ephemeral(Task::Python("print(3)"), &short).await
+        })
+    };
+    eventually("a call in the queue", LIMIT, || {
+        engine.admission_state().is_some_and(|s| s.waiting == 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        engine.admission_state().map(|s| (s.waiting, s.refused)),
+        Some((1, 0)),
+        "still waiting past the code's limit"
+    );
+    engine
+        .stop_session(Scope::Server, &session)
+        .await
+        .expect("stopped");
+    let ran = within(LIMIT, waiting).await.expect("joined").expect("ran");
+    assert_eq!(stdout(&ran), "3\n");
+    engine.shutdown().await;
 }
 
 #[tokio::test]
@@ -816,4 +857,68 @@ async fn shutdown_removes_sandboxes_in_every_state() {
     starting.abort();
     eventually("nothing left", LIMIT, || fake.sandboxes().is_empty()).await;
     assert_eq!(fake.running(), 0);
+}
+
+/// An execution starts from the walk the last one ended with (one walk each, not two): what the
+/// code changed is reported once, what the host wrote in between never, and what the code's own
+/// processes changed between two executions by the next one.
+#[tokio::test]
+async fn each_change_in_the_workspace_is_reported_once_by_the_execution_after_it() {
+    let (engine, fake) = engine_with(|_| {});
+    let options = RunOptions::default();
+    let id = within(LIMIT, engine.create_session(Scope::Server, &options))
+        .await
+        .expect("create");
+    let run = |code: &'static str| {
+        let engine = engine.clone();
+        let id = id.clone();
+        async move {
+            let options = RunOptions::default();
+            let execution = within(
+                LIMIT,
+                engine.execute_in_session(Scope::Server, &id, Task::Python(code), &options),
+            )
+            .await
+            .expect("execute");
+            assert_eq!(execution.exit_code, 0, "{execution:?}");
+            let mut paths: Vec<String> = execution.files.into_iter().map(|f| f.path).collect();
+            paths.sort();
+            paths
+        }
+    };
+    assert_eq!(run("open('a.txt', 'w').write('a')").await, ["a.txt"]);
+    assert!(run("pass").await.is_empty());
+    within(
+        LIMIT,
+        engine.write_file(Scope::Server, &id, "b.txt", b"from the host"),
+    )
+    .await
+    .expect("write");
+    assert!(
+        run("pass").await.is_empty(),
+        "the host's file is not the code's"
+    );
+    // A thread of the code writes c.txt once the test says so, between two executions.
+    let trigger = std::env::temp_dir().join(format!("pcs-walk-{}", uuid::Uuid::new_v4().simple()));
+    let code = format!(
+        "import os, threading, time\n\
+         def later():\n    while not os.path.exists({trigger:?}):\n        time.sleep(0.01)\n    \
+         open('c.txt', 'w').write('c')\n\
+         threading.Thread(target=later, daemon=True).start()",
+        trigger = trigger.to_string_lossy()
+    );
+    let code: &'static str = Box::leak(code.into_boxed_str());
+    assert!(run(code).await.is_empty());
+    std::fs::write(&trigger, b"go").expect("trigger");
+    let workspace = fake
+        .workspace(&crate::engine::backend::SandboxId(id.clone()))
+        .expect("the session's workspace");
+    eventually("the code's thread to write c.txt", LIMIT, || {
+        workspace.join("c.txt").exists()
+    })
+    .await;
+    assert_eq!(run("pass").await, ["c.txt"]);
+    assert!(run("pass").await.is_empty());
+    engine.stop_session(Scope::Server, &id).await.expect("stop");
+    let _ = std::fs::remove_file(&trigger);
 }

@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 
+from .processes import current_pid
+
 # The ioctl that tells how many bytes wait in a pipe (termios.FIONREAD, without importing termios).
 FIONREAD = 0x541B
 # fcntl's F_SETPIPE_SZ (Linux; fcntl.F_SETPIPE_SZ from Python 3.10), and the size asked for each
@@ -179,7 +181,7 @@ class CaptureJob:
         self.live_lock = threading.Lock()
         # A child the code forked has no capture thread, and may have been forked with the lock
         # held: it never takes it (what it writes is not captured anyway).
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.fds = {out_fd: 0, err_fd: 1}
         self.kept = [Kept(), Kept()]
         self.cap = cap
@@ -288,7 +290,7 @@ class CaptureJob:
 
     def live_clear(self, at, wait):
         """The code cleared its output at stream positions `at` (display.py)."""
-        if self.live is None or os.getpid() != self.pid:
+        if self.live is None or current_pid() != self.pid:
             return
         with self.live_lock:
             if wait:
@@ -298,7 +300,7 @@ class CaptureJob:
 
     def live_shown(self):
         """The code displayed something: a clear(wait=True) waiting for it takes effect."""
-        if self.live is None or os.getpid() != self.pid:
+        if self.live is None or current_pid() != self.pid:
             return
         with self.live_lock:
             if self.live_wait is not None:

@@ -19,7 +19,7 @@ from . import changes as workspace_changes
 from . import display as rich
 from . import protocol
 from .capture import Capture
-from .processes import kill_others, other_processes
+from .processes import current_pid, kill_others, other_processes
 from .streams import Streams
 
 
@@ -73,7 +73,7 @@ class Executor:
     scripts (plain Python, no cells)."""
 
     def __init__(self, devnull, figures, shell, why=None, scripts=False):
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.devnull = devnull
         self.figures = figures
         self.shell = shell
@@ -92,10 +92,21 @@ class Executor:
         else:
             self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         self.original_stdin = sys.stdin
+        # The workspace as the last execution left it (its walk after the code), the next one's
+        # "before": one walk an execution instead of two. Anything else the host asks of the
+        # runner but reads (a file written, a snapshot restored) forgets it (forget_walk), so only the
+        # code's own changes are reported; what the code's processes changed between two
+        # executions is reported by the next one.
+        self.walked = None
+
+    def forget_walk(self):
+        """The host asked for something that may change the workspace: the next execution walks it
+        again."""
+        self.walked = None
 
     def on_sigint(self, signum, frame):
         # Only the executing code is interrupted; the runner itself ignores a late signal.
-        if self.executing and os.getpid() == self.pid:
+        if self.executing and current_pid() == self.pid:
             raise KeyboardInterrupt
 
     def kill_strays(self):
@@ -113,7 +124,7 @@ class Executor:
 
     def position(self, job):
         """How many bytes of stdout and stderr the code has written so far, its buffers flushed."""
-        if os.getpid() != self.pid:
+        if current_pid() != self.pid:
             # A child the code forked: its outputs never reach the host, and the capture thread's
             # lock may have been held at the fork, forever in this process.
             return [0, 0]
@@ -126,7 +137,7 @@ class Executor:
         shown twice."""
         job = self.job
         outputs = self.outputs
-        if job is None or outputs is None or os.getpid() != self.pid:
+        if job is None or outputs is None or current_pid() != self.pid:
             print(text, file=sys.stderr)
             return
         at = self.position(job)
@@ -177,7 +188,10 @@ class Executor:
     def execute(self, request):
         op = request.get("op")
         cap = int(request.get("max_output", 1 << 20))
-        before, _ = workspace_changes.snapshot()
+        before = self.walked
+        if before is None:
+            before, _ = workspace_changes.snapshot()
+        self.walked = None
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         live = None
@@ -232,7 +246,7 @@ class Executor:
             exit_code = 1
             error = {"type": type(raised).__name__, "message": message_of(raised)}
         duration = time.monotonic() - started
-        if os.getpid() != self.pid:
+        if current_pid() != self.pid:
             # A child the code forked has finished the code: it must not go on as a runner (its
             # prints still in the buffers go out first, as they would at a normal exit).
             self.streams.flush(sys.stdout, sys.stderr)
@@ -253,11 +267,15 @@ class Executor:
             self.streams.flush()
             os.dup2(self.devnull, 1)
             os.dup2(self.devnull, 2)
-        signal.signal(signal.SIGINT, self.on_sigint)
+        # The runner's handler again if the code set another (asked of Python, not the kernel:
+        # a system call saved per execution).
+        if signal.getsignal(signal.SIGINT) != self.on_sigint:
+            signal.signal(signal.SIGINT, self.on_sigint)
         if interrupted:
             self.kill_strays()
         self.capture.finish(job)
         after, truncated = workspace_changes.snapshot()
+        self.walked = None if truncated else after
         changed, left_out = workspace_changes.bounded(workspace_changes.changes(before, after))
         return {
             "type": "result",

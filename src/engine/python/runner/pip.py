@@ -23,6 +23,7 @@ import sys
 import threading
 
 from . import prepared, protocol
+from .processes import current_pid
 
 # Held for a whole exchange (frame out, reply in) and by `during` while it ends an execution.
 LOCK = threading.Lock()
@@ -42,7 +43,7 @@ def during(request, execute):
     global CURRENT, RUNNER_PID
     with LOCK:
         CURRENT = request.get("id")
-        RUNNER_PID = os.getpid()
+        RUNNER_PID = current_pid()
     try:
         return execute(request)
     finally:
@@ -70,7 +71,7 @@ def exchange(line):
     """Sends one pip request for the running execution and returns the host's reply (a dict with
     "ok" and "text"), applied to sys.path. Never raises for a refusal."""
     with LOCK:
-        if CURRENT is None or os.getpid() != RUNNER_PID:
+        if CURRENT is None or current_pid() != RUNNER_PID:
             return {"ok": False, "text": "pip: only code that is running can ask for packages\n"}
         request_id = CURRENT
         # A SIGINT on the main thread waits until the reply is read whole: raising in the middle

@@ -12,6 +12,11 @@ from .execute import Executor
 from .seccomp import forbid_targeting_init
 from .workspace import list_directory, read_file, write_file
 
+# What the host asks of the runner besides executions and reads (a listing, a file's chunk, a
+# snapshot's chunk: the host copies files out after an execution): after any of these the next
+# execution walks the workspace again rather than start from the last one's walk.
+HOST_OPS = frozenset(("paths", "preload", "write", "snapshot", "restore_write", "restore", "snapshot_discard"))
+
 
 def update_paths(request):
     """Puts installed dependency sets first on sys.path (and takes replaced ones off)."""
@@ -86,6 +91,8 @@ def main(start):
             return
         if request.get("type") == "pip_reply":
             continue  # the answer to a pip request whose wait an interrupt ended (pip.py)
+        if request.get("op") in HOST_OPS:
+            executor.forget_walk()
         if request.get("op") == "paths":
             protocol.send_frame(update_paths(request))
         elif request.get("op") == "preload":
