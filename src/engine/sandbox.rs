@@ -1329,7 +1329,8 @@ impl Sandbox {
             Ok(info) if info.running => "its connection to the server broke".into(),
             Ok(info) => match info.exit_code {
                 Some(137) => "its container was killed from outside the server (exit status 137, \
-                              SIGKILL: `docker kill`, `docker stop` or an engine restart)"
+                              SIGKILL: `docker kill`, `docker rm -f`, `docker stop` or an engine \
+                              restart)"
                     .into(),
                 Some(143) => "its container was stopped from outside the server (exit status 143, \
                               SIGTERM: `docker stop` or an engine restart)"

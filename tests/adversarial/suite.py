@@ -172,8 +172,11 @@ class Server:
         check(started.is_error is False, f"sandbox_initialize failed: {text_of(started)}")
         return started.structured_content["container_id"]
 
-    async def in_session(self, container_id, code):
-        return await self.call("run_python", {"container_id": container_id, "code": code})
+    async def in_session(self, container_id, code, timeout_seconds=None):
+        arguments = {"container_id": container_id, "code": code}
+        if timeout_seconds is not None:
+            arguments["timeout_seconds"] = timeout_seconds
+        return await self.call("run_python", arguments)
 
     async def answers_normally(self):
         result = await self.run("print(6 * 7)")
@@ -1422,7 +1425,8 @@ async def hostile_replies(ctx):
             check(saved <= 16 << 20, f"{saved} bytes saved past a 16 MiB total")
             check("total limit" in text_of(lied), text_of(lied)[:500])
             # 3. 10,000 changed files with long paths: the reply stays small and says what it left out.
-            listed = await s.in_session(sid, MANY_FILES)
+            # Its own limit: 10,000 creations are 40,000 system calls, over 5 s under gVisor on ptrace.
+            listed = await s.in_session(sid, MANY_FILES, timeout_seconds=60)
             size = len(json.dumps(listed.model_dump(mode="json")))
             check(size < 2 << 20, f"a {size}-byte tool result")
             check("more changed entries not listed" in text_of(listed), text_of(listed)[-500:])
@@ -1734,7 +1738,11 @@ async def killed_from_outside(ctx):
         removed = await s.session()
         docker("rm", "-f", removed)
         result = await s.in_session(removed, "print(1)")
-        check(result.is_error is True and "removed from outside" in text_of(result), text_of(result))
+        # `docker rm -f` kills the container first: the engine reports what `docker kill` does
+        # (and removes a killed sandbox itself), so the message names both.
+        removed_text = text_of(result)
+        check(result.is_error is True and ("removed from outside" in removed_text
+              or ("killed from outside" in removed_text and "docker rm -f" in removed_text)), removed_text)
         await s.answers_normally()
         await s.nothing_left()
 
