@@ -206,6 +206,10 @@ async def server(binary, **env):
     merged = dict(os.environ)
     merged.setdefault("LOG_LEVEL", "warn")
     merged.setdefault("SANDBOX_SNAPSHOT_DIR", SNAPSHOT_DIR)
+    # A recycled sandbox waits 30 s for its caller's next run, and each case's `nothing_left`
+    # would wait for it to go (29 of them: the suite took three times as long). What a recycled
+    # sandbox keeps of a run is tested in tests/mcp/test_load.py and tests/engine.rs.
+    merged.setdefault("SANDBOX_RECYCLE", "false")
     merged.update({k: str(v) for k, v in env.items()})
     merged["PCS_SUITE_TAG"] = tag
     merged[CANARY] = "the host's secret"
