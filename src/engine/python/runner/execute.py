@@ -93,8 +93,8 @@ class Executor:
             self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         self.original_stdin = sys.stdin
         # The workspace as the last execution left it (its walk after the code), the next one's
-        # "before": one walk an execution instead of two. Anything else the host asks of the
-        # runner but reads (a file written, a snapshot restored) forgets it (forget_walk), so only the
+        # "before": one walk an execution instead of two. Anything but reads the host asks of
+        # the runner (a file written, a snapshot restored) forgets it (forget_walk), so only the
         # code's own changes are reported; what the code's processes changed between two
         # executions is reported by the next one.
         self.walked = None
