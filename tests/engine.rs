@@ -1148,23 +1148,41 @@ async fn a_used_sandbox_serves_only_the_same_callers_next_run_and_only_once_empt
         let out = text(&again.stdout);
         assert_eq!(container_of(&out), used, "the recycled sandbox served it: {out}");
         assert!(out.starts_with("[] []\n"), "nothing of the last run is left: {out}");
-        // A run that ends badly (here, out of time) is never recycled: its sandbox goes.
+        // A run stopped at its limit whose runner obeyed the interrupt is recycled like any other.
+        let stop_at = |seconds| RunOptions {
+            timeout: Some(std::time::Duration::from_secs(seconds)),
+            ..caller("a")
+        };
+        while engine.recycled_waiting() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         let timed_out = engine
             .run_ephemeral(
                 Task::Python(&format!("{WHERE}\nimport time\ntime.sleep(60)")),
-                &RunOptions {
-                    timeout: Some(std::time::Duration::from_secs(2)),
-                    ..caller("a")
-                },
+                &stop_at(2),
             )
             .await
             .expect("a run out of time");
-        assert!(timed_out.timed_out);
+        assert!(timed_out.timed_out && !timed_out.state_lost, "{timed_out:?}");
+        assert_eq!(container_of(&text(&timed_out.stdout)), used);
+        // One whose processes had to be killed (it ignored the interrupt) is not: its sandbox goes.
+        while engine.recycled_waiting() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let killed = engine
+            .run_ephemeral(
+                Task::Python(
+                    "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)",
+                ),
+                &stop_at(2),
+            )
+            .await
+            .expect("a run killed at its limit");
+        assert!(killed.timed_out && killed.state_lost, "{killed:?}");
         engine.settle().await;
-        let gone = container_of(&text(&timed_out.stdout));
         assert!(
-            docker().await.inspect_container(&gone, None).await.is_err(),
-            "the sandbox of a run out of time was removed"
+            docker().await.inspect_container(&used, None).await.is_err(),
+            "the sandbox of a run whose processes were killed was removed"
         );
     })
     .await;

@@ -528,7 +528,7 @@ pub const SANDBOX_MAX_SANDBOXES: Setting = Setting {
 pub const SANDBOX_RECYCLE: Setting = Setting {
     name: "SANDBOX_RECYCLE",
     default: Shown::Value("true"),
-    doc: "a sandbox `run_python_ephemeral` used (default image, no dependencies, no network, the run ended normally) serves the same client's next run once its supervisor has killed every other process, emptied /workspace, /tmp and /dev/shm and started a new interpreter; `false`: a new sandbox for every run",
+    doc: "a sandbox `run_python_ephemeral` used (default image, no dependencies, no network, its runner answered: a run stopped at its limit counts, one whose processes had to be killed or that ran out of memory does not) serves the same client's next run once its supervisor has killed every other process, emptied /workspace, /tmp and /dev/shm and started a new interpreter; `false`: a new sandbox for every run",
     read: Read::Value(|config, var, v| {
         config.recycle = parse_bool(var, v)?;
         Ok(())

@@ -119,3 +119,27 @@ async def test_a_recycled_sandbox_keeps_nothing_of_the_last_run(runtime):
         else:
             pytest.fail("no run was served by the recycled sandbox")
         assert second[1:5] == ["[] [] []", "None False", "[]", ""], second
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_run_stopped_at_its_limit_is_recycled_with_nothing_of_it_left(runtime):
+    """A run the limit stopped, whose runner answered the interrupt, is recycled like any other:
+    the recycle kills what it left running and empties what it wrote. The stopped run first
+    forks 500 children, so a run in its sandbox has a pid past the last of them, which no new
+    sandbox (nor a few recycles of one) reaches."""
+    async with connect(SANDBOX_RUNTIME=runtime, SANDBOX_POOL_SIZE="1") as client:
+        push = "import os\nfor _ in range(500):\n    child = os.fork()\n    if child == 0:\n        os._exit(0)\n    os.waitpid(child, 0)\nprint(child)\n"
+        code = push + LEAVE + "import time\nwhile True:\n    time.sleep(0.01)\n"
+        stopped = await client.call_tool("run_python_ephemeral", {"code": code, "timeout_seconds": 8})
+        first = stopped.structured_content
+        assert first["timed_out"] is True and first["stdout"].count("\n") == 3, text_of(stopped)
+        last_child = int(first["stdout"].split()[0])
+        for _ in range(50):
+            second = (await run(client, LOOK))["stdout"].split("\n")
+            if int(second[0]) > last_child:
+                break
+            await asyncio.sleep(0.1)  # the recycle is still under way: a pooled one served
+        else:
+            pytest.fail("no run was served by the stopped run's sandbox, recycled")
+        assert second[1:5] == ["[] [] []", "None False", "[]", ""], second

@@ -17,8 +17,11 @@ impl Engine {
     }
 
     /// Done with the sandbox of an ephemeral run: recycled in the background for the caller's
-    /// next run when `SANDBOX_RECYCLE` allows and the run left it usable (it ended by itself,
-    /// nothing lost, no dependencies or network, the default image), else removed.
+    /// next run when `SANDBOX_RECYCLE` allows and the run left it usable (its runner answered,
+    /// nothing lost, no memory kill, no dependencies or network, the default image), else
+    /// removed. A run the limit or the caller stopped counts when its runner answered the
+    /// interrupt: the recycle kills every other process and empties what the code could write,
+    /// as after any run; one whose processes had to be killed lost its state and is removed.
     pub(super) fn retire_used(
         &self,
         mut sandbox: Sandbox,
@@ -26,14 +29,14 @@ impl Engine {
         result: &Result<Execution, EngineError>,
         plain: bool,
     ) {
-        let ended_normally = result.as_ref().is_ok_and(|e| {
-            !e.timed_out && !e.cancelled && !e.state_lost && !e.workspace_lost && !e.out_of_memory
-        });
+        let usable = result
+            .as_ref()
+            .is_ok_and(|e| !e.state_lost && !e.workspace_lost && !e.out_of_memory);
         let key = match &options.reuse {
             Some(key)
                 if self.config.recycle
                     && plain
-                    && ended_normally
+                    && usable
                     && sandbox.egress().is_none()
                     && sandbox.recycles() < MAX_USES
                     && !self.closing.is_cancelled() =>
