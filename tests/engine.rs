@@ -1153,7 +1153,8 @@ async fn a_used_sandbox_serves_only_the_same_callers_next_run_and_only_once_empt
             timeout: Some(std::time::Duration::from_secs(seconds)),
             ..caller("a")
         };
-        while engine.recycled_waiting() < 1 {
+        // Two wait: b's and a's (b's stays, well within its idle time).
+        while engine.recycled_waiting() < 2 {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let timed_out = engine
@@ -1166,7 +1167,7 @@ async fn a_used_sandbox_serves_only_the_same_callers_next_run_and_only_once_empt
         assert!(timed_out.timed_out && !timed_out.state_lost, "{timed_out:?}");
         assert_eq!(container_of(&text(&timed_out.stdout)), used);
         // One whose processes had to be killed (it ignored the interrupt) is not: its sandbox goes.
-        while engine.recycled_waiting() < 1 {
+        while engine.recycled_waiting() < 2 {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let killed = engine
