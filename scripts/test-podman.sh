@@ -82,8 +82,9 @@ export SANDBOX_CA_BUNDLE=${SANDBOX_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt
 export SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE=${SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE:-pypi.org,files.pythonhosted.org}
 export SANDBOX_DEPS_VOLUME=pcs-test-deps-podman
 export PCS_REQUIRE_ENGINE=1
-# The MCP tests' servers choose their runtime themselves here (tests/mcp/conftest.py: runc otherwise).
-export PCS_MCP_RUNTIME=default
+# The MCP and engine tests' sandboxes run under the runtime the engine chooses here (runc otherwise:
+# tests/mcp/conftest.py, tests/common/mod.rs).
+export PCS_MCP_RUNTIME=default PCS_ENGINE_RUNTIME=default
 
 stage "engine tests (cargo test --test engine)"
 # Podman lists (and applies) only its default runtime, runc: the gVisor tests, which scripts/test.sh

@@ -156,7 +156,7 @@ impl Capacity {
         );
         registry.register(
             "sandbox_admission_refused",
-            "Calls refused a sandbox (the queue full, or none free within their time)",
+            "Calls refused a sandbox (the queue full, or none free within their wait)",
             capacity.refused.clone(),
         );
         registry.register(

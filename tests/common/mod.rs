@@ -31,10 +31,31 @@ pub fn test_config() -> Config {
         ..from_env
     };
     config.limits.timeout = Duration::from_secs(30);
+    config.runtime = suite_runtime();
     // Tests that look at saved files or snapshots set their own directory.
     config.files.persist_dir = None;
     config.snapshots.dir = None;
     config
+}
+
+/// The test binaries whose sandboxes run under the engine's own choice of runtime (gVisor where
+/// registered, as the product runs by default): the lifecycle and hardening tests. The others
+/// (files, dependencies, flavours, preload, ...) test what does not depend on the runtime, under
+/// runc: a sandbox start costs about 2 s of CPU under gVisor on this machine kind's ptrace
+/// platform, and half the engine tests' time was gVisor's. `PCS_ENGINE_RUNTIME` says otherwise
+/// for all of them (`default`: the engine's choice; a name: that runtime). The MCP suite does the
+/// same (tests/mcp/conftest.py, `PCS_MCP_RUNTIME`).
+const UNDER_DEFAULT_RUNTIME: &[&str] = &["engine"];
+
+/// The runtime [`test_config`] names (see [`UNDER_DEFAULT_RUNTIME`]); `None` is the engine's choice.
+pub fn suite_runtime() -> Option<String> {
+    let named = std::env::var("PCS_ENGINE_RUNTIME").ok();
+    let chosen = match named.as_deref() {
+        Some(name) => name,
+        None if UNDER_DEFAULT_RUNTIME.contains(&env!("CARGO_CRATE_NAME")) => "default",
+        None => "runc",
+    };
+    (chosen != "default").then(|| chosen.to_string())
 }
 
 /// A dependency cache volume of the test's own, so installs are not found from earlier tests.

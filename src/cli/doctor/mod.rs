@@ -91,8 +91,11 @@ pub async fn doctor(mut config: Config) -> ExitCode {
             "capacity",
             format!(
                 "at most {} sandboxes at once ({}), {} starting at once (the engine's CPUs); calls \
-                 beyond wait in turn within their time",
-                capacity.sandboxes, capacity.why, capacity.starts
+                 beyond wait in turn, for their time limit and at least {} s",
+                capacity.sandboxes,
+                capacity.why,
+                capacity.starts,
+                config.admission_wait.as_secs()
             ),
         );
     }
