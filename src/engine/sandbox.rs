@@ -545,7 +545,8 @@ impl Sandbox {
                 let reason =
                     Self::describe_failure(&self.backend, &self.id, failure, &runner.diagnostics)
                         .await;
-                tracing::warn!(sandbox = %self.id, "no new runner after a death: {reason}");
+                // Logged by the caller, which knows whether the server itself ended the
+                // sandbox meanwhile (a recycle at shutdown) or nobody expected it.
                 self.state = State::Down(reason.clone());
                 Err(EngineError::SandboxStart(reason))
             }
@@ -891,7 +892,7 @@ impl Sandbox {
         {
             State::Respawning(runner) => {
                 if let Err(e) = self.respawned(runner).await {
-                    tracing::info!(sandbox = %self.id, "falling back to a full restart: {e}");
+                    tracing::warn!(sandbox = %self.id, "no new runner after a death, falling back to a full restart: {e}");
                 }
                 Restarted::Runner
             }

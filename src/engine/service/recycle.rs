@@ -51,7 +51,12 @@ impl Engine {
         self.background.spawn(async move {
             let started = Instant::now();
             if let Err(e) = sandbox.recycle().await {
-                tracing::info!(sandbox = %sandbox.id(), "not recycled ({e}): removing it");
+                // At shutdown the server removes sandboxes mid-recycle itself: no news.
+                if closing.is_cancelled() {
+                    tracing::debug!(sandbox = %sandbox.id(), "not recycled at shutdown ({e})");
+                } else {
+                    tracing::info!(sandbox = %sandbox.id(), "not recycled ({e}): removing it");
+                }
                 return sandbox.destroy().await;
             }
             tracing::debug!(sandbox = %sandbox.id(), recycle_ms = started.elapsed().as_millis() as u64, "recycled");
