@@ -516,7 +516,14 @@ impl Engine {
         }
         let execute_next = kind == "ephemeral" && requirements.is_empty();
         if execute_next && spec.image == self.config.image {
-            if let Some(mut sandbox) = self.take_recycled(options) {
+            // One kept, else the caller's last one once its recycle under way is done: before
+            // the pool, whose sandbox would cost a start to replace (a recycle is several times
+            // cheaper, and a caller's next call often comes before its last one is recycled).
+            let recycled = match self.take_recycled(options) {
+                Some(sandbox) => Some(sandbox),
+                None => self.await_recycled(options).await,
+            };
+            if let Some(mut sandbox) = recycled {
                 // It may have died while it waited: checked on the way, like a pooled one.
                 sandbox.check_on_first_execution();
                 return Ok((sandbox, None));
