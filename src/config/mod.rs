@@ -166,8 +166,10 @@ pub struct SnapshotPolicy {
     pub max_size: u64,
     /// A snapshot older than this is removed.
     pub ttl: Duration,
-    /// Per owner: at most this many snapshots and this many bytes; the oldest go first.
+    /// Per owner: at most this many snapshots; its oldest go first.
     pub max_count: usize,
+    /// The whole store, every owner's snapshots together: at most this many bytes; a new
+    /// snapshot makes room from its owner's oldest only, else it is refused.
     pub max_total: u64,
     /// Snapshot a session before it is stopped for being idle or at its maximum lifetime.
     pub on_expiry: bool,
@@ -182,7 +184,8 @@ impl Secret {
         Secret(value.into())
     }
 
-    /// The value itself, for the one place that needs it (the comparison).
+    /// The value itself, for the places that need it: the comparison, and the digest that
+    /// names the token's snapshot owner.
     pub fn expose(&self) -> &str {
         &self.0
     }

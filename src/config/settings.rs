@@ -689,7 +689,7 @@ pub const SANDBOX_FILES_MAX_COUNT: Setting = Setting {
 pub const SANDBOX_SNAPSHOT_DIR: Setting = Setting {
     name: "SANDBOX_SNAPSHOT_DIR",
     default: Shown::Prose("`$XDG_STATE_HOME/python-code-sandbox/snapshots`, else `~/.local/state/python-code-sandbox/snapshots`, else (no `HOME`) `$TMPDIR/python-code-sandbox-<uid>/snapshots`"),
-    doc: "where session snapshots are kept (`<dir>/<owner>/<snapshot_id>.snap` and `.json`); checked at start-up like `SANDBOX_FILES_DIR`; set to an empty string to turn snapshots off (and `sandbox_fork`, which goes through the store)",
+    doc: "where session snapshots are kept (`<dir>/<owner>/<snapshot_id>.snap` and `.json`; the owner is the principal, the one shared token or the stdio client, not the MCP session); checked at start-up like `SANDBOX_FILES_DIR`; set to an empty string to turn snapshots off (and `sandbox_fork`, which goes through the store)",
     read: Read::EvenEmpty(|config, var, v| {
         config.snapshots.dir = if v.is_empty() {
             None
@@ -730,7 +730,7 @@ pub const SANDBOX_SNAPSHOT_TTL: Setting = Setting {
 pub const SANDBOX_SNAPSHOT_MAX_COUNT: Setting = Setting {
     name: "SANDBOX_SNAPSHOT_MAX_COUNT",
     default: Shown::Value("50"),
-    doc: "snapshots kept per owner; beyond it the oldest is removed first",
+    doc: "snapshots kept per owner (a principal, the one shared token, or the stdio client); beyond it the owner's oldest is removed first",
     read: Read::Value(|config, var, v| {
         config.snapshots.max_count = parse_count(var, v, 1, 10_000)?;
         Ok(())
@@ -740,7 +740,7 @@ pub const SANDBOX_SNAPSHOT_MAX_COUNT: Setting = Setting {
 pub const SANDBOX_SNAPSHOT_MAX_TOTAL: Setting = Setting {
     name: "SANDBOX_SNAPSHOT_MAX_TOTAL",
     default: Shown::Value("5g"),
-    doc: "bytes of snapshots kept per owner; beyond it the oldest are removed first; at least `SANDBOX_SNAPSHOT_MAX_SIZE`",
+    doc: "bytes of snapshots kept in the whole store, every owner's together; a new snapshot makes room by removing its owner's oldest, never another owner's, and is refused with an error naming this setting when even that would not make room; at least `SANDBOX_SNAPSHOT_MAX_SIZE`",
     read: Read::Value(|config, var, v| {
         config.snapshots.max_total = parse_bytes(var, v, 1 << 20)?;
         Ok(())

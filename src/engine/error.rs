@@ -84,6 +84,10 @@ pub enum EngineError {
     SnapshotCorrupted { id: String, reason: String },
     #[error("the snapshot failed: {0}")]
     Snapshot(String),
+    /// A new snapshot would take the store (every owner's snapshots together) beyond its bound,
+    /// even once the owner's own older snapshots made room.
+    #[error("the snapshot store is full: this snapshot ({size}) does not fit within SANDBOX_SNAPSHOT_MAX_TOTAL ({limit}, every owner's snapshots together), not even in place of all your older ones; it was not kept, and none of yours was removed. Free room with sandbox_snapshot_delete (sandbox_snapshots lists yours), or ask the operator to raise SANDBOX_SNAPSHOT_MAX_TOTAL")]
+    SnapshotStoreFull { size: String, limit: String },
     #[error("snapshots are turned off on this server (SANDBOX_SNAPSHOT_DIR is empty)")]
     SnapshotsOff,
     #[error("{path}: {reason}")]
@@ -120,6 +124,7 @@ impl EngineError {
                 | EngineError::MalformedSnapshotId(_)
                 | EngineError::SnapshotCorrupted { .. }
                 | EngineError::Snapshot(_)
+                | EngineError::SnapshotStoreFull { .. }
                 | EngineError::SnapshotsOff
                 | EngineError::MalformedSessionId(_)
                 | EngineError::ImageNotAllowed { .. }

@@ -17,28 +17,70 @@ use super::backend::{self, SandboxId};
 use super::sandbox::Sandbox;
 use super::{deps, protocol, EngineError};
 
-/// The client a session belongs to; random, never shown to clients.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClientId(Arc<str>);
+/// The client a session belongs to; random, never shown to clients. Two ids are the same
+/// client when their ids are equal; the owner of their snapshots goes with them.
+#[derive(Debug, Clone)]
+pub struct ClientId {
+    id: Arc<str>,
+    /// The owner of the snapshots it makes ([`super::snapshots`]): they outlive the client, so
+    /// this names who may restore them later, not the client itself.
+    snapshot_owner: Arc<str>,
+}
 
-impl ClientId {
-    /// A fresh, random client id.
-    pub fn new() -> ClientId {
-        ClientId(uuid::Uuid::new_v4().simple().to_string().into())
+impl PartialEq for ClientId {
+    fn eq(&self, other: &ClientId) -> bool {
+        self.id == other.id
     }
+}
 
-    /// The id as text (32 hex digits): names the client's snapshot directory.
-    pub fn as_str(&self) -> &str {
-        &self.0
+impl Eq for ClientId {}
+
+impl std::hash::Hash for ClientId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
     }
 }
 
 impl ClientId {
+    /// A fresh, random client id; its snapshots are its own until
+    /// [`ClientId::with_snapshot_owner`] says whose they are.
+    pub fn new() -> ClientId {
+        let id: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        ClientId {
+            snapshot_owner: format!("client-{id}").into(),
+            id,
+        }
+    }
+
+    /// The id as text (32 hex digits, or `principal:` and a name).
+    pub fn as_str(&self) -> &str {
+        &self.id
+    }
+
     /// The client that is a principal (named `name`): the same id on every request, so it
-    /// reaches its sessions whichever MCP session, or none, it comes through. Never equal to a
-    /// [`ClientId::new`] (hex digits only).
+    /// reaches its sessions whichever MCP session, or none, it comes through; its snapshots are
+    /// the principal's. Never equal to a [`ClientId::new`] (hex digits only).
     pub fn of_principal(name: &str) -> ClientId {
-        ClientId(format!("principal:{name}").into())
+        let id: Arc<str> = format!("principal:{name}").into();
+        ClientId {
+            snapshot_owner: format!("client-{id}").into(),
+            id,
+        }
+    }
+
+    /// The same client, whose snapshots belong to `owner` (an owner key of
+    /// [`super::snapshots`]): a client of one MCP session whose caller outlives it (the holder
+    /// of the one shared token), so that its next MCP session restores them.
+    pub fn with_snapshot_owner(self, owner: String) -> ClientId {
+        ClientId {
+            snapshot_owner: owner.into(),
+            ..self
+        }
+    }
+
+    /// Who owns the snapshots this client makes.
+    pub fn snapshot_owner(&self) -> &str {
+        &self.snapshot_owner
     }
 }
 

@@ -9,11 +9,20 @@
 //! runner unpack them only once the hash matches, so a file changed on disk is refused before any
 //! of it is used.
 //!
-//! Owners: a snapshot belongs to whoever made it (over stdio the local server's user, over HTTP
-//! the MCP client); each owner has a directory of its own, and an id looked up in another
-//! owner's directory does not exist. Retention: per owner at most `SANDBOX_SNAPSHOT_MAX_COUNT`
-//! snapshots and `SANDBOX_SNAPSHOT_MAX_TOTAL` bytes (the oldest go first), none older than
-//! `SANDBOX_SNAPSHOT_TTL`, and never one being restored.
+//! Owners: a snapshot belongs to whoever made it, not to the MCP session it came through (it is
+//! made to outlive that): over stdio the local server's user (`local`), over HTTP the principal
+//! (`client-principal:NAME`), or without principals the holder of the one shared token
+//! (`http-token-` and a digest of the token; `http-open` on loopback without a token). Each
+//! owner has a directory of its own (its key, or a digest of it when the key is not a plain file
+//! name), and an id looked up as another owner's does not exist.
+//!
+//! Retention: per owner at most `SANDBOX_SNAPSHOT_MAX_COUNT` snapshots (its oldest go first);
+//! the whole store, every owner's snapshots together, at most `SANDBOX_SNAPSHOT_MAX_TOTAL` bytes:
+//! a new snapshot makes room by removing its owner's oldest ones, never another owner's, and is
+//! refused ([`EngineError::SnapshotStoreFull`]) when even that would not make room. None is kept
+//! older than `SANDBOX_SNAPSHOT_TTL`, and none is removed while it is being restored. (Snapshots
+//! being written are not counted until they are recorded: at most one per session at a time,
+//! each bounded by `SANDBOX_SNAPSHOT_MAX_SIZE`.)
 
 use std::collections::HashSet;
 use std::fs;
@@ -69,11 +78,52 @@ impl SnapshotMeta {
     }
 }
 
-/// The owner key of a scope: the directory its snapshots live in.
+/// The owner of the server's one client (stdio, the command line).
+pub const LOCAL_OWNER: &str = "local";
+/// The owner of every HTTP client when there are no principals and no token (loopback only).
+const OPEN_OWNER: &str = "http-open";
+/// The longest owner key used as a directory name as it is.
+const MAX_PLAIN_DIR: usize = 100;
+
+/// The owner key of a scope's snapshots: who may list and restore them.
 pub fn owner_of(scope: Scope<'_>) -> String {
     match scope {
-        Scope::Server => "local".to_string(),
-        Scope::Client(client) => format!("client-{}", client.as_str()),
+        Scope::Server => LOCAL_OWNER.to_string(),
+        Scope::Client(client) => client.snapshot_owner().to_string(),
+    }
+}
+
+/// The owner of the snapshots of an HTTP client that is no principal: the holder of the one
+/// shared token (`SANDBOX_HTTP_TOKEN`), whichever MCP session it comes through; another token
+/// (a rotated one) is another owner. Without a token (loopback only), every client is the same
+/// owner. Never a principal's key (`client-…`), nor `local`.
+pub fn shared_owner(token: Option<&str>) -> String {
+    match token {
+        Some(token) => {
+            let digest = Sha256::new()
+                .chain_update(b"python-code-sandbox snapshot owner\0")
+                .chain_update(token.as_bytes())
+                .finalize();
+            format!("http-token-{}", hex(&digest[..16]))
+        }
+        None => OPEN_OWNER.to_string(),
+    }
+}
+
+/// The directory name of an owner key: the key when it is a plain file name (ASCII letters,
+/// digits, `.`, `_`, `-`, `:`, not starting with `.`, at most 100 bytes), else `~` and a digest
+/// of it (an OAuth subject can hold `/` or `..`). A digest's name never is a plain key's.
+pub fn owner_dir_name(owner: &str) -> String {
+    let plain = !owner.is_empty()
+        && owner.len() <= MAX_PLAIN_DIR
+        && !owner.starts_with('.')
+        && owner
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
+    if plain {
+        owner.to_string()
+    } else {
+        format!("~{}", hex(&Sha256::digest(owner.as_bytes())[..16]))
     }
 }
 
@@ -119,6 +169,9 @@ pub struct SnapshotStore {
     policy: SnapshotPolicy,
     /// Snapshots being restored: retention leaves them alone.
     restoring: Arc<Mutex<HashSet<String>>>,
+    /// Held while a snapshot is recorded: the store's total is checked and changed by one
+    /// commit at a time.
+    committing: Mutex<()>,
 }
 
 impl SnapshotStore {
@@ -129,6 +182,7 @@ impl SnapshotStore {
             dir: policy.dir.clone()?,
             policy: policy.clone(),
             restoring: Default::default(),
+            committing: Mutex::new(()),
         })
     }
 
@@ -137,7 +191,7 @@ impl SnapshotStore {
     }
 
     fn owner_dir(&self, owner: &str) -> PathBuf {
-        self.dir.join(owner)
+        self.dir.join(owner_dir_name(owner))
     }
 
     /// Starts writing a new snapshot of `owner`; nothing is listed until it is finished.
@@ -159,16 +213,45 @@ impl SnapshotStore {
 
     /// `owner`'s snapshots, newest first.
     pub fn list(&self, owner: &str) -> Vec<SnapshotMeta> {
-        let mut list: Vec<SnapshotMeta> = fs::read_dir(self.owner_dir(owner))
+        let mut list: Vec<SnapshotMeta> = self
+            .read_owner_dir(&self.owner_dir(owner))
+            .into_iter()
+            .filter(|meta| meta.owner == owner)
+            .collect();
+        newest_first(&mut list);
+        list
+    }
+
+    /// The snapshots recorded in one owner directory (whoever's it is): each whose metadata
+    /// reads, whose id is well formed, and which is in its owner's directory.
+    fn read_owner_dir(&self, dir: &Path) -> Vec<SnapshotMeta> {
+        fs::read_dir(dir)
             .into_iter()
             .flatten()
             .flatten()
             .filter(|entry| entry.file_name().to_string_lossy().ends_with(".json"))
             .filter_map(|entry| read_meta(&entry.path()))
-            .filter(|meta| meta.owner == owner && check_id(&meta.id).is_ok())
-            .collect();
-        list.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.id.cmp(&a.id)));
-        list
+            .filter(|meta| check_id(&meta.id).is_ok() && self.owner_dir(&meta.owner) == dir)
+            .collect()
+    }
+
+    /// Every owner's snapshots (partial files of dead servers swept on the way).
+    fn all(&self, now: SystemTime) -> Vec<SnapshotMeta> {
+        let mut all = Vec::new();
+        for dir in fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if !dir.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            sweep_partials(&dir.path(), now);
+            all.extend(self.read_owner_dir(&dir.path()));
+        }
+        all
+    }
+
+    /// Bytes of every owner's recorded snapshots together: what `SANDBOX_SNAPSHOT_MAX_TOTAL`
+    /// bounds.
+    pub fn total(&self) -> u64 {
+        self.all(SystemTime::now()).iter().map(|m| m.size).sum()
     }
 
     /// The newest snapshot `owner` has of `session`.
@@ -211,59 +294,107 @@ impl SnapshotStore {
         }
     }
 
-    /// Applies retention to `owner` (its count and total) and to every owner (age); returns the
-    /// ids removed. Never removes a snapshot being restored, nor `keep`.
+    /// Applies retention: the age limit to every owner; with `owner`, its count limit and the
+    /// store's total, by removing `owner`'s oldest snapshots (never another owner's). Never
+    /// removes a snapshot being restored, nor `keep`. Returns the ids removed.
     pub fn enforce(&self, owner: Option<&str>, keep: Option<&str>, now: SystemTime) -> Vec<String> {
-        let restoring = self.restoring.lock().map(|r| r.clone()).unwrap_or_default();
+        let restoring = self.restoring();
         let protected = |meta: &SnapshotMeta| {
             restoring.contains(&meta.id) || keep.is_some_and(|k| k == meta.id)
         };
         let mut removed = Vec::new();
-        for dir in fs::read_dir(&self.dir).into_iter().flatten().flatten() {
-            let Some(name) = dir.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            if !dir.file_type().is_ok_and(|t| t.is_dir()) {
+        let mut kept = Vec::new();
+        for meta in self.all(now) {
+            if meta.age(now) > self.policy.ttl && !protected(&meta) {
+                self.remove_for(&meta, "older than SANDBOX_SNAPSHOT_TTL");
+                removed.push(meta.id);
+            } else {
+                kept.push(meta);
+            }
+        }
+        let Some(owner) = owner else {
+            return removed;
+        };
+        let mut total: u64 = kept.iter().map(|m| m.size).sum();
+        let mut own: Vec<SnapshotMeta> = kept.into_iter().filter(|m| m.owner == owner).collect();
+        newest_first(&mut own);
+        let mut count = own.len();
+        for meta in own.into_iter().rev() {
+            let over_count = count > self.policy.max_count;
+            let over_total = total > self.policy.max_total;
+            if !(over_count || over_total) {
+                break;
+            }
+            if protected(&meta) {
                 continue;
             }
-            sweep_partials(&dir.path(), now);
-            let mut list = self.list(&name);
-            list.reverse(); // oldest first
-            let mut count = list.len();
-            let mut total: u64 = list.iter().map(|m| m.size).sum();
-            let mine = owner == Some(name.as_str());
-            for meta in list {
-                let expired = meta.age(now) > self.policy.ttl;
-                let over = mine && (count > self.policy.max_count || total > self.policy.max_total);
-                if (expired || over) && !protected(&meta) {
-                    let why = if expired {
-                        "older than SANDBOX_SNAPSHOT_TTL"
-                    } else {
-                        "beyond its owner's count or size limit"
-                    };
-                    tracing::info!(snapshot = %meta.id, owner = %name, "removing a snapshot: {why}");
-                    self.remove(&meta);
-                    count -= 1;
-                    total = total.saturating_sub(meta.size);
-                    removed.push(meta.id);
-                }
-            }
+            self.remove_for(
+                &meta,
+                if over_count {
+                    "beyond its owner's SANDBOX_SNAPSHOT_MAX_COUNT"
+                } else {
+                    "making room within SANDBOX_SNAPSHOT_MAX_TOTAL for its owner's newer one"
+                },
+            );
+            count -= 1;
+            total = total.saturating_sub(meta.size);
+            removed.push(meta.id);
         }
         removed
     }
 
+    fn restoring(&self) -> HashSet<String> {
+        self.restoring
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    fn remove_for(&self, meta: &SnapshotMeta, why: &str) {
+        tracing::info!(snapshot = %meta.id, owner = %meta.owner, "removing a snapshot: {why}");
+        self.remove(meta);
+    }
+
+    /// Whether a new snapshot of `size` bytes of `owner` fits within the store's total once
+    /// `owner`'s own older snapshots (those not being restored) made room, expired ones gone.
+    fn fits(&self, owner: &str, size: u64, now: SystemTime) -> bool {
+        let restoring = self.restoring();
+        let staying: u64 = self
+            .all(now)
+            .iter()
+            .filter(|m| m.age(now) <= self.policy.ttl || restoring.contains(&m.id))
+            .filter(|m| m.owner != owner || restoring.contains(&m.id))
+            .map(|m| m.size)
+            .sum();
+        staying.saturating_add(size) <= self.policy.max_total
+    }
+
     /// Records a finished snapshot: its bytes take their final name, then its metadata is
-    /// written (a snapshot is listed only once both exist). Applies the owner's retention.
+    /// written (a snapshot is listed only once both exist); then the owner's retention makes
+    /// room for it. Refused, with nothing removed, when it does not fit within the store's total
+    /// even in place of every older snapshot of its owner.
     pub fn commit(
         &self,
         written: WrittenSnapshot,
         mut meta: SnapshotMeta,
     ) -> Result<SnapshotMeta, EngineError> {
+        let _one_at_a_time = self
+            .committing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = SystemTime::now();
+        if !self.fits(&meta.owner, written.size, now) {
+            tracing::warn!(owner = %meta.owner, size = written.size, "a snapshot was refused: the store is at SANDBOX_SNAPSHOT_MAX_TOTAL");
+            return Err(EngineError::SnapshotStoreFull {
+                size: crate::text::bytes(written.size),
+                limit: crate::text::bytes(self.policy.max_total),
+            });
+        }
         let dir = self.owner_dir(&meta.owner);
         meta.id = new_id();
         meta.size = written.size;
         meta.sha256 = written.sha256.clone();
-        meta.created_ms = now_ms(SystemTime::now());
+        meta.created_ms = now_ms(now);
         let snap = dir.join(format!("{}.snap", meta.id));
         fs::rename(&written.path, &snap).map_err(|e| disk_error("store", &snap, e))?;
         let json = serde_json::to_vec_pretty(&meta)
@@ -276,7 +407,7 @@ impl SnapshotStore {
             let _ = fs::remove_file(&snap);
             return Err(disk_error("record", &meta_path, e));
         }
-        self.enforce(Some(&meta.owner), Some(&meta.id), SystemTime::now());
+        self.enforce(Some(&meta.owner), Some(&meta.id), now);
         Ok(meta)
     }
 
@@ -286,6 +417,11 @@ impl SnapshotStore {
         create_private_dir(&dir).map_err(|e| disk_error("create", &dir, e))?;
         SnapshotWriter::create(dir, self.policy.max_size)
     }
+}
+
+/// Sorts snapshots newest first (ties by id, so the order is stable).
+fn newest_first(list: &mut [SnapshotMeta]) {
+    list.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.id.cmp(&a.id)));
 }
 
 /// Creates `dir` (and a missing parent, the store's own directory) private to this user.
@@ -569,15 +705,182 @@ mod tests {
     }
 
     fn store(dir: &Path, max_count: usize) -> SnapshotStore {
+        store_of_total(dir, max_count, 10 << 20)
+    }
+
+    fn store_of_total(dir: &Path, max_count: usize, max_total: u64) -> SnapshotStore {
         SnapshotStore::new(&SnapshotPolicy {
             dir: Some(dir.to_path_buf()),
             max_size: 1 << 20,
             ttl: Duration::from_secs(3600),
             max_count,
-            max_total: 10 << 20,
+            max_total,
             on_expiry: true,
         })
         .unwrap()
+    }
+
+    fn try_save(
+        store: &SnapshotStore,
+        owner: &str,
+        bytes: &[u8],
+    ) -> Result<SnapshotMeta, EngineError> {
+        let mut writer = store.writer(owner)?;
+        writer.write(bytes)?;
+        // Distinct creation times, so "oldest" is well defined.
+        std::thread::sleep(Duration::from_millis(3));
+        store.commit(writer.finish()?, meta(owner))
+    }
+
+    fn ids(store: &SnapshotStore, owner: &str) -> Vec<String> {
+        store.list(owner).into_iter().map(|m| m.id).collect()
+    }
+
+    #[test]
+    fn snapshots_belong_to_the_principal_or_the_shared_token_not_to_the_mcp_session() {
+        use crate::engine::sessions::ClientId;
+        // Two MCP sessions of one principal: the same owner. Another principal: another.
+        let alice = ClientId::of_principal("alice");
+        assert_eq!(owner_of(Scope::Client(&alice)), "client-principal:alice");
+        assert_eq!(
+            owner_of(Scope::Client(&ClientId::of_principal("alice"))),
+            owner_of(Scope::Client(&alice))
+        );
+        assert_ne!(
+            owner_of(Scope::Client(&ClientId::of_principal("bob"))),
+            owner_of(Scope::Client(&alice))
+        );
+        // Two MCP sessions of the one shared token: two clients (their sandbox sessions apart),
+        // one owner of snapshots; another token is another owner; no token, one open owner.
+        let token = "0123456789abcdef0123456789abcdef";
+        let first = ClientId::new().with_snapshot_owner(shared_owner(Some(token)));
+        let second = ClientId::new().with_snapshot_owner(shared_owner(Some(token)));
+        assert_ne!(first, second);
+        assert_eq!(
+            owner_of(Scope::Client(&first)),
+            owner_of(Scope::Client(&second))
+        );
+        let owner = shared_owner(Some(token));
+        assert!(
+            owner.starts_with("http-token-") && !owner.contains(token),
+            "{owner}"
+        );
+        assert_ne!(shared_owner(Some("another token, rotated")), owner);
+        assert_eq!(shared_owner(None), "http-open");
+        // Never the stdio client's, nor a principal's.
+        for shared in [owner.as_str(), "http-open"] {
+            assert_ne!(shared, LOCAL_OWNER);
+            assert!(!shared.starts_with("client-"));
+        }
+        assert_eq!(owner_of(Scope::Server), "local");
+    }
+
+    #[test]
+    fn an_owner_key_that_is_no_plain_name_gets_a_digest_for_its_directory() {
+        assert_eq!(
+            owner_dir_name("client-principal:alice"),
+            "client-principal:alice"
+        );
+        assert_eq!(owner_dir_name("local"), "local");
+        for odd in [
+            "client-principal:oauth:../../../etc",
+            "client-principal:oauth:a/b",
+            "..",
+            ".held",
+            "",
+            &"x".repeat(101),
+        ] {
+            let name = owner_dir_name(odd);
+            assert!(name.starts_with('~') && name.len() == 33, "{odd:?}: {name}");
+            assert!(!name.contains('/'));
+        }
+        assert_ne!(
+            owner_dir_name("client-principal:oauth:a/b"),
+            owner_dir_name("client-principal:oauth:a/c")
+        );
+        // Stored and found under the digest, and only by its owner.
+        let dir = Scratch::new();
+        let store = store(dir.path(), 10);
+        let odd = "client-principal:oauth:../../escape";
+        let saved = save(&store, odd, b"x");
+        assert!(dir
+            .path()
+            .join(owner_dir_name(odd))
+            .join(format!("{}.snap", saved.id))
+            .is_file());
+        assert_eq!(ids(&store, odd), vec![saved.id.clone()]);
+        assert!(store.get("client-principal:oauth:..", &saved.id).is_err());
+    }
+
+    #[test]
+    fn the_total_bounds_the_whole_store_an_owner_makes_room_only_from_its_own() {
+        let dir = Scratch::new();
+        let store = store_of_total(dir.path(), 10, 10);
+        let a1 = try_save(&store, "a", b"aaaa").unwrap();
+        let b1 = try_save(&store, "b", b"bbbb").unwrap();
+        // a's next one fits in place of a's oldest: that goes, b's stays.
+        let a2 = try_save(&store, "a", b"AAAA").unwrap();
+        assert_eq!(ids(&store, "a"), vec![a2.id.clone()]);
+        assert_eq!(ids(&store, "b"), vec![b1.id.clone()]);
+        assert_eq!(store.total(), 8);
+        assert!(!ids(&store, "a").contains(&a1.id));
+        // A third owner's would take the store beyond the total, and it has nothing to give:
+        // refused, naming the setting; nobody's snapshot is removed.
+        let refused = try_save(&store, "c", b"cccc").unwrap_err();
+        assert!(
+            matches!(refused, EngineError::SnapshotStoreFull { .. }),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("SANDBOX_SNAPSHOT_MAX_TOTAL"),
+            "{refused}"
+        );
+        // Too large even in place of every one of a's: refused, and a keeps its snapshot.
+        assert!(matches!(
+            try_save(&store, "a", b"AAAAAAA"),
+            Err(EngineError::SnapshotStoreFull { .. })
+        ));
+        assert_eq!(ids(&store, "a"), vec![a2.id.clone()]);
+        assert!(ids(&store, "c").is_empty());
+        assert_eq!(store.total(), 8);
+        // Nothing of the refused ones is left on disk.
+        let files: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|o| {
+                fs::read_dir(dir.path().join(o))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(files.len(), 4, "{files:?}");
+        // One being restored cannot make room: its bytes stay counted.
+        let (_reader, guard) = store.open(&a2).unwrap();
+        assert!(matches!(
+            try_save(&store, "a", b"AAA"),
+            Err(EngineError::SnapshotStoreFull { .. })
+        ));
+        drop(guard);
+        let a3 = try_save(&store, "a", b"AAA").unwrap();
+        assert_eq!(ids(&store, "a"), vec![a3.id]);
+        assert_eq!(store.total(), 7);
+    }
+
+    #[test]
+    fn many_clients_of_one_owner_cannot_grow_the_store_beyond_its_total() {
+        use crate::engine::sessions::ClientId;
+        let dir = Scratch::new();
+        let store = store_of_total(dir.path(), 50, 10);
+        let owner = shared_owner(Some("the one shared token of the server"));
+        // Six MCP sessions of the token, three bytes each: they are one owner, whose oldest go.
+        for _ in 0..6 {
+            let client = ClientId::new().with_snapshot_owner(owner.clone());
+            try_save(&store, &owner_of(Scope::Client(&client)), b"xyz").unwrap();
+            assert!(store.total() <= 10, "{}", store.total());
+        }
+        assert_eq!(store.list(&owner).len(), 3);
+        assert_eq!(store.total(), 9);
     }
 
     fn meta(owner: &str) -> SnapshotMeta {

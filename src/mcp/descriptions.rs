@@ -82,11 +82,11 @@ fn fragments(config: &Config) -> Vec<(&'static str, String)> {
     let snapshots = &config.snapshots;
     let snapshot_policy = match &snapshots.dir {
         Some(_) => format!(
-            "Snapshots are kept {} (at most {} per user, {} in all, each at most {}; the oldest go first){}.",
+            "Snapshots are kept {} (at most {} per user, each at most {}, the oldest going first; the server keeps {} of everyone's in all, and refuses a new one that does not fit even in place of your older ones){}.",
             duration(snapshots.ttl),
             snapshots.max_count,
-            bytes(snapshots.max_total),
             bytes(snapshots.max_size),
+            bytes(snapshots.max_total),
             if snapshots.on_expiry {
                 "; a session that expires is saved as a snapshot first, and the error on its id names it"
             } else {

@@ -139,8 +139,10 @@ pub struct SnapshotListOutput {
     /// Newest first.
     pub snapshots: Vec<SnapshotEntry>,
     pub max_size_bytes: u64,
-    /// Per owner: the oldest are removed beyond these.
+    /// Per owner: the oldest are removed beyond it.
     pub max_count: usize,
+    /// Every owner's snapshots together: a new one makes room from its owner's oldest, else it
+    /// is refused.
     pub max_total_bytes: u64,
     /// Snapshots older than this are removed.
     pub ttl_seconds: u64,

@@ -23,6 +23,7 @@ use super::quotas::{ExecutionPermit, OverQuota, Quotas};
 use super::tasks::Tasks;
 use super::{descriptions, logging, prompts, resources};
 use crate::engine::sessions::{ClientId, Scope};
+use crate::engine::snapshots::shared_owner;
 use crate::engine::Engine;
 use crate::pypi::PypiSearch;
 
@@ -120,7 +121,8 @@ impl SandboxServer {
     /// request over HTTP. The caller being served ([`principals::current`]) is the client when
     /// it is a principal: it reaches its own sessions (an admin: every session), whichever MCP
     /// session it comes through. Otherwise the MCP session is the client: it reaches only the
-    /// sessions it creates, and they are stopped when it is dropped.
+    /// sessions it creates, and they are stopped when it is dropped; its snapshots are the
+    /// shared token's ([`shared_owner`]).
     pub fn for_client(
         engine: Arc<Engine>,
         pypi: Arc<PypiSearch>,
@@ -128,9 +130,14 @@ impl SandboxServer {
         tools: ToolRouter<Self>,
     ) -> Self {
         let principal = principals::current();
+        // Without principals the MCP session is the client, but what outlives it (snapshots)
+        // belongs to whoever holds the one shared token, so its next MCP session finds them.
         let id = match &principal {
             Some(principal) => ClientId::of_principal(&principal.name),
-            None => ClientId::new(),
+            None => {
+                let token = engine.config().http.token.as_ref().map(|t| t.expose());
+                ClientId::new().with_snapshot_owner(shared_owner(token))
+            }
         };
         let client = Arc::new(Client {
             engine: engine.clone(),

@@ -111,6 +111,38 @@ async def test_snapshots_belong_to_their_principal_and_outlive_the_server(team, 
             assert seen.structured_content["stdout"] == "7\n", text_of(seen)
 
 
+async def test_a_new_mcp_session_of_a_principal_restores_its_snapshot_and_no_other_principal_can(team, tmp_path):
+    snapshots = tmp_path / "snapshots"
+    with served(team, SANDBOX_SNAPSHOT_DIR=snapshots) as server:
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            cid = (await bob.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+            await bob.call_tool("run_python", {"container_id": cid, "code": "kept = 'bob'"})
+            made = await bob.call_tool("sandbox_snapshot", {"container_id": cid})
+            assert not made.is_error, text_of(made)
+            snap = made.structured_content["snapshot_id"]
+            await bob.call_tool("sandbox_stop", {"container_id": cid})
+        # Bob's first MCP session has ended; a new one lists and restores his snapshot.
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            listed = (await bob.call_tool("sandbox_snapshots", {})).structured_content["snapshots"]
+            assert [s["snapshot_id"] for s in listed] == [snap]
+            restored = await bob.call_tool("sandbox_initialize", {"snapshot_id": snap})
+            assert not restored.is_error, text_of(restored)
+            cid = restored.structured_content["container_id"]
+            seen = await bob.call_tool("run_python", {"container_id": cid, "code": "print(kept)"})
+            assert seen.structured_content["stdout"] == "bob\n", text_of(seen)
+            await bob.call_tool("sandbox_stop", {"container_id": cid})
+        # Alice, in any MCP session, neither sees nor restores nor deletes it.
+        async with mcp_client(server.url, token=team["alice"]) as alice:
+            assert (await alice.call_tool("sandbox_snapshots", {})).structured_content["snapshots"] == []
+            for tool in ("sandbox_initialize", "sandbox_snapshot_delete"):
+                taken = await alice.call_tool(tool, {"snapshot_id": snap})
+                assert taken.is_error and "Unknown snapshot" in text_of(taken), (tool, text_of(taken))
+            assert (await alice.call_tool("sandbox_list", {})).structured_content["sessions"] == []
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            listed = (await bob.call_tool("sandbox_snapshots", {})).structured_content["snapshots"]
+            assert [s["snapshot_id"] for s in listed] == [snap]
+
+
 async def test_a_2026_07_28_client_keeps_a_session_across_calls(team):
     with served(team) as server:
         async with create_mcp_http_client(headers={"Authorization": f"Bearer {team['bob']}"}) as http:

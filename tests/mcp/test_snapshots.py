@@ -380,42 +380,54 @@ async def test_an_expired_session_is_snapshotted_and_resumed(snapshot_dir):
 # --- 5. Another HTTP client cannot reach the snapshot -----------------------------------------
 
 
-async def test_another_http_client_cannot_list_restore_or_delete_a_snapshot(snapshot_dir):
+async def test_a_snapshot_belongs_to_the_shared_token_not_to_the_mcp_session(snapshot_dir):
+    """With the one shared SANDBOX_HTTP_TOKEN (no principals), each MCP session is a client of its
+    own for sandbox sessions, but a snapshot outlives the MCP session that made it: a later MCP
+    session with the token lists and restores it. A server with another token is another owner,
+    and gets the same "Unknown snapshot" as for an id that never existed."""
     with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_SNAPSHOT_DIR=str(snapshot_dir)) as server:
-        async with mcp_client(server.url) as alice, mcp_client(server.url) as bob:
-            a = await start(alice)
-            await run(alice, a, "secret = 'alice'")
-            sid = (await snapshot(alice, a, name="alice's")).structured_content["snapshot_id"]
+        async with mcp_client(server.url) as first:
+            a = await start(first)
+            await run(first, a, "secret = 'kept'")
+            sid = (await snapshot(first, a, name="first's")).structured_content["snapshot_id"]
+        # The first MCP session has ended (its sandbox session with it); its snapshot has not.
+        async with mcp_client(server.url) as second, mcp_client(server.url) as third:
+            assert await live_sessions(second) == []
+            assert await listed_ids(second) == [sid]
+            restored = await start(second, snapshot_id=sid)
+            assert await run(second, restored, "print(secret)") == "kept\n"
+            # Sandbox sessions stay each MCP session's own.
+            assert restored not in await live_sessions(third)
+            refused = await third.call_tool("run_python", {"container_id": restored, "code": "print(1)"})
+            assert refused.is_error is True and "no session" in text_of(refused), text_of(refused)
+            assert await listed_ids(third) == [sid]
 
-            assert sid not in await listed_ids(bob)
-            assert await listed_ids(bob) == []
+    other_token = "another-token-" + "fedcba9876543210" * 2
+    with http_server(SANDBOX_HTTP_TOKEN=other_token, SANDBOX_SNAPSHOT_DIR=str(snapshot_dir)) as server:
+        async with mcp_client(server.url, token=other_token) as stranger:
+            assert await listed_ids(stranger) == []
 
             def same_refusal(foreign, unknown, unknown_id):
                 """A foreign id is refused exactly as an unknown one: nothing tells it exists."""
                 assert foreign.is_error is True and unknown.is_error is True
                 assert "Unknown snapshot" in text_of(foreign), text_of(foreign)
-                assert "alice" not in text_of(foreign)
                 assert text_of(foreign).replace(sid, "<id>") == text_of(unknown).replace(unknown_id, "<id>")
 
             other = unknown_snapshot_id()
             for tool in ("sandbox_initialize", "sandbox_snapshot_delete"):
-                foreign = await bob.call_tool(tool, {"snapshot_id": sid})
-                unknown = await bob.call_tool(tool, {"snapshot_id": other})
+                foreign = await stranger.call_tool(tool, {"snapshot_id": sid})
+                unknown = await stranger.call_tool(tool, {"snapshot_id": other})
                 same_refusal(foreign, unknown, other)
-            # Bob started nothing, and cannot snapshot or fork Alice's session either.
-            assert await live_sessions(bob) == []
-            for tool in ("sandbox_snapshot", "sandbox_fork"):
-                refused = await bob.call_tool(tool, {"container_id": a})
-                assert refused.is_error is True and "no session" in text_of(refused), (tool, text_of(refused))
-            assert await listed_ids(bob) == []
+            assert await live_sessions(stranger) == []
+            assert await listed_ids(stranger) == []
+    assert len(snap_files(snapshot_dir, sid)) == 2
 
-            # Alice still has it, and can restore and delete it.
-            assert sid in await listed_ids(alice)
-            restored = await start(alice, snapshot_id=sid)
-            assert await run(alice, restored, "print(secret)") == "alice\n"
-            deleted = (await call_ok(alice, "sandbox_snapshot_delete", {"snapshot_id": sid})).structured_content
+    # The first token's holders still have it, and can delete it.
+    with http_server(SANDBOX_HTTP_TOKEN=TOKEN, SANDBOX_SNAPSHOT_DIR=str(snapshot_dir)) as server:
+        async with mcp_client(server.url) as again:
+            deleted = (await call_ok(again, "sandbox_snapshot_delete", {"snapshot_id": sid})).structured_content
             assert deleted == {"snapshot_id": sid, "deleted": True}
-            assert sid not in await listed_ids(alice)
+            assert sid not in await listed_ids(again)
             assert snap_files(snapshot_dir, sid) == []
 
 

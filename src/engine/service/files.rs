@@ -36,7 +36,10 @@ impl Engine {
         self.end_if_lost(&full_id, &mut written);
         match written? {
             Ok(_) => Ok(format!("{}/{path}", backend::paths::WORKSPACE)),
-            Err(reason) => Err(EngineError::File { path, reason }),
+            Err(reason) => Err(EngineError::File {
+                path,
+                reason: runner_reason(&reason),
+            }),
         }
     }
 
@@ -56,7 +59,7 @@ impl Engine {
         self.end_if_lost(&full_id, &mut read);
         let content = read?.map_err(|reason| EngineError::File {
             path: path.clone(),
-            reason,
+            reason: runner_reason(&reason),
         })?;
         Ok(Artifact {
             size: content.len() as u64,
@@ -87,6 +90,14 @@ impl Engine {
         session.touch();
         let mut result = sandbox.list(&path).await;
         self.end_if_lost(&full_id, &mut result);
-        result
+        let mut listing = result?;
+        listing.error = listing.error.as_deref().map(runner_reason);
+        Ok(listing)
     }
+}
+
+/// A reason the runner gave (in the sandbox, the code can make it say anything) as one line of
+/// an error a model reads: escaped and bounded, so it cannot write a line of its own.
+fn runner_reason(reason: &str) -> String {
+    crate::text::log_excerpt(reason, 300)
 }

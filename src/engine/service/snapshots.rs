@@ -14,7 +14,7 @@ use crate::engine::snapshots::{
     owner_of, SnapshotMeta, SnapshotReader, SnapshotStore, SnapshotWriter, WrittenSnapshot,
 };
 use crate::engine::EngineError;
-use crate::text::truncate_chars;
+use crate::text::{quoted, truncate_chars};
 
 /// The largest piece of a snapshot one request carries (as the file tools' pieces).
 const PIECE: u64 = 1 << 20;
@@ -25,6 +25,8 @@ const RUNNER_WORK_LIMIT: Duration = Duration::from_secs(300);
 const MAX_NAMES: usize = 1000;
 const MAX_NAME_CHARS: usize = 200;
 const MAX_REASON_CHARS: usize = 300;
+/// The longest error text of the sandbox's an error quotes ([`quoted`]: one line, escaped).
+const MAX_ERROR_CHARS: usize = 500;
 
 /// What a restore brought back, bounded.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,7 +166,10 @@ impl Engine {
         let report = sandbox.snapshot(max, RUNNER_WORK_LIMIT).await?;
         let copied = async {
             if let Some(error) = &report.error {
-                return Err(EngineError::Snapshot(truncate_chars(error, 500)));
+                return Err(EngineError::Snapshot(format!(
+                    "the sandbox said {}",
+                    quoted(error, MAX_ERROR_CHARS)
+                )));
             }
             if report.size > max {
                 return Err(EngineError::Snapshot(format!(
@@ -180,7 +185,8 @@ impl Engine {
                         .await?
                         .map_err(|reason| {
                             EngineError::Snapshot(format!(
-                                "the sandbox could not hand it over: {reason}"
+                                "the sandbox could not hand it over: {}",
+                                quoted(&reason, MAX_ERROR_CHARS)
                             ))
                         })?;
                 if piece.is_empty() {
@@ -272,7 +278,8 @@ impl Engine {
                 }
                 Err(reason) => {
                     return Err(EngineError::Snapshot(format!(
-                        "it could not be uploaded into the sandbox: {reason}"
+                        "it could not be uploaded into the sandbox: {}",
+                        quoted(&reason, MAX_ERROR_CHARS)
                     )))
                 }
             }
@@ -283,7 +290,7 @@ impl Engine {
         if let Some(error) = report.error {
             return Err(EngineError::Snapshot(format!(
                 "the sandbox could not unpack it: {}",
-                truncate_chars(&error, 500)
+                quoted(&error, MAX_ERROR_CHARS)
             )));
         }
         session.touch();

@@ -104,10 +104,14 @@ impl SandboxServer {
         let mut text = format!("{shown}: {} entries\n", listing.entries.len());
         for e in &listing.entries {
             let suffix = if e.kind == "directory" { "/" } else { "" };
+            // The kind comes from the runner: one of its four words, or quoted.
+            let kind = match e.kind.as_str() {
+                known @ ("file" | "directory" | "symlink" | "special") => known.to_string(),
+                other => crate::text::quoted(other, 40),
+            };
             text.push_str(&format!(
-                "- {}{suffix} ({}, {})\n",
+                "- {}{suffix} ({kind}, {})\n",
                 display_path(&e.name),
-                e.kind,
                 bytes(e.size)
             ));
         }
