@@ -519,11 +519,7 @@ impl Engine {
             // One kept, else the caller's last one once its recycle under way is done: before
             // the pool, whose sandbox would cost a start to replace (a recycle is several times
             // cheaper, and a caller's next call often comes before its last one is recycled).
-            let recycled = match self.take_recycled(options) {
-                Some(sandbox) => Some(sandbox),
-                None => self.await_recycled(options).await,
-            };
-            if let Some(mut sandbox) = recycled {
+            if let Some(mut sandbox) = self.await_recycled(options).await {
                 // It may have died while it waited: checked on the way, like a pooled one.
                 sandbox.check_on_first_execution();
                 return Ok((sandbox, None));

@@ -14,21 +14,12 @@ use crate::engine::EngineError;
 const RECYCLE_WAIT: Duration = Duration::from_secs(5);
 
 impl Engine {
-    /// A sandbox the caller's last run used, emptied since, if one waits.
-    pub(super) fn take_recycled(&self, options: &RunOptions) -> Option<Sandbox> {
-        let key = options.reuse.as_deref()?;
-        self.recycled.take(key, Instant::now())
-    }
-
-    /// The sandbox of the caller's last run once its recycle is done, when one is under way (at
-    /// most [`RECYCLE_WAIT`]; `None` at once otherwise): a recycle is several times quicker
-    /// than a start (under gVisor here ~0.3 s against ~2 s of CPU), and a caller's next call
-    /// usually comes before its last sandbox is recycled.
+    /// A sandbox the caller's last run used, emptied since: one kept, else the one whose recycle
+    /// is under way once it is done (at most [`RECYCLE_WAIT`]); `None` at once when neither: a
+    /// recycle is several times quicker than a start (under gVisor here ~0.3 s against ~2 s of
+    /// CPU), and a caller's next call usually comes before its last sandbox is recycled.
     pub(super) async fn await_recycled(&self, options: &RunOptions) -> Option<Sandbox> {
         let key = options.reuse.as_deref()?;
-        if !self.config.recycle {
-            return None;
-        }
         self.recycled.wait_for(key, RECYCLE_WAIT).await
     }
 
