@@ -130,6 +130,10 @@ enum Command {
     },
     /// Print the manual page (roff), e.g. `python-code-sandbox man | man -l -`.
     Man,
+    /// Started by a server beside itself: removes the server's sandboxes once it is gone
+    /// (see `engine::warden`).
+    #[command(name = crate::engine::warden::COMMAND, hide = true)]
+    Warden { instance: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -391,6 +395,14 @@ async fn dispatch(cli: Cli, config: Config) -> ExitCode {
             .flatten()
             .collect();
             new_principal_token(&name, &options)
+        }
+        Some(Command::Warden { instance }) => {
+            if !crate::engine::warden::is_instance(&instance) {
+                eprintln!("python-code-sandbox: not a server instance id: {instance:?}");
+                return ExitCode::from(2);
+            }
+            crate::engine::warden::watch(Engine::with_docker(config), &instance).await;
+            ExitCode::SUCCESS
         }
         Some(Command::Cleanup) => {
             let engine = Engine::with_docker(config);

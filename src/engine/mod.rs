@@ -19,6 +19,7 @@
 //!   beyond it wait in turn.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
 //!   a reason.
+//! - [`warden`]: the process beside a server that removes its sandboxes should it be killed.
 //! - [`stats`]: start-up times and bytes copied out, told to an observer (the server's metrics).
 //! - [`progress`]: the sink long steps report to (a client, a terminal or the log).
 //! - [`outcome`] and [`error`]: what an execution comes to, and what can go wrong; plain types
@@ -56,6 +57,7 @@ pub mod snapshots;
 pub mod stats;
 #[cfg(test)]
 mod testing;
+pub mod warden;
 pub mod whole_output;
 
 pub use error::EngineError;

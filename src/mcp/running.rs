@@ -6,6 +6,7 @@ use tokio::task::JoinHandle;
 
 use super::error::ServeError;
 use crate::config::Config;
+use crate::engine::warden::Warden;
 use crate::engine::Engine;
 use crate::pypi::PypiSearch;
 
@@ -15,6 +16,8 @@ pub(crate) struct Running {
     reaper: JoinHandle<()>,
     cleanup: JoinHandle<()>,
     retention: Option<JoinHandle<()>>,
+    /// Removes this server's sandboxes should the server die without doing so itself.
+    warden: Option<Warden>,
 }
 
 impl Running {
@@ -54,12 +57,23 @@ impl Running {
         };
         let reaper = engine.spawn_reaper();
         let retention = engine.spawn_file_retention();
+        let warden = match Warden::spawn(engine.instance()) {
+            Ok(warden) => Some(warden),
+            Err(e) => {
+                tracing::warn!(
+                    "could not start the warden that removes this server's sandboxes should it \
+                     be killed (`cleanup` and the next server remain): {e}"
+                );
+                None
+            }
+        };
         Ok(Running {
             engine,
             pypi,
             reaper,
             cleanup,
             retention,
+            warden,
         })
     }
 
@@ -87,6 +101,10 @@ impl Running {
         if let Some(retention) = &self.retention {
             retention.abort();
         }
-        self.engine.shutdown().await;
+        let clean = self.engine.shutdown().await;
+        // Left to the warden when the engine could not confirm that nothing is left.
+        if let (true, Some(warden)) = (clean, self.warden) {
+            warden.release();
+        }
     }
 }

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bollard::query_parameters::{ListContainersOptions, ListVolumesOptions};
+use bollard::query_parameters::ListVolumesOptions;
 use bollard::Docker;
 use python_code_sandbox::config::Config;
+use python_code_sandbox::engine::backend::Backend;
 use python_code_sandbox::engine::docker::DockerBackend;
 use python_code_sandbox::engine::owner::LABEL_INSTANCE;
 use python_code_sandbox::engine::sessions::Scope;
@@ -145,16 +146,13 @@ pub async fn docker() -> Docker {
         .expect("docker answers")
 }
 
-/// Containers and volumes labelled with `label=value`.
+/// Containers and volumes labelled with `label=value`. The containers as the server lists them
+/// (bollard's own list cannot read a container Podman reports in passing as `stopped`).
 pub async fn labelled(label: &str, value: &str) -> (Vec<String>, Vec<String>) {
     let docker = docker().await;
     let filter = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
-    let containers = docker
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters: Some(filter.clone()),
-            ..Default::default()
-        }))
+    let containers = DockerBackend::new()
+        .list(label, value)
         .await
         .expect("list containers");
     let volumes = docker
@@ -164,7 +162,7 @@ pub async fn labelled(label: &str, value: &str) -> (Vec<String>, Vec<String>) {
         .await
         .expect("list volumes");
     (
-        containers.into_iter().filter_map(|c| c.id).collect(),
+        containers.into_iter().map(|c| c.id.0).collect(),
         volumes
             .volumes
             .unwrap_or_default()

@@ -73,8 +73,9 @@ def volumes():
     return [line for line in out.stdout.split() if line]
 
 
-def find_server_pid(tag):
-    """The server process started with PCS_TEST_TAG=tag (the SDK does not expose its pid)."""
+def find_server_pid(tag, warden=False):
+    """The server process started with PCS_TEST_TAG=tag (the SDK does not expose its pid), or with
+    `warden` the warden it started beside itself (the same program, `warden <instance>`)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -83,8 +84,12 @@ def find_server_pid(tag):
                 if f"PCS_TEST_TAG={tag}".encode() not in f.read().split(b"\0"):
                     continue
             with open(f"/proc/{name}/comm") as f:
-                if f.read().strip().startswith("python-code-sa"):
-                    return int(name)
+                if not f.read().strip().startswith("python-code-sa"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                is_warden = f.read().split(b"\0")[1:2] == [b"warden"]
+            if is_warden == warden:
+                return int(name)
         except OSError:
             continue
     return None

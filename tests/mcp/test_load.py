@@ -5,8 +5,10 @@ themselves); a run's sandbox serves the same client's next run only once nothing
 run is left in it."""
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 
@@ -62,15 +64,52 @@ async def test_after_a_kill_the_sandboxes_end_themselves(runtime):
             while len(sandboxes()) < 4:  # the pool's, the session's, the busy run's (and recycled)
                 assert time.monotonic() < deadline, sandboxes()
                 await asyncio.sleep(0.2)
+            # A container the server created but had not started yet when it was killed (the
+            # window between create and start): nothing in it runs to end it.
+            created = created_like_the_server(sandboxes()[0])
             pid = find_server_pid(tag)
-            assert pid is not None
+            warden = find_server_pid(tag, warden=True)
+            assert pid is not None and warden is not None
             os.kill(pid, signal.SIGKILL)
             busy.cancel()
-            # No other server runs: the engine removes each sandbox once it ended itself.
+            # No other server runs: the started sandboxes end themselves, and the server's warden
+            # removes what is left (the created one among them), then exits.
             deadline = time.monotonic() + 30
-            while sandboxes():
+            while sandboxes() or find_server_pid(tag, warden=True):
                 assert time.monotonic() < deadline, f"left after the kill: {sandboxes()}"
                 await asyncio.sleep(0.2)
+            assert created not in sandboxes()
+
+
+def created_like_the_server(sandbox):
+    """A container with `sandbox`'s labels (so its server's), created and never started."""
+    labels = json.loads(
+        subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Config.Labels}}", sandbox],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )
+    image = subprocess.run(
+        ["docker", "inspect", "--format", "{{.Config.Image}}", sandbox],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    flags = [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}")]
+    out = subprocess.run(
+        ["docker", "create", "--network", "none", *flags, image, "true"],
+        capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.anyio
+async def test_a_closing_server_releases_its_warden():
+    tag = uuid.uuid4().hex
+    async with connect(PCS_TEST_TAG=tag) as client:
+        await run(client, "print(1)")
+        assert find_server_pid(tag, warden=True) is not None
+    # Told that nothing is left, the warden has exited with its server.
+    assert find_server_pid(tag, warden=True) is None
+    assert sandboxes() == []
 
 
 LEAVE = r"""

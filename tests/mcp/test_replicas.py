@@ -283,9 +283,10 @@ async def test_a_replica_stopped_gracefully_removes_only_its_own_sandboxes(repli
 
 async def test_a_killed_replicas_sandboxes_are_removed_when_a_server_starts_again(replicas):
     """A replica killed outright (SIGKILL) cannot remove its sandboxes: they end themselves once
-    their server's attachment is gone (the engine removes them), and what is still there when a
-    server starts is removed then (and by `python-code-sandbox cleanup`). The survivor's are
-    never touched. Here the killed replica is started again on its port."""
+    their server's attachment is gone (the engine removes them), its warden removes what is
+    left, and what is still there when a server starts is removed then (and by
+    `python-code-sandbox cleanup`). The survivor's are never touched. Here the killed replica is
+    started again on its port."""
     async with contextlib.AsyncExitStack() as stack:
         by_replica = await open_sessions(stack, replicas, 4)
         b = replicas.servers["b"]
@@ -293,7 +294,7 @@ async def test_a_killed_replicas_sandboxes_are_removed_when_a_server_starts_agai
         b.proc.send_signal(signal.SIGKILL)
         assert b.proc.wait(timeout=30) == -signal.SIGKILL
         left = {s.cid for s in by_replica["b"]}
-        # They may be ending by themselves already (their supervisors saw the hang-up).
+        # They may be ending already (their supervisors saw the hang-up, the warden removes them).
         assert left and sandboxes_of_pid(b_pid) <= left
         # Its clients are told their MCP session is gone (the balancer sends them to a, which does
         # not know it); a's clients go on.

@@ -6,6 +6,7 @@
 
 mod deaths;
 pub mod image;
+mod listing;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,8 +20,8 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
-    KillContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
-    RemoveContainerOptions, RemoveVolumeOptions, UploadToContainerOptions,
+    KillContainerOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, UploadToContainerOptions,
 };
 use bollard::Docker;
 use bytes::{Bytes, BytesMut};
@@ -982,6 +983,7 @@ impl Backend for DockerBackend {
             Vec::new()
         };
         let removed = self.remove_container(&docker, id).await;
+        if removed.is_err() {}
         if removed.is_ok() || matches!(removed, Err(BackendError::NotFound(_))) {
             remove_volumes(&docker, &own_volumes).await;
         }
@@ -990,25 +992,8 @@ impl Backend for DockerBackend {
 
     async fn list(&self, label: &str, value: &str) -> Result<Vec<SandboxRecord>, BackendError> {
         let docker = self.client().await?;
-        let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        };
-        let containers = docker
-            .list_containers(Some(options))
-            .await
-            .map_err(classify)?;
-        Ok(containers
-            .into_iter()
-            .filter_map(|c| {
-                Some(SandboxRecord {
-                    id: SandboxId(c.id?),
-                    labels: c.labels.unwrap_or_default().into_iter().collect(),
-                })
-            })
-            .collect())
+        let body = get_text(&docker, listing::query(label, value)).await?;
+        listing::records(&body)
     }
 
     async fn create_network(

@@ -98,41 +98,73 @@ impl Engine {
 
     /// Removes everything carrying this instance's label. A request dropped mid-way (a signal,
     /// a cancelled call) may have a create still completing in the engine, so this looks again
-    /// until a listing comes back empty, a few times at most.
-    async fn sweep(&self) {
+    /// until a listing comes back empty, a few times at most. True when one did.
+    async fn sweep(&self) -> bool {
+        let instance = &self.owner.instance;
         for round in 0..5 {
-            let records = match self
-                .backend
-                .list(LABEL_INSTANCE, &self.owner.instance)
-                .await
-            {
-                Ok(records) => records,
+            match self.remove_listed(instance).await {
+                Ok(0) => return true,
+                Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!("could not list this server's sandboxes at shutdown: {e}");
-                    return;
-                }
-            };
-            if records.is_empty() {
-                return;
-            }
-            let removals = records.iter().map(|r| self.backend.destroy(&r.id));
-            for (record, result) in records
-                .iter()
-                .zip(futures_util::future::join_all(removals).await)
-            {
-                if let Err(e) = result {
-                    tracing::warn!(sandbox = %record.id, round, "could not remove at shutdown: {e}");
+                    tracing::warn!(
+                        round,
+                        "could not list this server's sandboxes at shutdown: {e}"
+                    );
+                    return false;
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        false
+    }
+
+    /// Removes, in parallel, every container the engine lists with `instance`'s label; how many
+    /// it listed.
+    async fn remove_listed(&self, instance: &str) -> Result<usize, BackendError> {
+        let records = self.backend.list(LABEL_INSTANCE, instance).await?;
+        let removals = records.iter().map(|r| self.backend.destroy(&r.id));
+        for (record, result) in records
+            .iter()
+            .zip(futures_util::future::join_all(removals).await)
+        {
+            if let Err(e) = result {
+                tracing::warn!(sandbox = %record.id, "could not remove: {e}");
+            }
+        }
+        Ok(records.len())
+    }
+
+    /// Removes everything of another instance of this program, one known to be gone (the
+    /// warden's work, see `engine::warden`): its containers, looking again every `every` until
+    /// none was listed for `quiet` (a create it sent may still complete), for `at_most` in all;
+    /// then its networks and volumes.
+    pub(crate) async fn remove_instance(
+        &self,
+        instance: &str,
+        quiet: Duration,
+        every: Duration,
+        at_most: Duration,
+    ) {
+        let started = tokio::time::Instant::now();
+        let mut last_seen = started;
+        while started.elapsed() < at_most && last_seen.elapsed() < quiet {
+            match self.remove_listed(instance).await {
+                Ok(0) => {}
+                Ok(_) => last_seen = tokio::time::Instant::now(),
+                // The engine restarting, say: not quiet, try again.
+                Err(_) => last_seen = tokio::time::Instant::now(),
+            }
+            tokio::time::sleep(every).await;
+        }
+        remove_unused_storage(self.backend.as_ref(), instance).await;
     }
 
     /// Removes every sandbox of this server instance (pooled, recycled, sessions and any in
     /// flight), all at once, first: an MCP client gives a closing server two seconds before it
     /// signals it (and the sandboxes end themselves once the server is gone, see
-    /// `python/runner/supervisor.py`, should it be killed before this is done).
-    pub async fn shutdown(&self) {
+    /// `python/runner/supervisor.py`, should it be killed before this is done). True when the
+    /// engine listed nothing of this instance at the end.
+    pub async fn shutdown(&self) -> bool {
         self.closing.cancel();
         let idle: Vec<_> = self
             .pool
@@ -163,10 +195,16 @@ impl Engine {
             }
         }
         self.settle().await;
-        self.sweep().await;
+        let clean = self.sweep().await;
         self.stop_egress().await;
         remove_unused_storage(self.backend.as_ref(), &self.owner.instance).await;
         sessions::forget(sessions);
+        clean
+    }
+
+    /// This server instance's id, the label its sandboxes carry.
+    pub fn instance(&self) -> &str {
+        &self.owner.instance
     }
 }
 
