@@ -121,17 +121,22 @@ def volumes_of(pid):
     return [v for v in docker("volume", "ls", "-q", "--filter", f"label={LABEL_PID}={pid}").split() if v]
 
 
-def find_server_pid(tag):
-    """The server process started with PCS_SUITE_TAG=tag (the SDK does not expose the pid)."""
+def find_server_pid(tag, warden=False):
+    """The server process started with PCS_SUITE_TAG=tag (the SDK does not expose the pid), or
+    with `warden` the warden it started beside itself (the same program, `warden <instance>`)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as f:
-                if f"PCS_SUITE_TAG={tag}".encode() in f.read().split(b"\0"):
-                    with open(f"/proc/{name}/comm") as c:
-                        if c.read().strip().startswith("python-code-sa"):
-                            return int(name)
+                if f"PCS_SUITE_TAG={tag}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/comm") as c:
+                if not c.read().strip().startswith("python-code-sa"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as c:
+                if (c.read().split(b"\0")[1:2] == [b"warden"]) == warden:
+                    return int(name)
         except OSError:
             continue
     return None
@@ -1792,8 +1797,8 @@ SLEEP = "'code': 'import time; time.sleep(300)'"
 @contextlib.asynccontextmanager
 async def client_process(ctx, pool_size, calls):
     """A separate client process holding a session and running `calls` (MCP calls written in
-    Python, using `c` and the session id `sid`) at once; yields its server's pid once the session
-    exists, and kills the client (closing the server's stdin) on exit."""
+    Python, using `c` and the session id `sid`) at once; yields its server's pid and its warden's
+    once the session exists, and kills the client (closing the server's stdin) on exit."""
     tag = uuid.uuid4().hex
     env = dict(os.environ, LOG_LEVEL="warn", SANDBOX_POOL_SIZE=str(pool_size), SANDBOX_FILES_DIR="", PCS_SUITE_TAG=tag)
     script = (
@@ -1810,18 +1815,22 @@ async def client_process(ctx, pool_size, calls):
     try:
         line = await asyncio.to_thread(client.stdout.readline)
         check(line.strip(), "the session did not start")
-        pid = find_server_pid(tag)
+        pid, warden = find_server_pid(tag), find_server_pid(tag, warden=True)
         check(pid is not None, "no server process")
-        yield pid
+        check(warden is not None, "no warden beside the server")
+        yield pid, warden
     finally:
         client.kill()
         client.wait()
 
 
-@case("the server killed with SIGKILL: the next start removes what it left", kind="fault")
+@case("the server killed with SIGKILL, its warden first: the next start removes what it left", kind="fault")
 async def server_sigkill(ctx):
-    async with client_process(ctx, 2, [f"c.call_tool('run_python_ephemeral', {{{SLEEP}}})"]) as pid:
+    async with client_process(ctx, 2, [f"c.call_tool('run_python_ephemeral', {{{SLEEP}}})"]) as (pid, warden):
         wait_until(lambda: len(containers_of(pid)) >= 4, 120, "a session, an ephemeral run and the pool")
+        # The warden would remove them itself (tests/mcp/test_load.py): here both go at once, as
+        # when a whole machine's processes are killed, and the backstop is what is tested.
+        os.kill(warden, signal.SIGKILL)
         os.kill(pid, signal.SIGKILL)
         left = containers_of(pid)
         check(len(left) >= 4, f"expected leftovers to clean, found {left}")
@@ -1857,7 +1866,7 @@ async def killed_from_outside(ctx):
 async def client_disconnects(ctx):
     calls = [f"c.call_tool('run_python', {{'container_id': sid, {SLEEP}}})", f"c.call_tool('run_python_ephemeral', {{{SLEEP}}})"]
     # Leaving the block kills the client: the server's stdin closes mid-call.
-    async with client_process(ctx, 0, calls) as pid:
+    async with client_process(ctx, 0, calls) as (pid, _):
         wait_until(lambda: len(containers_of(pid)) >= 2, 120, "both calls to be running")
     wait_until(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 60, "the server to exit")
     wait_until(lambda: containers_of(pid) == [] and volumes_of(pid) == [], 60, "the sandboxes of the calls to go")
