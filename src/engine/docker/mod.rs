@@ -680,6 +680,22 @@ fn status_of(e: &DockerError) -> Option<u16> {
     }
 }
 
+/// Whether the engine says the container does not exist: 404, or Podman's 500 "… does not exist
+/// in database: no such container" for one removed while it was being looked up (auto-removal
+/// racing a removal or an inspection).
+fn container_gone(e: &DockerError) -> bool {
+    match e {
+        DockerError::DockerResponseServerError {
+            status_code: 404, ..
+        } => true,
+        DockerError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } => message.contains("no such container"),
+        _ => false,
+    }
+}
+
 #[async_trait]
 impl Backend for DockerBackend {
     async fn info(&self) -> Result<BackendInfo, BackendError> {
@@ -983,7 +999,6 @@ impl Backend for DockerBackend {
             Vec::new()
         };
         let removed = self.remove_container(&docker, id).await;
-        if removed.is_err() {}
         if removed.is_ok() || matches!(removed, Err(BackendError::NotFound(_))) {
             remove_volumes(&docker, &own_volumes).await;
         }
@@ -1172,7 +1187,7 @@ impl DockerBackend {
         };
         match docker.remove_container(&id.0, Some(options)).await {
             Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) if container_gone(&e) => Ok(()),
             // 409: another caller is removing it already, or the engine is busy with it (a start
             // in progress). Podman answers 500 "container not running" when the container ends
             // while its forced removal kills it (it stays, exited). Done when it is gone; ask
@@ -1180,7 +1195,7 @@ impl DockerBackend {
             Err(e) if status_of(&e) == Some(409) || status_of(&e) == Some(500) => {
                 for attempt in 0..200 {
                     match inspect(docker, &id.0).await {
-                        Err(e) if status_of(&e) == Some(404) => return Ok(()),
+                        Err(e) if container_gone(&e) => return Ok(()),
                         Err(e) => return Err(classify(e)),
                         Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
                     }
@@ -1242,6 +1257,22 @@ async fn state_flag(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_podman_no_longer_has_counts_as_gone() {
+        let answer = |status_code, message: &str| DockerError::DockerResponseServerError {
+            status_code,
+            message: message.to_string(),
+        };
+        assert!(container_gone(&answer(404, "No such container: x")));
+        // Podman 4.3, a container auto-removed while its removal was asked.
+        assert!(container_gone(&answer(
+            500,
+            "container e98d does not exist in database: no such container"
+        )));
+        assert!(!container_gone(&answer(500, "container not running")));
+        assert!(!container_gone(&answer(409, "removal in progress")));
+    }
 
     /// `/version` and `/info` as Podman 4.3.1 (Debian bookworm) answers them, trimmed to the
     /// fields read here; rootless on cgroup v1 says every limit is supported.
