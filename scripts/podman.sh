@@ -99,10 +99,12 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y --no-install-recommends "${missing[@]}" >"$STATE/apt.log" 2>&1 || {
+    # One installer at a time: CI runs this beside scripts/remote-engine.sh, which may install too.
+    apt_one() { flock /var/lock/pcs-apt.lock apt-get "$@"; }
+    apt_one install -y --no-install-recommends "${missing[@]}" >"$STATE/apt.log" 2>&1 || {
         # A fresh machine may not have package lists yet.
-        apt-get update >>"$STATE/apt.log" 2>&1 || true
-        apt-get install -y --no-install-recommends "${missing[@]}" >>"$STATE/apt.log" 2>&1 ||
+        apt_one update >>"$STATE/apt.log" 2>&1 || true
+        apt_one install -y --no-install-recommends "${missing[@]}" >>"$STATE/apt.log" 2>&1 ||
             { tail -n 20 "$STATE/apt.log" >&2; die "apt-get install ${missing[*]} failed; log: $STATE/apt.log"; }
     }
 fi

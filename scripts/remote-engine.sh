@@ -62,8 +62,10 @@ ensure_packages() {
     command -v ip >/dev/null || missing+=(iproute2)
     if (( ${#missing[@]} )); then
         log "installing ${missing[*]}"
-        apt-get update -qq >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+        # One installer at a time: CI runs this beside scripts/podman.sh, which may install too.
+        flock /var/lock/pcs-apt.lock apt-get update -qq >&2
+        DEBIAN_FRONTEND=noninteractive flock /var/lock/pcs-apt.lock \
+            apt-get install -y --no-install-recommends "${missing[@]}" >&2
     fi
 }
 

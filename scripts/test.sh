@@ -23,9 +23,10 @@
 #      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
 #      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (runc: gVisor has no
 #      network here),
-#   7. the engines beside the local Docker: rootful Podman (scripts/test-podman.sh: engine tests,
-#      the original tool set's MCP tests and the attack list; the refusal under rootless Podman),
-#      and a second Docker engine in a network namespace reached over mutual TLS and over SSH
+#   7. side by side with the allowlist attack list, each the only user of its engine, the engines
+#      beside the local Docker: rootful Podman (scripts/test-podman.sh: engine tests, the original
+#      tool set's MCP tests and the attack list; the refusal under rootless Podman), and a second
+#      Docker engine in a network namespace reached over mutual TLS and over SSH
 #      (scripts/test-remote.sh),
 #   8. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
@@ -151,16 +152,31 @@ stage "adversarial and fault suite (official Python SDK; the default runtime, gV
 # It restarts dockerd (a fault case): it runs after the MCP suites, alone.
 "$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runc
 
-stage "adversarial attack list with SANDBOX_NETWORK=allowlist (runc)"
-# The attacks again, the code's sandboxes on the egress network (gVisor is registered with
-# --network=none here, so runc only); the faults ran above.
-"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults
-
-stage "Podman: rootful (engine tests, MCP tests, attack list) and the rootless refusal (scripts/test-podman.sh)"
-bash scripts/test-podman.sh
-
-stage "a Docker engine on another machine, over mutual TLS and SSH (scripts/test-remote.sh)"
-bash scripts/test-remote.sh
+stage "side by side: the allowlist attack list (runc), Podman (scripts/test-podman.sh), a remote engine over TLS and SSH (scripts/test-remote.sh)"
+# Three engines, each the only user of its own: this Docker engine runs the attacks again with the
+# code's sandboxes on the egress network (gVisor is registered with --network=none here, so runc
+# only; the faults, which restart dockerd and find it by pidof, ran above, alone); Podman and the
+# second Docker engine are engines of their own (their tests look only at theirs). Their logs
+# follow the attack list's, each whole.
+side=.cache/side-by-side
+rm -rf "$side" && mkdir -p "$side"
+bash scripts/test-podman.sh >"$side/podman.log" 2>&1 &
+podman_job=$!
+bash scripts/test-remote.sh >"$side/remote.log" 2>&1 &
+remote_job=$!
+side_failed=()
+"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults ||
+  side_failed+=("the allowlist attack list")
+wait "$podman_job" || side_failed+=("Podman (scripts/test-podman.sh)")
+wait "$remote_job" || side_failed+=("the remote engine (scripts/test-remote.sh)")
+for part in podman remote; do
+  echo "== $part, beside the attack list: its log" >&2
+  cat "$side/$part.log" >&2
+done
+if [ ${#side_failed[@]} -gt 0 ]; then
+  printf 'FAIL: %s\n' "${side_failed[@]}" >&2
+  exit 1
+fi
 
 stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.
