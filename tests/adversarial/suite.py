@@ -49,6 +49,7 @@ from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from wheels import make_wheel  # noqa: E402
+import server_processes  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LABEL_PID = "io.python-code-sandbox.pid"
@@ -122,24 +123,8 @@ def volumes_of(pid):
 
 
 def find_server_pid(tag, warden=False):
-    """The server process started with PCS_SUITE_TAG=tag (the SDK does not expose the pid), or
-    with `warden` the warden it started beside itself (the same program, `warden <instance>`)."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if f"PCS_SUITE_TAG={tag}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/comm") as c:
-                if not c.read().strip().startswith("python-code-sa"):
-                    continue
-            with open(f"/proc/{name}/cmdline", "rb") as c:
-                if (c.read().split(b"\0")[1:2] == [b"warden"]) == warden:
-                    return int(name)
-        except OSError:
-            continue
-    return None
+    """The server process started with PCS_SUITE_TAG=tag, or with `warden` its warden."""
+    return server_processes.find_server_pid("PCS_SUITE_TAG", tag, warden)
 
 
 def wait_until(predicate, timeout, what):

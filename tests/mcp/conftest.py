@@ -6,11 +6,15 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
 import pytest
 from mcp import Client, StdioServerParameters
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import server_processes  # noqa: E402
 
 BIN = os.environ.get("PCS_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "target", "debug", "python-code-sandbox"))
 LABEL = "io.python-code-sandbox.managed=true"
@@ -74,25 +78,8 @@ def volumes():
 
 
 def find_server_pid(tag, warden=False):
-    """The server process started with PCS_TEST_TAG=tag (the SDK does not expose its pid), or with
-    `warden` the warden it started beside itself (the same program, `warden <instance>`)."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if f"PCS_TEST_TAG={tag}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/comm") as f:
-                if not f.read().strip().startswith("python-code-sa"):
-                    continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                is_warden = f.read().split(b"\0")[1:2] == [b"warden"]
-            if is_warden == warden:
-                return int(name)
-        except OSError:
-            continue
-    return None
+    """The server process started with PCS_TEST_TAG=tag, or with `warden` its warden."""
+    return server_processes.find_server_pid("PCS_TEST_TAG", tag, warden)
 
 
 def text_of(result):
