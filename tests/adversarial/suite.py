@@ -36,6 +36,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import shutil
 import sys
@@ -826,6 +827,82 @@ async def http_session_flood(ctx):
                            if line.lower().startswith(b"mcp-session-id:"))
                 s.exchange(s.request(method="DELETE", extra=[f"Mcp-Session-Id: {sid}"]))
         await http_answers_normally(s.url)
+
+
+# --- what a client names reaches the log and the metrics only escaped and bounded (issue 33) ----
+
+FORGED_AUDIT = "2026-12-01T00:00:00.000000Z  INFO audit: tool call principal=admin tool=run_python"
+
+
+@case("http: a tool name cannot forge a log line, put escapes in the log or grow /metrics", kind="attack-own-server")
+async def forged_tool_names(ctx):
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    names = ["x\n" + FORGED_AUDIT + "\x1b[2K\x1b]0;owned\x07"] + [f"{i}" + "n" * (256 * 1024) for i in range(8)]
+    with http_serving(ctx) as s:
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {HTTP_TOKEN}"}) as http:
+            async with Client(streamable_http_client(s.url, http_client=http), read_timeout_seconds=120) as client:
+                for name in names:
+                    try:
+                        result = await client.call_tool(name, {})
+                        check(result.is_error is True, f"an unknown tool ran: {text_of(result)[:200]}")
+                    except CaseFailed:
+                        raise
+                    except Exception as e:  # the unknown tool's JSON-RPC error, or a refused body
+                        check("owned\x07" not in str(e) and "\x1b" not in str(e), f"raw escapes in the error: {str(e)[:300]!r}")
+        log = "".join(s.log)
+        check(not any(line.startswith(FORGED_AUDIT[:27]) for line in s.log), "a forged line reached the log")
+        check("\x1b" not in log and "\x07" not in log, "raw control characters reached the log")
+        check(("n" * 4096) not in log, "a 256 KiB name reached the log unbounded")
+        lines = [f"GET /metrics HTTP/1.1", f"Host: 127.0.0.1:{s.port}", f"Authorization: Bearer {HTTP_TOKEN}",
+                 "Connection: close"]
+        metrics = s.exchange(("\r\n".join(lines) + "\r\n\r\n").encode())
+        check(http_status(metrics) == 200, f"/metrics: {metrics[:200]!r}")
+        check(len(metrics) < 256 * 1024, f"/metrics grew to {len(metrics)} bytes")
+        check(b'tool="<unknown>"' in metrics, "unknown tools are not counted as <unknown>")
+        check(b"nnnnnnnn" not in metrics and b"owned" not in metrics, "a client's tool name became a label")
+        await http_answers_normally(s.url)
+
+
+@case("setup --write: a link planted beside the config is not written through; a linked config stays a link", kind="attack-own-server")
+async def setup_write_links(ctx):
+    home = tempfile.mkdtemp(prefix="pcs-setup-home-")
+    try:
+        config_dir = os.path.join(home, ".config", "Claude")
+        os.makedirs(config_dir)
+        dotfiles = os.path.join(home, "dotfiles")
+        os.makedirs(dotfiles)
+        target = os.path.join(dotfiles, "claude_desktop_config.json")
+        with open(target, "w") as f:
+            json.dump({"mcpServers": {"other": {"command": "other-server", "env": {"TOKEN": "theirs"}}}}, f)
+        os.chmod(target, 0o600)  # it holds another server's token
+        config = os.path.join(config_dir, "claude_desktop_config.json")
+        os.symlink(target, config)
+        victim = os.path.join(home, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("untouched")
+        # The names a guessing attacker would plant: the old fixed temporary name, beside the link
+        # and beside its target.
+        planted = [os.path.join(d, "claude_desktop_config.json.setup-tmp") for d in (config_dir, dotfiles)]
+        for link in planted:
+            os.symlink(victim, link)
+        env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME",)}
+        env.update(HOME=home, LOG_LEVEL="warn")
+        done = await asyncio.to_thread(subprocess.run, [ctx.binary, "setup", "--config-only", "--client", "claude-desktop", "--write"],
+                                       capture_output=True, text=True, env=env, timeout=120)
+        check(done.returncode == 0, f"setup --write failed: {done.stdout[-600:]} {done.stderr[-600:]}")
+        with open(victim) as f:
+            check(f.read() == "untouched", "setup wrote through a planted link")
+        for link in planted:
+            check(os.path.islink(link) and os.readlink(link) == victim, f"the planted {link} was changed")
+        check(os.path.islink(config) and os.readlink(config) == target, "the linked config is no longer the link")
+        with open(target) as f:
+            servers = json.load(f)["mcpServers"]
+        check(servers.get("other", {}).get("env") == {"TOKEN": "theirs"}, f"the other server's entry was lost: {servers}")
+        check(any(name != "other" for name in servers), f"no entry of ours was merged: {servers}")
+        check(stat.S_IMODE(os.stat(target).st_mode) == 0o600, "the merged config lost its owner-only mode")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # --- files directory (issue 13, item 7): who owns SANDBOX_FILES_DIR, and retention -----------------
