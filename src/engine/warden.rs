@@ -59,8 +59,9 @@ impl Warden {
         Ok(Warden { child, pipe })
     }
 
-    /// Tells the warden that nothing is left to remove, and waits (briefly) for it to exit.
-    pub fn release(mut self) {
+    /// Tells the warden that nothing is left to remove, and waits (briefly, without holding a
+    /// runtime thread) for it to exit.
+    pub async fn release(mut self) {
         if let Some(mut pipe) = self.pipe.take() {
             let _ = pipe.write_all(DONE);
         }
@@ -68,7 +69,7 @@ impl Warden {
             if !matches!(self.child.try_wait(), Ok(None)) {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::debug!("the warden did not exit at once: it removes what is left and exits");
     }

@@ -104,7 +104,7 @@ impl Running {
         let clean = self.engine.shutdown().await;
         // Left to the warden when the engine could not confirm that nothing is left.
         if let (true, Some(warden)) = (clean, self.warden) {
-            warden.release();
+            warden.release().await;
         }
     }
 }

@@ -148,11 +148,9 @@ impl Engine {
         let started = tokio::time::Instant::now();
         let mut last_seen = started;
         while started.elapsed() < at_most && last_seen.elapsed() < quiet {
-            match self.remove_listed(instance).await {
-                Ok(0) => {}
-                Ok(_) => last_seen = tokio::time::Instant::now(),
-                // The engine restarting, say: not quiet, try again.
-                Err(_) => last_seen = tokio::time::Instant::now(),
+            // Containers found, or no answer (the engine restarting, say): not quiet yet.
+            if !matches!(self.remove_listed(instance).await, Ok(0)) {
+                last_seen = tokio::time::Instant::now();
             }
             tokio::time::sleep(every).await;
         }
