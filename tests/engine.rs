@@ -839,6 +839,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
             network_name: None,
             env: Vec::new(),
             maintenance: false,
+            open_files: None,
         };
         let dead = backend.create(&spec).await.expect("create");
         // And an installer's egress network it left.

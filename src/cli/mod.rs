@@ -551,7 +551,11 @@ async fn build_tagged(
             };
             image::flavour::build(docker, flavour, tag, mode, index, progress).await
         }
-        None => image::build(docker, tag, mode, config.ca_bundle.as_deref(), progress).await,
+        None => {
+            image::build(docker, tag, mode, config.ca_bundle.as_deref(), progress).await?;
+            // The egress proxy's image goes with the sandbox image (made once, offline).
+            image::ensure_proxy(docker, progress).await
+        }
     }
 }
 

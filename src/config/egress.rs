@@ -143,6 +143,30 @@ impl EgressRules {
         })
     }
 
+    /// The ports some address entry allows.
+    pub fn address_ports(&self) -> std::collections::BTreeSet<u16> {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.target, EntryTarget::Range(_)))
+            .flat_map(|e| match e.ports {
+                Ports::Web => vec![80, 443],
+                Ports::One(port) => vec![port],
+            })
+            .collect()
+    }
+
+    /// The ranges address entries allow on `port`.
+    pub fn ranges_on(&self, port: u16) -> Vec<IpNet> {
+        self.entries
+            .iter()
+            .filter(|e| e.ports.contains(port))
+            .filter_map(|e| match e.target {
+                EntryTarget::Range(net) => Some(net),
+                EntryTarget::Name(_) => None,
+            })
+            .collect()
+    }
+
     /// Whether an address entry holds `ip` on `port`. A v4-mapped IPv6 address is also matched
     /// as the IPv4 address it carries.
     pub fn permits_address(&self, ip: IpAddr, port: u16) -> bool {
@@ -270,45 +294,78 @@ pub fn is_public(ip: IpAddr) -> bool {
     }
 }
 
+/// IPv4 ranges that are not public.
+const NOT_PUBLIC_V4: &[([u8; 4], u8)] = &[
+    ([0, 0, 0, 0], 8),       // "this network", unspecified
+    ([10, 0, 0, 0], 8),      // private
+    ([100, 64, 0, 0], 10),   // shared address space (CGNAT)
+    ([127, 0, 0, 0], 8),     // loopback
+    ([169, 254, 0, 0], 16),  // link-local, the cloud metadata address
+    ([172, 16, 0, 0], 12),   // private
+    ([192, 0, 0, 0], 24),    // IETF protocol assignments
+    ([192, 0, 2, 0], 24),    // documentation (TEST-NET-1)
+    ([192, 88, 99, 0], 24),  // 6to4 relay anycast (deprecated)
+    ([192, 168, 0, 0], 16),  // private
+    ([198, 18, 0, 0], 15),   // benchmarking
+    ([198, 51, 100, 0], 24), // documentation (TEST-NET-2)
+    ([203, 0, 113, 0], 24),  // documentation (TEST-NET-3)
+    ([224, 0, 0, 0], 4),     // multicast
+    ([240, 0, 0, 0], 4),     // reserved, and the broadcast address
+];
+
+/// IPv6 ranges inside global unicast (`2000::/3`) that are not public.
+const NOT_PUBLIC_V6: &[(u128, u8)] = &[
+    (0x2001_0000 << 96, 23), // IETF protocol assignments (Teredo, benchmarking, ...)
+    (0x2001_0db8 << 96, 32), // documentation
+    (0x3fff_0000 << 96, 20), // documentation
+    (0x0064_ff9b_0001 << 80, 48), // local-use NAT64
+];
+
 fn is_public_v4(ip: Ipv4Addr) -> bool {
-    const NOT_PUBLIC: &[([u8; 4], u8)] = &[
-        ([0, 0, 0, 0], 8),       // "this network", unspecified
-        ([10, 0, 0, 0], 8),      // private
-        ([100, 64, 0, 0], 10),   // shared address space (CGNAT)
-        ([127, 0, 0, 0], 8),     // loopback
-        ([169, 254, 0, 0], 16),  // link-local, the cloud metadata address
-        ([172, 16, 0, 0], 12),   // private
-        ([192, 0, 0, 0], 24),    // IETF protocol assignments
-        ([192, 0, 2, 0], 24),    // documentation (TEST-NET-1)
-        ([192, 88, 99, 0], 24),  // 6to4 relay anycast (deprecated)
-        ([192, 168, 0, 0], 16),  // private
-        ([198, 18, 0, 0], 15),   // benchmarking
-        ([198, 51, 100, 0], 24), // documentation (TEST-NET-2)
-        ([203, 0, 113, 0], 24),  // documentation (TEST-NET-3)
-        ([224, 0, 0, 0], 4),     // multicast
-        ([240, 0, 0, 0], 4),     // reserved, and the broadcast address
-    ];
     let bits = u32::from(ip);
-    !NOT_PUBLIC.iter().any(|(network, prefix)| {
+    !NOT_PUBLIC_V4.iter().any(|(network, prefix)| {
         let mask = u32::MAX << (32 - u32::from(*prefix));
         bits & mask == u32::from(Ipv4Addr::from(*network))
     })
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    const NOT_PUBLIC: &[(u128, u8)] = &[
-        (0x2001_0000 << 96, 23), // IETF protocol assignments (Teredo, benchmarking, ...)
-        (0x2001_0db8 << 96, 32), // documentation
-        (0x3fff_0000 << 96, 20), // documentation
-        (0x0064_ff9b_0001 << 80, 48), // local-use NAT64
-    ];
     let bits = u128::from(ip);
     let global_unicast = bits >> 125 == 0b001;
     global_unicast
-        && !NOT_PUBLIC.iter().any(|(network, prefix)| {
+        && !NOT_PUBLIC_V6.iter().any(|(network, prefix)| {
             let mask = u128::MAX << (128 - u32::from(*prefix));
             bits & mask == *network
         })
+}
+
+/// Every range holding a non-public address, as ranges a proxy can match a resolved address
+/// against: the IPv4 ranges, everything outside IPv6 global unicast (v4-mapped and NAT64
+/// addresses among it, whatever they carry: stricter than [`is_public`] there), the non-public
+/// ranges inside it, and 6to4 addresses carrying a non-public IPv4 address.
+pub fn non_public_ranges() -> Vec<IpNet> {
+    let mut ranges: Vec<IpNet> = NOT_PUBLIC_V4
+        .iter()
+        .filter_map(|(network, prefix)| {
+            ipnet::Ipv4Net::new(Ipv4Addr::from(*network), *prefix)
+                .ok()
+                .map(IpNet::V4)
+        })
+        .collect();
+    let v6 = |bits: u128, prefix: u8| ipnet::Ipv6Net::new(Ipv6Addr::from(bits), prefix).ok();
+    let outside_global_unicast = [(0u128, 3u8), (0x4 << 124, 2), (0x8 << 124, 1)];
+    let six_to_four = NOT_PUBLIC_V4.iter().map(|(network, prefix)| {
+        let v4 = u128::from(u32::from(Ipv4Addr::from(*network)));
+        ((0x2002u128 << 112) | (v4 << 80), 16 + prefix)
+    });
+    ranges.extend(
+        outside_global_unicast
+            .into_iter()
+            .chain(NOT_PUBLIC_V6.iter().copied())
+            .chain(six_to_four)
+            .filter_map(|(bits, prefix)| v6(bits, prefix).map(IpNet::V6)),
+    );
+    ranges
 }
 
 /// The IPv4 address an IPv6 address stands for, when it carries one that decides where it

@@ -54,6 +54,8 @@ pub struct SandboxSpec {
     /// to own and change any file (CHOWN, FOWNER, DAC_OVERRIDE), and only ever the project's own
     /// scripts, never package or agent code.
     pub maintenance: bool,
+    /// The `nofile` limit instead of a sandbox's (the egress proxy: its connection caps).
+    pub open_files: Option<u64>,
 }
 
 /// A named volume mounted into a sandbox.

@@ -192,7 +192,7 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def server(binary, **env):
+async def server(binary, _client=None, **env):
     tag = uuid.uuid4().hex
     merged = dict(os.environ)
     merged.setdefault("LOG_LEVEL", "warn")
@@ -205,7 +205,7 @@ async def server(binary, **env):
     merged["PCS_SUITE_TAG"] = tag
     merged[CANARY] = "the host's secret"
     params = StdioServerParameters(command=binary, args=[], env=merged)
-    async with Client(params, read_timeout_seconds=240) as client:
+    async with Client(params, read_timeout_seconds=240, **(_client or {})) as client:
         pid = find_server_pid(tag)
         if pid is None:
             raise CaseFailed("could not find the server process")
@@ -827,6 +827,282 @@ async def http_session_flood(ctx):
                            if line.lower().startswith(b"mcp-session-id:"))
                 s.exchange(s.request(method="DELETE", extra=[f"Mcp-Session-Id: {sid}"]))
         await http_answers_normally(s.url)
+
+
+# --- the egress proxy (issue 33, items 1-5): Squid, with every decision the server's -------------
+
+class RecordingEndpoint:
+    """An HTTP endpoint on the host (threads of this process) that records each request's path and
+    Host header, and answers `ok PATH`."""
+
+    def __init__(self, address):
+        import http.server
+        endpoint = self
+        self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 20
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                endpoint.requests.append((self.path, self.headers.get("Host", "")))
+                body = ("ok " + self.path).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((address, 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def egress_only(ctx):
+    if ctx.network != "allowlist":
+        raise Skip("an allowlist case: it runs in the --network allowlist pass")
+
+
+def egress_env(ctx, gateway, allow, **extra):
+    """A server's settings for an egress case: the allowlist pass's, with these entries."""
+    return {**ATTACK_ENV, **ctx.runtime_env, "SANDBOX_TIMEOUT": "60s", "SANDBOX_EGRESS_ALLOW": allow,
+            "SANDBOX_EGRESS_RESOLVE": f"allowed.test={gateway},refused.test={gateway}", **extra}
+
+
+# What the code runs to talk to the proxy itself (raw requests, so nothing in between fixes them).
+RAW_PROXY = r"""
+import json, os, socket
+PROXY = os.environ["HTTP_PROXY"][len("http://"):].rsplit(":", 1)
+def exchange(data, wait=20):
+    s = socket.create_connection((PROXY[0], int(PROXY[1])), timeout=wait)
+    s.sendall(data)
+    out = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except socket.timeout:
+        out += b"<still open>"
+    s.close()
+    return out.decode("latin-1")
+def statuses(text):
+    return [line.split(" ")[1] for line in text.split("\r\n") if line.startswith("HTTP/1.1 ")]
+"""
+
+
+@case("egress: no allow entry reaches another sandbox or the proxy's neighbours (item 1)", kind="attack-own-server")
+async def egress_sandbox_to_sandbox(ctx):
+    egress_only(ctx)
+    gateway = host_gateway()
+    endpoint = RecordingEndpoint(gateway)
+    neighbour = docker("run", "-d", "--rm", *ULIMITS, "--network", "bridge", "--label", "suite=neighbour",
+                       "python-code-sandbox:py3.11", "python3", "-m", "http.server", "8443").strip()
+    try:
+        address = docker("inspect", "-f", "{{.NetworkSettings.IPAddress}}", neighbour).strip()
+        check(address, "the neighbour container has no address on the bridge")
+        # The operator allows whole private ranges for an internal API: they cover the sandboxes'
+        # own networks (10.213.0.0/16) and the proxy's uplink (Docker's bridge).
+        allow = f"10.0.0.0/8:8443,172.16.0.0/12:8443,172.16.0.0/12:{endpoint.port}"
+        async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
+            a = await s.session()
+            b = await s.session()
+            listening = await s.in_session(a, (
+                "import http.server, socket, threading\n"
+                "srv = http.server.ThreadingHTTPServer(('0.0.0.0', 8443), http.server.SimpleHTTPRequestHandler)\n"
+                "threading.Thread(target=srv.serve_forever, daemon=True).start()\n"
+                "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                "s.connect((__import__('os').environ['HTTP_PROXY'][7:].rsplit(':', 1)[0], 9))\n"
+                "print(s.getsockname()[0])\n"))
+            check(listening.is_error is False, text_of(listening))
+            a_address = listening.structured_content["stdout"].strip()
+            probe = RAW_PROXY + "".join(
+                f"print({label!r}, statuses(exchange(b'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n', 10)))\n"
+                for label, target in (("sandbox", f"{a_address}:8443"), ("neighbour", f"{address}:8443"),
+                                      ("gateway", f"{gateway}:{endpoint.port}")))
+            result = await s.in_session(b, probe)
+            check(result.is_error is False, text_of(result))
+            out = dict(line.split(" ", 1) for line in result.structured_content["stdout"].splitlines())
+            check(out.get("sandbox") == "['403']", f"sandbox A from B: {out}")
+            check(out.get("neighbour") == "['403']", f"the proxy's neighbour on its uplink: {out}")
+            # The uplink's gateway (the engine's host) stays reachable when an entry names it.
+            check(out.get("gateway") == "['200']", f"the host's endpoint: {out}")
+            record = {e["host"]: e for e in result.structured_content.get("network") or []}
+            for host in (a_address, address):
+                check(record.get(host, {}).get("outcome") == "refused"
+                      and "no sandbox may reach" in record[host].get("reason", ""), f"{host}: {record}")
+            await s.answers_normally()
+            for cid in (a, b):
+                await s.call("sandbox_stop", {"container_id": cid})
+            await s.nothing_left()
+    finally:
+        docker("rm", "-f", neighbour, check_rc=False)
+        endpoint.close()
+
+
+@case("egress: one sandbox's connection flood does not cut off another's allowed request (item 2)", kind="attack-own-server")
+async def egress_connection_flood(ctx):
+    egress_only(ctx)
+    gateway = host_gateway()
+    endpoint = RecordingEndpoint(gateway)
+    try:
+        allow = f"allowed.test:{endpoint.port},{gateway}/32:{endpoint.port}"
+        async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
+            flooder = await s.session()
+            honest = await s.session()
+            # 1,500 connections to the proxy, kept open after the call: a third send half a head.
+            flood = await s.in_session(flooder, RAW_PROXY + (
+                "import resource, time\n"
+                "resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))\n"
+                "held, failed = [], 0\n"
+                "for i in range(1500):\n"
+                "    try:\n"
+                "        c = socket.create_connection((PROXY[0], int(PROXY[1])), timeout=5)\n"
+                "        if i % 3 == 0:\n"
+                "            c.sendall(b'GET http://allowed.test/ HTTP/1.1\\r\\nX-Slow: ')\n"
+                "        held.append(c)\n"
+                "    except OSError:\n"
+                "        failed += 1\n"
+                "print('held', len(held), 'failed', failed)\n"))
+            check(flood.is_error is False, text_of(flood))
+            fetch = RAW_PROXY + (
+                f"print(statuses(exchange(b'GET http://allowed.test:{endpoint.port}/honest HTTP/1.1\\r\\n"
+                f"Host: allowed.test:{endpoint.port}\\r\\nConnection: close\\r\\n\\r\\n', 30)))\n")
+            result = await s.in_session(honest, fetch)
+            check(result.is_error is False and result.structured_content["stdout"].strip() == "['200']",
+                  f"the honest session's request: {text_of(result)}")
+            check(("/honest", f"allowed.test:{endpoint.port}") in endpoint.requests, f"{endpoint.requests}")
+            # The flooder's own connections beyond its cap were closed by the proxy.
+            counted = await s.in_session(flooder, (
+                "import select\n"
+                "closed = 0\n"
+                "for c in held:\n"
+                "    c.setblocking(False)\n"
+                "    try:\n"
+                "        if c.recv(1) == b'':\n"
+                "            closed += 1\n"
+                "    except BlockingIOError:\n"
+                "        pass\n"
+                "    except OSError:\n"
+                "        closed += 1\n"
+                "print('closed', closed)\n"
+                "for c in held:\n"
+                "    c.close()\n"))
+            check(counted.is_error is False, text_of(counted))
+            closed = int(counted.structured_content["stdout"].split()[1])
+            check(closed >= 1500 - 64, f"the proxy kept {1500 - closed} of one sandbox's connections open")
+            await s.answers_normally()
+            for cid in (flooder, honest):
+                await s.call("sandbox_stop", {"container_id": cid})
+            await s.nothing_left()
+    finally:
+        endpoint.close()
+
+
+@case("egress: every request on a connection is judged, and Host cannot front another host (item 3)", kind="attack-own-server")
+async def egress_pipelined_and_fronted(ctx):
+    egress_only(ctx)
+    gateway = host_gateway()
+    endpoint = RecordingEndpoint(gateway)
+    try:
+        port = endpoint.port
+        allow = f"allowed.test:{port},{gateway}/32:{port}"
+        async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
+            code = RAW_PROXY + (
+                f"first = b'GET http://allowed.test:{port}/fronted HTTP/1.1\\r\\nHost: admin.internal.corp\\r\\n\\r\\n'\n"
+                f"second = b'GET http://refused.test:{port}/pipelined HTTP/1.1\\r\\nHost: refused.test:{port}\\r\\n\\r\\n'\n"
+                f"third = b'GET http://allowed.test:{port}/last HTTP/1.1\\r\\nHost: allowed.test:{port}\\r\\nConnection: close\\r\\n\\r\\n'\n"
+                "print(statuses(exchange(first + second + third, 20)))\n")
+            result = await s.run(code)
+            check(result.is_error is False, text_of(result))
+            check(result.structured_content["stdout"].strip() == "['200', '403', '200']",
+                  f"the three answers: {result.structured_content['stdout']!r}")
+            paths = [path for path, _ in endpoint.requests]
+            check("/pipelined" not in paths, f"the refused host's request reached the endpoint: {endpoint.requests}")
+            hosts = {host for _, host in endpoint.requests}
+            check(hosts == {f"allowed.test:{port}"}, f"the Host the endpoint saw: {endpoint.requests}")
+            record = {(e["host"], e["outcome"]) for e in result.structured_content.get("network") or []}
+            check(("refused.test", "refused") in record and ("allowed.test", "reached") in record, f"{record}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        endpoint.close()
+
+
+@case("egress: one execution cannot flood the user with consent questions (item 4)", kind="attack-own-server")
+async def egress_consent_flood(ctx):
+    egress_only(ctx)
+    gateway = host_gateway()
+    asked = []
+    never = asyncio.Event()
+
+    async def silent_user(context, params):
+        # Asked and never answering, as a user away from the keyboard.
+        asked.append(params.message)
+        await never.wait()
+
+    env = egress_env(ctx, gateway, "allowed.test:1", SANDBOX_EGRESS_ASK="*")
+    async with server(ctx.binary, _client={"elicitation_callback": silent_user, "mode": "legacy"}, **env) as s:
+        sid = await s.session()
+        code = (
+            "import urllib.request, urllib.error\n"
+            "codes = {}\n"
+            "for i in range(150):\n"
+            "    try:\n"
+            "        urllib.request.urlopen('http://host%d.example/' % i, timeout=10)\n"
+            "    except urllib.error.HTTPError as e:\n"
+            "        body = e.read().decode()\n"
+            "        key = 'open' if 'questions to the user are open' in body else 'asking' if 'waiting' in body else body[:80]\n"
+            "        codes[key] = codes.get(key, 0) + 1\n"
+            "print(sorted(codes.items()))\n")
+        result = await s.in_session(sid, code)
+        check(result.is_error is False, text_of(result))
+        out = result.structured_content["stdout"].strip()
+        check(out == "[('asking', 3), ('open', 147)]", f"what the code got: {out}")
+        await asyncio.sleep(1)
+        check(len(asked) == 3, f"the user got {len(asked)} questions")
+        never.set()
+        await s.call("sandbox_stop", {"container_id": sid})
+        await s.nothing_left()
+
+
+@case("egress: malformed requests answered at once, 1,100 refusals do not refuse an allowed name (item 5)", kind="attack-own-server")
+async def egress_malformed_and_many(ctx):
+    egress_only(ctx)
+    gateway = host_gateway()
+    endpoint = RecordingEndpoint(gateway)
+    try:
+        port = endpoint.port
+        allow = f"allowed.test:{port},{gateway}/32:{port}"
+        async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
+            code = RAW_PROXY + (
+                "print('port', statuses(exchange(b'CONNECT allowed.test:70000 HTTP/1.1\\r\\n\\r\\n', 20)))\n"
+                "print('garbage', statuses(exchange(b'NOT A REQUEST\\r\\n\\r\\n', 20)))\n"
+                "refused = 0\n"
+                "for i in range(1100):\n"
+                "    refused += statuses(exchange(b'GET http://refused.test/%d HTTP/1.1\\r\\nConnection: close\\r\\n\\r\\n' % i, 20)) == ['403']\n"
+                "print('refused', refused)\n"
+                f"print('allowed', statuses(exchange(b'GET http://allowed.test:{port}/after HTTP/1.1\\r\\n"
+                f"Host: allowed.test:{port}\\r\\nConnection: close\\r\\n\\r\\n', 20)))\n")
+            result = await s.run(code, timeout_seconds=120)
+            check(result.is_error is False, text_of(result))
+            out = result.structured_content["stdout"].splitlines()
+            check(out == ["port ['400']", "garbage ['400']", "refused 1100", "allowed ['200']"], f"{out}")
+            network = result.structured_content.get("network") or []
+            reached = [e for e in network if e["host"] == "allowed.test" and e["outcome"] == "reached"]
+            check(len(reached) == 1, f"the allowed request in the record: {network}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        endpoint.close()
 
 
 # --- what a client names reaches the log and the metrics only escaped and bounded (issue 33) ----

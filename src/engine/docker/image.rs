@@ -4,7 +4,9 @@
 //! `/workspace`, a `python` alias) on top of a base. Online the base is `python:3.11-slim`. Offline
 //! (no registry reachable) the base is a Debian bookworm rootfs made with debootstrap and imported;
 //! it is kept under [`OFFLINE_BASE`] so rebuilding the recipe later takes seconds. Flavours
-//! ([`flavour`]) are derived images with a pinned set of packages baked in.
+//! ([`flavour`]) are derived images with a pinned set of packages baked in. The egress proxy's
+//! image ([`PROXY_IMAGE`]) is a rootfs of its own, Debian's Squid and Python, made the same way
+//! ([`ensure_proxy`]): no registry is needed for it either.
 
 pub mod flavour;
 
@@ -20,6 +22,7 @@ use tokio_util::io::ReaderStream;
 
 use crate::config::DEFAULT_IMAGE;
 use crate::engine::backend::BackendError;
+use crate::engine::egress::PROXY_IMAGE;
 use crate::engine::progress::{self, ProgressSink};
 
 /// The recipe applied on top of either base.
@@ -30,6 +33,8 @@ pub const ONLINE_BASE: &str = "python:3.11-slim";
 pub const OFFLINE_BASE: &str = "python-code-sandbox-base:bookworm";
 /// Packages of the offline rootfs.
 const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates";
+/// Packages of the egress proxy's image: Debian's Squid, and Python for its relay.
+const PROXY_INCLUDE: &str = "squid,python3";
 /// Label carrying a hash of the recipe, so a stale image is recognisable.
 pub const RECIPE_LABEL: &str = "io.python-code-sandbox.recipe";
 /// The runner's IPython set (pinned and hashed), installed by the recipe.
@@ -93,9 +98,13 @@ pub enum BuildMode {
 }
 
 pub fn recipe_hash() -> String {
-    // FNV-1a: stable across Rust versions, unlike DefaultHasher.
+    fnv(RECIPE.bytes().chain(IPYTHON_SET.bytes()))
+}
+
+/// FNV-1a: stable across Rust versions, unlike DefaultHasher.
+fn fnv(bytes: impl Iterator<Item = u8>) -> String {
     let mut hash: u64 = 0xcbf29ce484222325;
-    for byte in RECIPE.bytes().chain(IPYTHON_SET.bytes()) {
+    for byte in bytes {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x100000001b3);
     }
@@ -127,6 +136,17 @@ pub async fn ensure(
 ) -> Result<(), BackendError> {
     if docker.inspect_image(image).await.is_ok() {
         return Ok(());
+    }
+    if image == PROXY_IMAGE {
+        return ensure_proxy(docker, &progress::logged("proxy image build"))
+            .await
+            .map_err(|e| BackendError::ImageMissing {
+                image: image.to_string(),
+                hint: format!(
+                    "building it failed ({e}); build it with `python-code-sandbox image build` \
+                     (it needs root and debootstrap)"
+                ),
+            });
     }
     if image == DEFAULT_IMAGE {
         tracing::info!(image, "sandbox image missing: building it (one time)");
@@ -207,17 +227,54 @@ async fn offline_base(docker: &Docker, progress: &ProgressSink) -> Result<String
         progress(&format!("using the existing offline base {OFFLINE_BASE}"));
         return Ok(OFFLINE_BASE.to_string());
     }
+    rootfs_image(
+        docker,
+        DEBOOTSTRAP_INCLUDE,
+        OFFLINE_BASE,
+        Vec::new(),
+        progress,
+    )
+    .await?;
+    Ok(OFFLINE_BASE.to_string())
+}
+
+/// The egress proxy's image, made (debootstrap, about a minute) when it is missing or was made
+/// from another package list.
+pub async fn ensure_proxy(docker: &Docker, progress: &ProgressSink) -> Result<(), ImageError> {
+    let label = fnv(PROXY_INCLUDE.bytes());
+    if let Ok(found) = docker.inspect_image(PROXY_IMAGE).await {
+        let current = found
+            .config
+            .and_then(|c| c.labels)
+            .and_then(|l| l.get(RECIPE_LABEL).cloned());
+        if current.as_deref() == Some(label.as_str()) {
+            progress(&format!("using the existing {PROXY_IMAGE}"));
+            return Ok(());
+        }
+    }
+    let changes = vec![format!("LABEL {RECIPE_LABEL}={label}")];
+    rootfs_image(docker, PROXY_INCLUDE, PROXY_IMAGE, changes, progress).await
+}
+
+/// A debootstrap rootfs with `include`, imported as `repo`.
+async fn rootfs_image(
+    docker: &Docker,
+    include: &str,
+    repo: &str,
+    changes: Vec<String>,
+    progress: &ProgressSink,
+) -> Result<(), ImageError> {
     let workdir = tempdir()?;
     let rootfs = workdir.join("rootfs");
     let result = async {
-        debootstrap(&rootfs, progress).await?;
-        import_rootfs(docker, &rootfs, progress).await
+        debootstrap(&rootfs, include, progress).await?;
+        import_rootfs(docker, &rootfs, repo, changes, progress).await
     }
     .await;
     if let Err(e) = std::fs::remove_dir_all(&workdir) {
         tracing::warn!("could not remove {}: {e}", workdir.display());
     }
-    result.map(|()| OFFLINE_BASE.to_string())
+    result
 }
 
 fn tempdir() -> Result<std::path::PathBuf, ImageError> {
@@ -231,7 +288,11 @@ fn tempdir() -> Result<std::path::PathBuf, ImageError> {
     Ok(dir)
 }
 
-async fn debootstrap(rootfs: &Path, progress: &ProgressSink) -> Result<(), ImageError> {
+async fn debootstrap(
+    rootfs: &Path,
+    include: &str,
+    progress: &ProgressSink,
+) -> Result<(), ImageError> {
     let mirror = crate::config::settings::DEBOOTSTRAP_MIRROR.read_process_env();
     progress(&format!(
         "debootstrap bookworm into {} (about a minute)",
@@ -240,7 +301,7 @@ async fn debootstrap(rootfs: &Path, progress: &ProgressSink) -> Result<(), Image
     let mut command = tokio::process::Command::new("debootstrap");
     command
         .arg("--variant=minbase")
-        .arg(format!("--include={DEBOOTSTRAP_INCLUDE}"))
+        .arg(format!("--include={include}"))
         .arg("bookworm")
         .arg(rootfs);
     if let Some(mirror) = mirror {
@@ -265,9 +326,11 @@ async fn debootstrap(rootfs: &Path, progress: &ProgressSink) -> Result<(), Image
 async fn import_rootfs(
     docker: &Docker,
     rootfs: &Path,
+    repo: &str,
+    changes: Vec<String>,
     progress: &ProgressSink,
 ) -> Result<(), ImageError> {
-    progress(&format!("importing the rootfs as {OFFLINE_BASE}"));
+    progress(&format!("importing the rootfs as {repo}"));
     // The system tar handles every file type a rootfs has (device nodes included).
     let mut tar = tokio::process::Command::new("tar")
         .arg("-C")
@@ -286,7 +349,8 @@ async fn import_rootfs(
     // would be `:latest`); Docker reads a tagged `repo` the same way.
     let options = CreateImageOptions {
         from_src: Some("-".to_string()),
-        repo: Some(OFFLINE_BASE.to_string()),
+        repo: Some(repo.to_string()),
+        changes,
         ..Default::default()
     };
     let mut stream = docker.create_image(Some(options), Some(bollard::body_stream(body)), None);

@@ -214,7 +214,7 @@ impl DockerBackend {
                 config: None,
             }),
             ipc_mode: Some("private".to_string()),
-            ulimits: Some(sandbox_ulimits(limits.pids)),
+            ulimits: Some(sandbox_ulimits(limits.pids, spec.open_files)),
             // A sandbox that ended (its server gone, or killed) is removed by the engine with its
             // anonymous volumes: nothing is left for anyone to clean up.
             auto_remove: Some(true),
@@ -261,7 +261,7 @@ const NPROC: i64 = 32768;
 /// Podman asks for limits above the host's hard limits, which runc cannot set without
 /// CAP_SYS_RESOURCE ("error setting rlimit ... operation not permitted"), and Docker passes on its
 /// daemon's limits, whatever they are.
-fn sandbox_ulimits(pids: u64) -> Vec<ResourcesUlimits> {
+fn sandbox_ulimits(pids: u64, open_files: Option<u64>) -> Vec<ResourcesUlimits> {
     let ulimit = |name: &str, soft: i64, hard: i64| ResourcesUlimits {
         name: Some(name.to_string()),
         soft: Some(soft),
@@ -272,7 +272,10 @@ fn sandbox_ulimits(pids: u64) -> Vec<ResourcesUlimits> {
     vec![
         // No core dumps: they would land in the workspace.
         ulimit("core", 0, 0),
-        ulimit("nofile", NOFILE_SOFT, NOFILE_HARD),
+        match open_files.map(|n| i64::try_from(n).unwrap_or(i64::MAX)) {
+            Some(n) => ulimit("nofile", n, n),
+            None => ulimit("nofile", NOFILE_SOFT, NOFILE_HARD),
+        },
         ulimit("nproc", nproc, nproc),
     ]
 }
@@ -1348,7 +1351,7 @@ mod tests {
 
     #[test]
     fn every_sandbox_gets_explicit_ulimits_within_the_hosts() {
-        let ulimits = sandbox_ulimits(256);
+        let ulimits = sandbox_ulimits(256, None);
         let get = |name: &str| {
             ulimits
                 .iter()
@@ -1359,7 +1362,7 @@ mod tests {
         assert_eq!(get("nofile"), Some((1024, 4096)));
         assert_eq!(get("nproc"), Some((32768, 32768)));
         // nproc is never tighter than the pids limit.
-        let big = sandbox_ulimits(40000);
+        let big = sandbox_ulimits(40000, None);
         assert!(big
             .iter()
             .any(|u| u.name.as_deref() == Some("nproc") && u.hard == Some(40000)));

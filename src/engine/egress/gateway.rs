@@ -1,6 +1,7 @@
-//! The proxy container's life, the sandboxes' own networks, and the conversation with the proxy:
-//! one JSON document a line on its attached stdin (the server's answers, requests for byte
-//! counts) and stdout (its questions and reports; see `python/egress_proxy.py`).
+//! The proxy container's life, the sandboxes' own networks, and the conversation with the proxy's
+//! relay: one JSON document a line on its attached stdin (the server's answers, requests for the
+//! log so far) and stdout (Squid's questions and access log lines; see `python/egress_relay.py`
+//! and [`super::squid`]).
 //!
 //! Every sandbox on the egress gets an `--internal` network of its own (a /29 out of
 //! `SANDBOX_EGRESS_SUBNETS`, without an address of the host on it) holding only itself and the
@@ -20,6 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::sources::{Decision, Role, SessionNetwork, Sources};
+use super::squid::{self, Tag};
 use crate::config::egress::SANDBOX_SUBNET_PREFIX;
 use crate::config::Config;
 use crate::engine::backend::{Backend, OutputChunk, OutputStream, SandboxId, SandboxSpec};
@@ -29,7 +31,7 @@ use crate::engine::EngineError;
 /// A line from the proxy longer than this is dropped (its lines are a few hundred bytes).
 const MAX_LINE: usize = 1 << 20;
 
-type Flushes = Mutex<HashMap<u64, oneshot::Sender<Vec<(u64, u64, u64)>>>>;
+type Flushes = Mutex<HashMap<u64, oneshot::Sender<()>>>;
 
 /// The server's egress proxy.
 pub struct Gateway {
@@ -137,9 +139,8 @@ impl Lease {
             .send(json!({"flush": flush, "src": self.address}).to_string())
             .is_ok();
         if asked {
-            if let Ok(Ok(open)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
-                self.gateway.sources.update_open(&self.address, &open);
-            }
+            // The relay answers once the sandbox's finished requests are logged (a moment).
+            let _ = tokio::time::timeout(Duration::from_secs(2), rx).await;
         }
         lock(&self.gateway.flushes).remove(&flush);
         self.gateway.sources.take_record(&self.address)
@@ -181,38 +182,48 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What the proxy says.
+/// What the relay says: Squid's questions, its access log, and its answers to the server.
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum FromProxy {
-    Listening,
+    /// Squid accepts connections; the networks it will never reach (the relay's list).
+    Listening {
+        #[serde(default)]
+        forbidden: Vec<String>,
+    },
+    /// Squid asks whether the request (its transaction `conn`) may go.
     Ask {
         q: u64,
-        conn: u64,
+        conn: Option<u64>,
         src: String,
         host: String,
         port: u16,
     },
-    Resolved {
-        q: u64,
-        conn: u64,
-        host: String,
-        port: u16,
-        addresses: Vec<String>,
-    },
-    Closed {
-        conn: u64,
-        sent: u64,
-        received: u64,
-        error: Option<String>,
-        /// What kept the connection from being made, as a word (see [`failure_of`]).
-        #[serde(default)]
-        failure: Option<String>,
-    },
+    /// A request ended (see the `logformat` in [`super::squid`]).
+    Logged(Logged),
     Flushed {
         flush: u64,
-        open: Vec<(u64, u64, u64)>,
     },
+}
+
+/// One access log line of Squid's: a request that ended, and how.
+#[derive(Deserialize, Debug)]
+struct Logged {
+    conn: Option<u64>,
+    src: String,
+    host: String,
+    port: u16,
+    /// The status Squid answered the sandbox with (0: none).
+    status: u16,
+    sent: u64,
+    received: u64,
+    /// Squid's error page name (ours for refusals, see [`super::squid`]).
+    error: Option<String>,
+    /// Squid's detail of the error (`errno=111`).
+    detail: Option<String>,
+    /// Where the relay found the name resolves (only for an address refusal).
+    #[serde(default)]
+    addresses: Vec<String>,
 }
 
 impl Gateway {
@@ -234,6 +245,8 @@ impl Gateway {
         // gVisor may be registered without networking: the proxy needs it, and runs only our code.
         spec.runtime = None;
         spec.command = super::proxy_command(config);
+        spec.image = super::PROXY_IMAGE.to_string();
+        spec.open_files = Some(super::squid::PROXY_DESCRIPTORS);
         let mut proxy = None;
         let started = async {
             let id = backend.create(&spec).await?;
@@ -421,7 +434,14 @@ async fn converse(
         while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.drain(..=end).collect();
             match serde_json::from_slice::<FromProxy>(&line) {
-                Ok(FromProxy::Listening) => {
+                Ok(FromProxy::Listening { forbidden }) => {
+                    for (entry, network) in sources.entries_covering(&forbidden) {
+                        tracing::warn!(
+                            "SANDBOX_EGRESS_ALLOW entry {entry} covers {network}, which the egress \
+                             never reaches (the sandboxes' own networks, or the proxy's uplink): \
+                             requests there are refused whatever the entry says"
+                        );
+                    }
                     if let Some(ready) = ready.take() {
                         let _ = ready.send(());
                     }
@@ -438,9 +458,9 @@ async fn converse(
     tracing::debug!("the egress proxy's conversation ended");
 }
 
-fn reply(to_proxy: &mpsc::UnboundedSender<String>, q: u64, verdict: Result<(), String>) {
+fn reply(to_proxy: &mpsc::UnboundedSender<String>, q: u64, verdict: Result<Tag, String>) {
     let line = match verdict {
-        Ok(()) => json!({"a": q, "ok": true}),
+        Ok(tag) => json!({"a": q, "ok": true, "tag": tag.as_str()}),
         Err(why) => json!({"a": q, "ok": false, "why": why}),
     };
     let _ = to_proxy.send(line.to_string());
@@ -453,15 +473,22 @@ fn answer(
     flushes: &Flushes,
 ) {
     match message {
-        FromProxy::Listening => {}
+        FromProxy::Listening { .. } => {}
+        FromProxy::Ask {
+            q, conn: None, src, ..
+        } => reply(
+            to_proxy,
+            q,
+            Err(format!("a request from {src} without a transaction")),
+        ),
         FromProxy::Ask {
             q,
-            conn,
+            conn: Some(conn),
             src,
             host,
             port,
         } => match sources.decide(&src, conn, &host, port) {
-            Decision::Allow => reply(to_proxy, q, Ok(())),
+            Decision::Allow(tag) => reply(to_proxy, q, Ok(tag)),
             Decision::Refuse(why) | Decision::Pending(why) => reply(to_proxy, q, Err(why)),
             Decision::RefuseAndAsk {
                 reason,
@@ -478,57 +505,87 @@ fn answer(
                 });
             }
         },
-        FromProxy::Resolved {
-            q,
-            conn,
-            host,
-            port,
-            addresses,
-        } => {
-            let src = sources.source_of(conn);
-            let parsed: Result<Vec<IpAddr>, _> = addresses
-                .iter()
-                .map(|a| a.split('%').next().unwrap_or(a).parse::<IpAddr>())
-                .collect();
-            let verdict = match (src, parsed) {
-                (Some(src), Ok(addresses)) => {
-                    sources.check_resolved(&src, conn, &host, port, &addresses)
-                }
-                (None, _) => Err("unknown connection".to_string()),
-                (_, Err(_)) => Err(format!("{host} resolved to something not an address")),
-            };
-            reply(to_proxy, q, verdict);
-        }
-        FromProxy::Closed {
-            conn,
-            sent,
-            received,
-            error,
-            failure,
-        } => sources.closed(
-            conn,
-            sent,
-            received,
-            error.as_deref(),
-            failure.as_deref().and_then(failure_of),
-        ),
-        FromProxy::Flushed { flush, open } => {
+        FromProxy::Logged(line) => logged(sources, &line),
+        FromProxy::Flushed { flush } => {
             if let Some(tx) = lock(flushes).remove(&flush) {
-                let _ = tx.send(open);
+                let _ = tx.send(());
             }
         }
     }
 }
 
-/// The proxy's word for why it could not make an allowed connection.
-fn failure_of(word: &str) -> Option<Stopped> {
-    Some(match word {
-        "refused" => Stopped::NoAnswer(NoAnswer::Refused),
-        "timeout" => Stopped::NoAnswer(NoAnswer::TimedOut),
-        "unreachable" => Stopped::NoAnswer(NoAnswer::Unreachable),
-        "unresolved" => Stopped::Unresolved,
+/// What a request's log line means for its attempt.
+fn logged(sources: &Sources, line: &Logged) {
+    let Some(conn) = line.conn else {
+        // Malformed (Squid answered 400 at once): no host to record.
+        return;
+    };
+    let error = line.error.as_deref();
+    if error == Some(squid::PAGE_FORBIDDEN) {
+        sources.refused_unasked(
+            &line.src,
+            conn,
+            &line.host,
+            line.port,
+            &format!(
+                "{} is on the sandboxes' own networks or next to the proxy on its uplink, which no \
+                 sandbox may reach",
+                line.host
+            ),
+        );
+        return;
+    }
+    if error == Some(squid::PAGE_ADDRESS) {
+        let addresses: Vec<IpAddr> = line
+            .addresses
+            .iter()
+            .filter_map(|a| a.split('%').next().and_then(|a| a.parse().ok()))
+            .collect();
+        if sources
+            .check_resolved(&line.src, conn, &line.host, line.port, &addresses)
+            .is_ok()
+        {
+            sources.settle_refused(
+                conn,
+                &format!(
+                    "{} resolves to a non-public address that no setting allows on port {}",
+                    line.host, line.port
+                ),
+            );
+        }
+    }
+    let failure = failure_of(error, line.detail.as_deref(), line.status)
+        .map(|stopped| (failure_reason(&line.host, line.port, &stopped), stopped));
+    let (why, stopped) = failure.unzip();
+    sources.closed(conn, line.sent, line.received, why.as_deref(), stopped);
+}
+
+/// Why Squid could not make an allowed request, from its error page and detail.
+fn failure_of(error: Option<&str>, detail: Option<&str>, status: u16) -> Option<Stopped> {
+    let errno = detail
+        .and_then(|d| d.strip_prefix("errno="))
+        .and_then(|n| n.parse::<i32>().ok());
+    Some(match error? {
+        "ERR_DNS_FAIL" => Stopped::Unresolved,
+        "ERR_CONNECT_FAIL" => match errno {
+            Some(111) => Stopped::NoAnswer(NoAnswer::Refused),
+            Some(110) => Stopped::NoAnswer(NoAnswer::TimedOut),
+            _ => Stopped::NoAnswer(NoAnswer::Unreachable),
+        },
+        "ERR_READ_TIMEOUT" | "ERR_LIFETIME_EXP" => Stopped::NoAnswer(NoAnswer::TimedOut),
+        // The sandbox went away, or its request was refused (judged when asked).
+        "ERR_CLIENT_GONE" | "ERR_PCS_REFUSED" | "ERR_PCS_ADDRESS" => return None,
+        _ if status >= 500 => Stopped::NoAnswer(NoAnswer::Unreachable),
         _ => return None,
     })
+}
+
+fn failure_reason(host: &str, port: u16, stopped: &Stopped) -> String {
+    match stopped {
+        Stopped::Unresolved => format!("{host} does not resolve"),
+        Stopped::NoAnswer(how) => format!("cannot connect to {host}:{port}: {}", how.as_str()),
+        other => super::stopped_reason(host, port, other),
+    }
 }
 
 /// Where a server starts looking for free subnets: servers sharing an engine rarely collide.
@@ -542,27 +599,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_proxys_closing_words_are_read_as_data() {
-        let line = br#"{"op":"closed","conn":7,"sent":0,"received":0,"error":"cannot connect to h:1: x","failure":"refused"}"#;
-        let Ok(FromProxy::Closed { failure, .. }) = serde_json::from_slice::<FromProxy>(line)
-        else {
-            panic!("a closed report")
+    fn squids_log_lines_are_read_as_data() {
+        let line = br#"{"op":"logged","conn":7,"src":"10.213.0.3","method":"CONNECT","host":"h.test","port":1,"status":503,"squid":"NONE_NONE","sent":0,"received":0,"error":"ERR_CONNECT_FAIL","detail":"errno=111"}"#;
+        let Ok(FromProxy::Logged(logged)) = serde_json::from_slice::<FromProxy>(line) else {
+            panic!("a log line")
         };
         assert_eq!(
-            failure.as_deref().and_then(failure_of),
+            failure_of(logged.error.as_deref(), logged.detail.as_deref(), 503),
             Some(Stopped::NoAnswer(NoAnswer::Refused))
         );
-        // An older proxy's report, without the word, still reads.
-        let line = br#"{"op":"closed","conn":7,"sent":1,"received":2,"error":null}"#;
-        assert!(matches!(
-            serde_json::from_slice::<FromProxy>(line),
-            Ok(FromProxy::Closed { failure: None, .. })
-        ));
         assert_eq!(
-            failure_of("timeout"),
+            failure_of(Some("ERR_DNS_FAIL"), None, 503),
+            Some(Stopped::Unresolved)
+        );
+        assert_eq!(
+            failure_of(Some("ERR_CONNECT_FAIL"), Some("errno=110"), 503),
             Some(Stopped::NoAnswer(NoAnswer::TimedOut))
         );
-        assert_eq!(failure_of("unresolved"), Some(Stopped::Unresolved));
-        assert_eq!(failure_of("anything else"), None);
+        assert_eq!(failure_of(None, None, 200), None);
+        assert_eq!(failure_of(Some("ERR_CLIENT_GONE"), None, 0), None);
+        assert_eq!(failure_of(Some("ERR_PCS_REFUSED"), None, 403), None);
+        // A line the relay could not make whole is not one.
+        assert!(serde_json::from_slice::<FromProxy>(br#"{"op":"logged","conn":7}"#).is_err());
     }
 }

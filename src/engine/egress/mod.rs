@@ -4,23 +4,26 @@
 //! Every sandbox on the egress gets an `--internal` network of its own (see [`gateway`]: the host
 //! has no address on it, its bridge's IPv4 is inhibited) whose only other member is the server's
 //! one proxy, which is also on the uplink network (`SANDBOX_EGRESS_UPLINK`, Docker's default bridge
-//! unless the operator names another). The proxy is the sandbox image running [`PROXY_SCRIPT`] as
-//! uid 1000 without capabilities; it is labelled like the sandboxes, removed at shutdown and swept
-//! by a later server if this one dies. Sandboxes reach it through `HTTP(S)_PROXY` (its address on
-//! their network: they need no resolver, and theirs answers nothing).
+//! unless the operator names another). The proxy is Squid ([`squid`]), in an image of its own
+//! ([`PROXY_IMAGE`]), as uid 1000 without capabilities under a small relay ([`RELAY_SCRIPT`]); it
+//! is labelled like the sandboxes, removed at shutdown and swept by a later server if this one
+//! dies. Sandboxes reach it through `HTTP(S)_PROXY` (its address on their network: they need no
+//! resolver, and theirs answers nothing).
 //!
-//! The proxy decides nothing: over its attached stdin and stdout ([`gateway`]) it asks the server
-//! about every connection, by the connection's source address ([`sources`]): an installer may
-//! reach the index hosts ([`IndexPolicy`]); the code may reach what `config::egress` allows, and,
-//! in a session, what its user approved when asked (MCP elicitation, through a
-//! [`ConsentAsker`]). A name is judged before it is resolved (an unknown name is never looked
-//! up), then its addresses after (a non-public one is refused unless an allow entry names it, so
-//! DNS cannot turn an allowed name into an internal address). The proxy connects only to what was
-//! accepted, and reports the bytes of each connection: each execution's result lists what its
-//! code reached and was refused.
+//! The proxy decides nothing: Squid asks the server about every request, through the relay over
+//! the container's attached stdin and stdout ([`gateway`]), by the request's source address
+//! ([`sources`]): an installer may reach the index hosts ([`IndexPolicy`]); the code may reach
+//! what `config::egress` allows, and, in a session, what its user approved when asked (MCP
+//! elicitation, through a [`ConsentAsker`]). A name is judged before it is resolved (an unknown
+//! name is never looked up); Squid then holds every address it resolves to against the rules the
+//! server wrote into its configuration (a non-public one is refused unless an allow entry names
+//! it, so DNS cannot turn an allowed name into an internal address; the sandboxes' networks and
+//! the proxy's uplink neighbours never). Squid's access log gives each request's outcome and
+//! bytes: each execution's result lists what its code reached and was refused.
 
 mod gateway;
 mod sources;
+pub mod squid;
 
 use std::net::IpAddr;
 
@@ -33,8 +36,12 @@ pub use sources::{ConsentAnswer, ConsentAsker, Consideration, Role, SessionNetwo
 /// The port the proxy listens on.
 pub const PROXY_PORT: u16 = 3128;
 
-/// Runs in the proxy container: `python3 -c PROXY_SCRIPT CONFIG_JSON`.
-pub const PROXY_SCRIPT: &str = include_str!("../python/egress_proxy.py");
+/// The proxy container's pid 1, the relay between Squid and the server:
+/// `python3 -c RELAY_SCRIPT CONFIG_JSON`.
+pub const RELAY_SCRIPT: &str = include_str!("../python/egress_relay.py");
+
+/// The proxy's image: Debian's Squid and Python (see `engine::docker::image::proxy`).
+pub const PROXY_IMAGE: &str = "python-code-sandbox-proxy:bookworm";
 
 /// What the installers may reach: the index hosts (and the operator's extra hosts).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,21 +136,14 @@ pub fn index_policy(config: &Config) -> IndexPolicy {
     }
 }
 
-/// The proxy container's argv: its port and the test-only names it maps without a resolver.
+/// The proxy container's argv: the relay, with Squid's configuration and what it needs.
 pub fn proxy_command(config: &Config) -> Vec<String> {
-    let resolve: serde_json::Map<String, serde_json::Value> = config
-        .egress
-        .resolve
-        .iter()
-        .map(|(name, address)| (name.clone(), address.to_string().into()))
-        .collect();
-    let conf = serde_json::json!({"port": PROXY_PORT, "resolve": resolve});
     vec![
         "python3".into(),
         "-u".into(),
         "-c".into(),
-        PROXY_SCRIPT.into(),
-        conf.to_string(),
+        RELAY_SCRIPT.into(),
+        squid::relay_conf(config).to_string(),
     ]
 }
 

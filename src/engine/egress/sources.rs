@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 
+use super::squid::Tag;
 use super::{stopped_reason, IndexPolicy};
-use crate::config::egress::{target_of, EgressPolicy, Static, Target};
+use crate::config::egress::{target_of, EgressPolicy, EntryTarget, Static, Target};
 use crate::engine::outcome::{NetworkEntry, NetworkOutcome, Stopped};
 
 /// What the user answered to "Allow this sandbox to reach host:port?".
@@ -94,8 +95,9 @@ impl SessionNetwork {
     }
 
     /// Where this session stands on a host that needs consent, and, when the user is to be
-    /// asked now, the question opened (asked once: later attempts find it pending).
-    pub fn consider(&self, host: &str, port: u16) -> Consideration {
+    /// asked now, the question opened (asked once: later attempts find it pending). `room` says
+    /// whether the execution may still ask (see [`MAX_QUESTIONS_PER_EXECUTION`]).
+    pub fn consider(&self, host: &str, port: u16, room: Result<(), String>) -> Consideration {
         match self.standing(host, port) {
             Standing::Approved => return Consideration::Approved,
             Standing::Declined => return Consideration::Declined,
@@ -107,6 +109,17 @@ impl SessionNetwork {
         };
         if let Some(why) = asker.unable() {
             return Consideration::Unable(why);
+        }
+        if let Err(why) = room {
+            return Consideration::Bounded(why);
+        }
+        let open = self.consents().pending.len();
+        if open >= MAX_OPEN_QUESTIONS {
+            return Consideration::Bounded(format!(
+                "{open} questions to the user are open in this session already (at most \
+                 {MAX_OPEN_QUESTIONS} at once): retry once they are answered, or ask for \
+                 {host}:{port} up front (sandbox_initialize's network)"
+            ));
         }
         if self.open_question(host, port) {
             Consideration::Ask(asker)
@@ -141,6 +154,8 @@ pub enum Consideration {
     Pending,
     /// The user cannot be asked: why.
     Unable(String),
+    /// Not asked now: too many questions are open or were asked; why.
+    Bounded(String),
     /// Ask now (the question is open).
     Ask(Arc<dyn ConsentAsker>),
 }
@@ -156,7 +171,8 @@ pub enum Role {
 
 /// The proxy's question about a connection, answered.
 pub enum Decision {
-    Allow,
+    /// Allowed, with what the proxy may let its addresses be.
+    Allow(Tag),
     Refuse(String),
     /// Refused until the user answers the open question.
     Pending(String),
@@ -192,6 +208,10 @@ struct Source {
     network: String,
     role: Role,
     attempts: Vec<Attempt>,
+    /// Questions to the user opened since the last record (this execution's).
+    asked: u32,
+    /// Attempts since the last record beyond [`MAX_ATTEMPTS`]: judged alike, not itemized.
+    unlisted: u64,
 }
 
 /// Every sandbox on the egress network, by address.
@@ -210,8 +230,15 @@ struct Inner {
 }
 
 /// At most this many attempts are kept per sandbox between two executions (a loop of refused
-/// connections must not grow the server's memory).
+/// connections must not grow the server's memory); more are judged the same, and counted.
 const MAX_ATTEMPTS: usize = 1000;
+
+/// At most this many questions to the user are open at once in a session; another host that
+/// needs consent is refused at once, with the reason, until one is answered.
+pub const MAX_OPEN_QUESTIONS: usize = 3;
+
+/// At most this many questions one execution (one record) opens.
+pub const MAX_QUESTIONS_PER_EXECUTION: u32 = 10;
 
 impl Sources {
     pub fn new(code: EgressPolicy, index: IndexPolicy) -> Sources {
@@ -239,6 +266,8 @@ impl Sources {
                 network: network.to_string(),
                 role,
                 attempts: Vec::new(),
+                asked: 0,
+                unlisted: 0,
             },
         );
         generation
@@ -288,6 +317,7 @@ impl Sources {
             return;
         };
         if entry.attempts.len() >= MAX_ATTEMPTS {
+            entry.unlisted += 1;
             return;
         }
         entry.attempts.push(Attempt {
@@ -342,18 +372,36 @@ impl Sources {
                 "{source} is not a sandbox of this server on the egress network"
             )),
             Some(Role::Installer) => match self.index.decide(host, port) {
-                Ok(()) => Decision::Allow,
+                Ok(()) if self.index.private.iter().any(|p| p == host) => {
+                    Decision::Allow(Tag::Private)
+                }
+                Ok(()) => Decision::Allow(Tag::Index),
                 Err(why) => {
                     let reason = stopped_reason(host, port, &why);
                     stopped = Some(why);
                     Decision::Refuse(reason)
                 }
             },
-            Some(Role::Code(session)) => self.decide_code(host, port, session),
+            Some(Role::Code(session)) => {
+                let room = match inner.by_address.get(source) {
+                    Some(s) if s.asked >= MAX_QUESTIONS_PER_EXECUTION => Err(format!(
+                        "this execution asked the user {MAX_QUESTIONS_PER_EXECUTION} questions \
+                         already (at most that many in one): ask for {host}:{port} up front \
+                         (sandbox_initialize's network), or in a later call"
+                    )),
+                    _ => Ok(()),
+                };
+                self.decide_code(host, port, session, room)
+            }
         };
+        if let (Decision::RefuseAndAsk { .. }, Some(entry)) =
+            (&decision, inner.by_address.get_mut(source))
+        {
+            entry.asked += 1;
+        }
         self.record(&mut inner, source, conn, host, port);
         match &decision {
-            Decision::Allow => {}
+            Decision::Allow(_) => {}
             Decision::Refuse(reason) => {
                 self.settle(&mut inner, conn, NetworkOutcome::Refused, reason, stopped)
             }
@@ -364,12 +412,18 @@ impl Sources {
         decision
     }
 
-    fn decide_code(&self, host: &str, port: u16, session: Option<Arc<SessionNetwork>>) -> Decision {
+    fn decide_code(
+        &self,
+        host: &str,
+        port: u16,
+        session: Option<Arc<SessionNetwork>>,
+        room: Result<(), String>,
+    ) -> Decision {
         let Some(target) = target_of(host) else {
             return Decision::Refuse(format!("{host:?} is not a host name or an IP address"));
         };
         match self.code.decide(&target, port) {
-            Static::Allowed => Decision::Allow,
+            Static::Allowed => Decision::Allow(Tag::Code),
             Static::Refused(why) => Decision::Refuse(why),
             Static::Ask => {
                 let Target::Name(name) = target else {
@@ -382,13 +436,17 @@ impl Sources {
                          for hosts up front: network: [\"{name}:{port}\"])"
                     ));
                 };
-                match session.consider(&name, port) {
-                    Consideration::Approved => Decision::Allow,
+                match session.consider(&name, port, room) {
+                    Consideration::Approved => Decision::Allow(Tag::Code),
                     Consideration::Declined => Decision::Refuse(format!(
                         "the user declined {name}:{port} for this session"
                     )),
                     Consideration::Pending => Decision::Pending(pending(&name, port)),
                     Consideration::Unable(why) => Decision::Refuse(unable(&name, port, &why)),
+                    Consideration::Bounded(why) => Decision::Refuse(format!(
+                        "{name}:{port} needs the user's consent (SANDBOX_EGRESS_ASK), not asked \
+                         now: {why}"
+                    )),
                     Consideration::Ask(asker) => Decision::RefuseAndAsk {
                         reason: pending(&name, port),
                         session,
@@ -401,12 +459,8 @@ impl Sources {
         }
     }
 
-    /// The source address of a connection the proxy asked about.
-    pub fn source_of(&self, conn: u64) -> Option<String> {
-        self.inner().connections.get(&conn).cloned()
-    }
-
-    /// The proxy resolved an allowed name: every address must be acceptable.
+    /// The proxy refused an allowed name for where it resolves: the reason, from the addresses
+    /// it found (`Ok` when none of them explains it: the proxy's own lookup differed).
     pub fn check_resolved(
         &self,
         source: &str,
@@ -458,17 +512,41 @@ impl Sources {
         inner.connections.remove(&conn);
     }
 
-    /// The bytes of connections still open, as the proxy counted them just now.
-    pub fn update_open(&self, source: &str, open: &[(u64, u64, u64)]) {
-        let mut inner = self.inner();
-        if let Some(entry) = inner.by_address.get_mut(source) {
-            for (conn, sent, received) in open {
-                if let Some(attempt) = entry.attempts.iter_mut().find(|a| a.conn == *conn) {
-                    attempt.sent = *sent;
-                    attempt.received = *received;
+    /// The code's address entries that overlap one of `networks` (ranges the proxy never
+    /// reaches), as (entry, network).
+    pub fn entries_covering(&self, networks: &[String]) -> Vec<(String, String)> {
+        let networks: Vec<ipnet::IpNet> = networks.iter().filter_map(|n| n.parse().ok()).collect();
+        let mut found = Vec::new();
+        for entry in &self.code.allow.entries {
+            let EntryTarget::Range(range) = entry.target else {
+                continue;
+            };
+            for network in &networks {
+                if range.contains(network) || network.contains(&range) {
+                    found.push((range.to_string(), network.to_string()));
                 }
             }
         }
+        found
+    }
+
+    /// Refuses an attempt the proxy stopped after it was allowed, for `why`.
+    pub fn settle_refused(&self, conn: u64, why: &str) {
+        let mut inner = self.inner();
+        self.settle(&mut inner, conn, NetworkOutcome::Refused, why, None);
+    }
+
+    /// A request the proxy refused before asking (its address is one no sandbox may reach).
+    pub fn refused_unasked(&self, source: &str, conn: u64, host: &str, port: u16, why: &str) {
+        let mut inner = self.inner();
+        self.record(&mut inner, source, conn, host, port);
+        self.settle(
+            &mut inner,
+            conn,
+            NetworkOutcome::Refused,
+            why,
+            Some(Stopped::NotAllowed),
+        );
     }
 
     /// What `source` tried since the last call, one entry per host, port and outcome, in the
@@ -478,6 +556,13 @@ impl Sources {
         let Some(entry) = inner.by_address.get_mut(source) else {
             return Vec::new();
         };
+        entry.asked = 0;
+        if std::mem::take(&mut entry.unlisted) > 0 {
+            tracing::info!(
+                source,
+                "more than {MAX_ATTEMPTS} network attempts in one execution: the rest were judged alike and not itemized"
+            );
+        }
         let mut record: Vec<NetworkEntry> = Vec::new();
         for attempt in &mut entry.attempts {
             let sent = attempt.sent.saturating_sub(attempt.reported.0);
@@ -564,7 +649,7 @@ mod tests {
     fn refused(decision: Decision) -> String {
         match decision {
             Decision::Refuse(why) | Decision::Pending(why) => why,
-            Decision::Allow => panic!("allowed"),
+            Decision::Allow(_) => panic!("allowed"),
             Decision::RefuseAndAsk { reason, .. } => panic!("asks: {reason}"),
         }
     }
@@ -583,12 +668,12 @@ mod tests {
         s.adopt("10.0.0.3", "n3", Role::Code(None));
         assert!(matches!(
             s.decide("10.0.0.2", 1, "pypi.org", 443),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         assert!(refused(s.decide("10.0.0.2", 2, "data.test", 8080)).contains("index host"));
         assert!(matches!(
             s.decide("10.0.0.3", 3, "data.test", 8080),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         assert!(
             refused(s.decide("10.0.0.3", 4, "pypi.org", 443)).contains("asked only in a session")
@@ -632,7 +717,7 @@ mod tests {
         network.answer("api.test", 443, &ConsentAnswer::Accepted);
         assert!(matches!(
             s.decide("10.0.0.4", 3, "api.test", 443),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         // Another host, declined.
         assert!(matches!(
@@ -681,8 +766,81 @@ mod tests {
         s.forget("10.0.0.6", first);
         assert!(matches!(
             s.decide("10.0.0.6", 1, "data.test", 8080),
-            Decision::Allow
+            Decision::Allow(_)
         ));
+    }
+
+    #[test]
+    fn questions_are_bounded_per_session_and_per_execution() {
+        let s = sources();
+        let asker = Arc::new(FakeAsker {
+            able: true,
+            asked: Mutex::default(),
+        });
+        let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
+        let generation = s.adopt("10.0.0.9", "n9", Role::Code(None));
+        s.bind_session("10.0.0.9", generation, &network);
+        let mut conn = 0;
+        let mut ask = |host: &str| {
+            conn += 1;
+            s.decide("10.0.0.9", conn, host, 443)
+        };
+        for i in 0..MAX_OPEN_QUESTIONS {
+            assert!(matches!(
+                ask(&format!("h{i}.test")),
+                Decision::RefuseAndAsk { .. }
+            ));
+        }
+        let why = refused(ask("one-more.test"));
+        assert!(why.contains("questions to the user are open"), "{why}");
+        // Answered ones make room, until the execution has asked its share.
+        let mut asked = MAX_OPEN_QUESTIONS as u32;
+        for i in 0..MAX_OPEN_QUESTIONS {
+            network.answer(&format!("h{i}.test"), 443, &ConsentAnswer::Declined);
+        }
+        while asked < MAX_QUESTIONS_PER_EXECUTION {
+            let host = format!("more{asked}.test");
+            assert!(
+                matches!(ask(&host), Decision::RefuseAndAsk { .. }),
+                "{host}"
+            );
+            network.answer(&host, 443, &ConsentAnswer::Cancelled);
+            asked += 1;
+        }
+        let why = refused(ask("last.test"));
+        assert!(why.contains("this execution asked the user"), "{why}");
+        // The next execution may ask again.
+        s.take_record("10.0.0.9");
+        assert!(matches!(ask("last.test"), Decision::RefuseAndAsk { .. }));
+    }
+
+    #[test]
+    fn entries_over_the_networks_never_reached_are_named() {
+        let s = sources();
+        let found = s.entries_covering(&["10.9.8.0/29".into(), "172.17.0.0/16".into()]);
+        assert_eq!(
+            found,
+            [("10.9.0.0/16".to_string(), "10.9.8.0/29".to_string())]
+        );
+    }
+
+    #[test]
+    fn attempts_past_the_record_bound_are_still_judged() {
+        let s = sources();
+        s.adopt("10.0.0.10", "n10", Role::Code(None));
+        for conn in 0..(MAX_ATTEMPTS as u64 + 50) {
+            assert!(
+                matches!(
+                    s.decide("10.0.0.10", conn, "data.test", 8080),
+                    Decision::Allow(Tag::Code)
+                ),
+                "attempt {conn}"
+            );
+        }
+        assert!(refused(s.decide("10.0.0.10", 99_999, "other.test", 8080)).contains("not in"));
+        let record = s.take_record("10.0.0.10");
+        assert_eq!(record.len(), 1);
+        assert_eq!(record[0].connections, MAX_ATTEMPTS as u32);
     }
 
     #[test]
@@ -691,16 +849,16 @@ mod tests {
         s.adopt("10.0.0.7", "n7", Role::Code(None));
         assert!(matches!(
             s.decide("10.0.0.7", 1, "data.test", 8080),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         assert!(matches!(
             s.decide("10.0.0.7", 2, "data.test", 8080),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         refused(s.decide("10.0.0.7", 3, "1.2.3.4", 80));
         assert!(matches!(
             s.decide("10.0.0.7", 4, "data.test", 8080),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         s.closed(1, 100, 1000, None, None);
         s.closed(3, 0, 0, None, None);
@@ -711,7 +869,6 @@ mod tests {
             Some("cannot connect"),
             Some(Stopped::NoAnswer(crate::engine::outcome::NoAnswer::Refused)),
         );
-        s.update_open("10.0.0.7", &[(2, 10, 20)]);
         let record = s.take_record("10.0.0.7");
         let summary: Vec<_> = record
             .iter()
@@ -728,7 +885,7 @@ mod tests {
         assert_eq!(
             summary,
             [
-                ("data.test", NetworkOutcome::Reached, 2, 110, 1020),
+                ("data.test", NetworkOutcome::Reached, 2, 100, 1000),
                 ("1.2.3.4", NetworkOutcome::Refused, 1, 0, 0),
                 ("data.test", NetworkOutcome::Failed, 1, 0, 0),
             ]
@@ -743,7 +900,7 @@ mod tests {
                 record[0].bytes_sent,
                 record[0].bytes_received
             ),
-            (0, 5, 30)
+            (0, 15, 50)
         );
         assert!(s.take_record("10.0.0.7").is_empty());
     }
@@ -755,7 +912,7 @@ mod tests {
         refused(s.decide("10.0.0.8", 1, "evil.test", 443));
         assert!(matches!(
             s.decide("10.0.0.8", 2, "pypi.org", 443),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         let private: IpAddr = "10.1.2.3".parse().unwrap();
         let why = s
@@ -764,7 +921,7 @@ mod tests {
         assert_eq!(why, "pypi.org resolves to the non-public address 10.1.2.3");
         assert!(matches!(
             s.decide("10.0.0.8", 3, "pypi.org", 443),
-            Decision::Allow
+            Decision::Allow(_)
         ));
         s.closed(
             3,

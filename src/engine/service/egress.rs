@@ -111,7 +111,7 @@ impl Engine {
                 Some("the user declined it for this session".into()),
             )
         };
-        let asker = match network.consider(host, port) {
+        let asker = match network.consider(host, port, Ok(())) {
             Consideration::Approved => return (HostStatus::Allowed, None),
             Consideration::Declined => return declined(),
             Consideration::Pending => {
@@ -128,6 +128,7 @@ impl Engine {
                     )),
                 )
             }
+            Consideration::Bounded(why) => return (HostStatus::Refused, Some(why)),
             Consideration::Ask(asker) => asker,
         };
         let answer = tokio::time::timeout(ANSWER_WAIT, asker.ask(host, port))

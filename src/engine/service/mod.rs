@@ -497,6 +497,7 @@ impl Engine {
             network_name: None,
             env: Vec::new(),
             maintenance: false,
+            open_files: None,
         }
     }
 

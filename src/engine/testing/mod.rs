@@ -55,6 +55,7 @@ pub fn spec() -> SandboxSpec {
         network_name: None,
         env: Vec::new(),
         maintenance: false,
+        open_files: None,
     }
 }
 
