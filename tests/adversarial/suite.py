@@ -878,7 +878,7 @@ def egress_env(ctx, gateway, allow, **extra):
 
 # What the code runs to talk to the proxy itself (raw requests, so nothing in between fixes them).
 RAW_PROXY = r"""
-import json, os, socket
+import json, os, re, socket
 PROXY = os.environ["HTTP_PROXY"][len("http://"):].rsplit(":", 1)
 def exchange(data, wait=20):
     s = socket.create_connection((PROXY[0], int(PROXY[1])), timeout=wait)
@@ -895,7 +895,8 @@ def exchange(data, wait=20):
     s.close()
     return out.decode("latin-1")
 def statuses(text):
-    return [line.split(" ")[1] for line in text.split("\r\n") if line.startswith("HTTP/1.1 ")]
+    # Anywhere in the stream: a pipelined answer follows the last body without a line break.
+    return re.findall(r"HTTP/1\.1 (\d{3}) ", text)
 """
 
 
@@ -998,7 +999,8 @@ async def egress_connection_flood(ctx):
                 "    c.close()\n"))
             check(counted.is_error is False, text_of(counted))
             closed = int(counted.structured_content["stdout"].split()[1])
-            check(closed >= 1500 - 64, f"the proxy kept {1500 - closed} of one sandbox's connections open")
+            # Its cap is 64 (Squid counts the one it is refusing as the 65th).
+            check(closed >= 1500 - 65, f"the proxy kept {1500 - closed} of one sandbox's connections open")
             await s.answers_normally()
             for cid in (flooder, honest):
                 await s.call("sandbox_stop", {"container_id": cid})

@@ -200,6 +200,8 @@ struct Attempt {
     /// Counted in an earlier execution's record.
     counted: bool,
     open: bool,
+    /// The requests this attempt stands for (more than one once alike ones are merged).
+    requests: u32,
 }
 
 struct Source {
@@ -317,6 +319,9 @@ impl Sources {
             return;
         };
         if entry.attempts.len() >= MAX_ATTEMPTS {
+            merge_alike(&mut entry.attempts);
+        }
+        if entry.attempts.len() >= MAX_ATTEMPTS {
             entry.unlisted += 1;
             return;
         }
@@ -332,6 +337,7 @@ impl Sources {
             reported: (0, 0),
             counted: false,
             open: true,
+            requests: 1,
         });
         inner.connections.insert(conn, source.to_string());
     }
@@ -568,6 +574,7 @@ impl Sources {
             let sent = attempt.sent.saturating_sub(attempt.reported.0);
             let received = attempt.received.saturating_sub(attempt.reported.1);
             let fresh = !attempt.counted;
+            let requests = if fresh { attempt.requests } else { 0 };
             if !fresh && sent == 0 && received == 0 {
                 continue;
             }
@@ -577,7 +584,7 @@ impl Sources {
                 e.host == attempt.host && e.port == attempt.port && e.outcome == attempt.outcome
             }) {
                 Some(e) => {
-                    e.connections += u32::from(fresh);
+                    e.connections += requests;
                     e.bytes_sent += sent;
                     e.bytes_received += received;
                 }
@@ -585,7 +592,7 @@ impl Sources {
                     host: attempt.host.clone(),
                     port: attempt.port,
                     outcome: attempt.outcome,
-                    connections: u32::from(fresh),
+                    connections: requests,
                     bytes_sent: sent,
                     bytes_received: received,
                     reason: attempt.reason.clone(),
@@ -596,6 +603,33 @@ impl Sources {
         entry.attempts.retain(|a| a.open);
         record
     }
+}
+
+/// Merges the ended, not yet recorded attempts that went alike (same host, port, outcome and
+/// reason) into one, so that a loop of requests keeps a few rows, not one per request.
+fn merge_alike(attempts: &mut Vec<Attempt>) {
+    let mut kept: Vec<Attempt> = Vec::with_capacity(attempts.len());
+    for attempt in attempts.drain(..) {
+        let mergeable = !attempt.open && !attempt.counted;
+        let alike = kept.iter_mut().find(|k| {
+            mergeable
+                && !k.open
+                && !k.counted
+                && k.host == attempt.host
+                && k.port == attempt.port
+                && k.outcome == attempt.outcome
+                && k.reason == attempt.reason
+        });
+        match alike {
+            Some(k) => {
+                k.requests = k.requests.saturating_add(attempt.requests);
+                k.sent += attempt.sent;
+                k.received += attempt.received;
+            }
+            None => kept.push(attempt),
+        }
+    }
+    *attempts = kept;
 }
 
 fn pending(host: &str, port: u16) -> String {
@@ -837,10 +871,23 @@ mod tests {
                 "attempt {conn}"
             );
         }
+        // Ended ones merge into one row: a new host is still listed.
+        for conn in 0..(MAX_ATTEMPTS as u64 + 50) {
+            s.closed(conn, 1, 2, None, None);
+        }
         assert!(refused(s.decide("10.0.0.10", 99_999, "other.test", 8080)).contains("not in"));
         let record = s.take_record("10.0.0.10");
-        assert_eq!(record.len(), 1);
-        assert_eq!(record[0].connections, MAX_ATTEMPTS as u32);
+        let rows: Vec<_> = record
+            .iter()
+            .map(|e| (e.host.as_str(), e.connections, e.bytes_sent))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("data.test", MAX_ATTEMPTS as u32, MAX_ATTEMPTS as u64),
+                ("other.test", 1, 0)
+            ]
+        );
     }
 
     #[test]
