@@ -24,6 +24,7 @@ for arg in "$@"; do
 done
 
 IMAGE=${SANDBOX_IMAGE:-python-code-sandbox:py3.11}
+PROXY_IMAGE=python-code-sandbox-proxy:bookworm
 PY=.cache/venv-mcp/bin/python
 BIN=$PWD/target/debug/python-code-sandbox
 # A command prefix for whatever touches the main Docker engine (a lock shared with other users
@@ -60,13 +61,16 @@ export DOCKER_HOST PCS_PODMAN_ROOTLESS_HOST
 ROOTLESS_SOCK=${PCS_PODMAN_ROOTLESS_HOST#unix://}
 
 if [ "$load" = 1 ]; then
-    stage "the sandbox image on Podman (docker save | podman load)"
+    stage "the sandbox and egress proxy images on Podman (docker save | podman load)"
     # Podman keeps an image loaded from a Docker archive under the same id: load only when it differs.
-    docker_id=$($DOCKER_LOCK env -u DOCKER_HOST docker image inspect -f '{{.Id}}' "$IMAGE")
-    podman_id=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
-    if [ "sha256:${podman_id#sha256:}" != "$docker_id" ]; then
-        $DOCKER_LOCK env -u DOCKER_HOST docker save "$IMAGE" | podman load >/dev/null
-    fi
+    # The proxy's image serves the installers (their egress proxy is Squid, in an image of its own).
+    for image in "$PROXY_IMAGE" "$IMAGE"; do
+        docker_id=$($DOCKER_LOCK env -u DOCKER_HOST docker image inspect -f '{{.Id}}' "$image")
+        podman_id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+        if [ "sha256:${podman_id#sha256:}" != "$docker_id" ]; then
+            $DOCKER_LOCK env -u DOCKER_HOST docker save "$image" | podman load >/dev/null
+        fi
+    done
     # The rootless engine gets it too, so that its refusal is not just a missing image (through its
     # API: its storage belongs to its user).
     rootless_id=$(curl -sf --unix-socket "$ROOTLESS_SOCK" "http://d/v1.41/images/$IMAGE/json" |

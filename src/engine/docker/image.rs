@@ -35,6 +35,8 @@ pub const OFFLINE_BASE: &str = "python-code-sandbox-base:bookworm";
 const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates";
 /// Packages of the egress proxy's image: Debian's Squid, and Python for its relay.
 const PROXY_INCLUDE: &str = "squid,python3";
+/// The egress proxy's online base: the same Debian release, its packages from apt.
+const PROXY_ONLINE_BASE: &str = "debian:bookworm-slim";
 /// Label carrying a hash of the recipe, so a stale image is recognisable.
 pub const RECIPE_LABEL: &str = "io.python-code-sandbox.recipe";
 /// The runner's IPython set (pinned and hashed), installed by the recipe.
@@ -251,6 +253,30 @@ pub async fn ensure_proxy(docker: &Docker, progress: &ProgressSink) -> Result<()
             progress(&format!("using the existing {PROXY_IMAGE}"));
             return Ok(());
         }
+    }
+    // Online when the base can be had (a registry, or the engine has it), offline otherwise.
+    let online = docker.inspect_image(PROXY_ONLINE_BASE).await.is_ok()
+        || pull(docker, PROXY_ONLINE_BASE, progress).await.is_ok();
+    if online {
+        let recipe = format!(
+            "FROM {PROXY_ONLINE_BASE}\nRUN apt-get update && apt-get install -y \
+             --no-install-recommends {} && rm -rf /var/lib/apt/lists/*\n",
+            PROXY_INCLUDE.replace(',', " ")
+        );
+        let context = pack_context(&[("Dockerfile", recipe.as_bytes())])?;
+        let options = BuildImageOptions {
+            t: Some(PROXY_IMAGE.to_string()),
+            dockerfile: "Dockerfile".to_string(),
+            rm: true,
+            forcerm: true,
+            labels: Some(HashMap::from([(RECIPE_LABEL.to_string(), label)])),
+            ..Default::default()
+        };
+        progress(&format!("building {PROXY_IMAGE} from {PROXY_ONLINE_BASE}"));
+        let stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
+        return follow_build(stream, progress)
+            .await
+            .map_err(|failure| failure.error);
     }
     let changes = vec![format!("LABEL {RECIPE_LABEL}={label}")];
     rootfs_image(docker, PROXY_INCLUDE, PROXY_IMAGE, changes, progress).await
