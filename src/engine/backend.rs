@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -296,6 +297,13 @@ pub trait Backend: Send + Sync + 'static {
     /// own word): what the warm pool counts against `SANDBOX_POOL_MAX_MEMORY`. `None` when the
     /// platform does not say.
     async fn memory_usage(&self, _id: &SandboxId) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
+
+    /// The CPU time a running sandbox's processes have used so far, as the platform measures it
+    /// (its cgroup's, never the sandbox's own word): what the CPU used between calls is charged
+    /// from. `None` when the platform does not say.
+    async fn cpu_usage(&self, _id: &SandboxId) -> Result<Option<Duration>, BackendError> {
         Ok(None)
     }
 

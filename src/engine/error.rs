@@ -60,6 +60,19 @@ pub enum EngineError {
     RunnerSetFailed(#[source] Box<deps::InstallFailure>),
     #[error("the sandbox was lost: {0}")]
     SandboxLost(String),
+    /// A snapshot or a restore ran the session's own code past the call's timeout, and was
+    /// stopped as an execution that timed out is.
+    #[error(
+        "the {work} was stopped at the call's timeout of {} (SANDBOX_TIMEOUT): it ran the \
+         session's own code (such as a value's __reduce__, __setstate__ or a module's import) \
+         that long, and that time counts as an execution's; {lost}",
+        crate::text::duration(*timeout)
+    )]
+    WorkTimedOut {
+        work: Work,
+        timeout: std::time::Duration,
+        lost: WorkLost,
+    },
     #[error("no session {0}: it was stopped or never created by this server; start one with sandbox_initialize")]
     UnknownSession(String),
     #[error("session {id} has ended: {reason}; start a new one with sandbox_initialize")]
@@ -112,6 +125,59 @@ pub enum EngineError {
     },
 }
 
+/// Sandbox work that runs the session's own code besides an execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    Snapshot,
+    Fork,
+    Restore,
+}
+
+impl std::fmt::Display for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Work::Snapshot => "snapshot",
+            Work::Fork => "fork",
+            Work::Restore => "restore",
+        })
+    }
+}
+
+/// What stopping work at its timeout cost the session, as for an execution that timed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkLost {
+    /// The code stopped on the interrupt: the session keeps its variables and files.
+    Nothing,
+    /// The code ignored the interrupt: its processes were killed (the interpreter restarts).
+    Variables,
+    /// Not even that answered: the sandbox was killed (it restarts on the next call).
+    Everything,
+    /// The session being restored into was stopped.
+    NewSession,
+}
+
+impl std::fmt::Display for WorkLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WorkLost::Nothing => {
+                "nothing was saved; the code was interrupted (KeyboardInterrupt) and the session \
+                 keeps its variables and files"
+            }
+            WorkLost::Variables => {
+                "nothing was saved; the code did not stop on interrupt, so its processes were \
+                 killed and the interpreter restarted: the session's variables are lost, its \
+                 /workspace files remain"
+            }
+            WorkLost::Everything => {
+                "nothing was saved; the code did not stop on interrupt, so the sandbox was \
+                 killed: the session's variables and /workspace files are lost (it restarts \
+                 empty on the next call)"
+            }
+            WorkLost::NewSession => "the session it was restoring into was stopped",
+        })
+    }
+}
+
 impl EngineError {
     /// Whether the caller's request was at fault (as opposed to the engine or the sandbox).
     pub fn is_request_error(&self) -> bool {
@@ -124,6 +190,7 @@ impl EngineError {
                 | EngineError::MalformedSnapshotId(_)
                 | EngineError::SnapshotCorrupted { .. }
                 | EngineError::Snapshot(_)
+                | EngineError::WorkTimedOut { .. }
                 | EngineError::SnapshotStoreFull { .. }
                 | EngineError::SnapshotsOff
                 | EngineError::MalformedSessionId(_)

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
+use super::error::{Work, WorkLost};
 use super::outcome::Execution;
 use super::pip::{PipAnswer, PipHandler};
 use super::protocol::{
@@ -1080,15 +1081,19 @@ impl Sandbox {
     }
 
     /// Saves the workspace and the namespace's variables into the runner's private snapshot
-    /// file (`runner/snapshot.py`), stopping beyond `max_bytes`, within `limit`. The report is
-    /// the sandbox's word: the caller bounds what it keeps of it.
+    /// file (`runner/snapshot.py`), stopping beyond `max_bytes`, within the call's `timeout`
+    /// (it runs the values' own code: see [`Sandbox::work_within`]). The report is the sandbox's
+    /// word: the caller bounds what it keeps of it.
     pub async fn snapshot(
         &mut self,
         max_bytes: u64,
-        limit: Duration,
+        timeout: Duration,
     ) -> Result<RawSnapshotReport, EngineError> {
         match self
-            .control_within(limit, |id| Request::Snapshot { id, max_bytes })
+            .work_within(Work::Snapshot, timeout, |id| Request::Snapshot {
+                id,
+                max_bytes,
+            })
             .await?
         {
             Reply::Snapshot(report) => Ok(report),
@@ -1148,10 +1153,11 @@ impl Sandbox {
         }
     }
 
-    /// Unpacks the uploaded snapshot into the workspace and the namespace, within `limit`.
-    pub async fn restore(&mut self, limit: Duration) -> Result<RawRestoreReport, EngineError> {
+    /// Unpacks the uploaded snapshot into the workspace and the namespace, within the call's
+    /// `timeout` (it runs the values' own code: see [`Sandbox::work_within`]).
+    pub async fn restore(&mut self, timeout: Duration) -> Result<RawRestoreReport, EngineError> {
         match self
-            .control_within(limit, |id| Request::Restore { id })
+            .work_within(Work::Restore, timeout, |id| Request::Restore { id })
             .await?
         {
             Reply::Restored(report) => Ok(report),
@@ -1223,6 +1229,79 @@ impl Sandbox {
                 ))),
             },
         };
+        self.control_answered(runner, id, reply).await
+    }
+
+    /// A request that runs the session's own code though it is not an execution (a snapshot's
+    /// pickling runs its values' `__reduce__`, a restore's unpickling theirs): bounded by the
+    /// call's `timeout` as an execution is. When it is up the code is interrupted
+    /// (KeyboardInterrupt, `interruptible` in python/runner/execute.py) and given
+    /// [`INTERRUPT_GRACE`]; code that does not stop has its processes killed, as an execution's
+    /// has. Then [`EngineError::WorkTimedOut`] says what the session lost.
+    async fn work_within<'a>(
+        &mut self,
+        work: Work,
+        timeout: Duration,
+        request: impl FnOnce(u64) -> Request<'a>,
+    ) -> Result<Reply, EngineError> {
+        let (mut runner, _) = self.take_runner("a request was abandoned").await?;
+        self.next_request += 1;
+        let id = self.next_request;
+        runner.decoder.set_limit(4 << 20);
+        let reply = match runner.send(&request(id).to_frame()).await {
+            Err(failure) => Err(failure),
+            Ok(()) => match tokio::time::timeout(timeout, runner.next_reply()).await {
+                Ok(reply) => reply,
+                Err(_) => {
+                    let lost = self.stop_work(runner, id).await?;
+                    return Err(EngineError::WorkTimedOut {
+                        work,
+                        timeout,
+                        lost,
+                    });
+                }
+            },
+        };
+        self.control_answered(runner, id, reply).await
+    }
+
+    /// Interrupts work past its timeout, then kills its processes if it does not answer within
+    /// the grace (as [`Sandbox::await_result`] and [`Sandbox::kill_processes`] do for an
+    /// execution); returns what the session lost.
+    async fn stop_work(&mut self, mut runner: Runner, id: u64) -> Result<WorkLost, EngineError> {
+        tracing::info!(sandbox = %self.id, "a snapshot or restore ran past the timeout: interrupting");
+        if let Err(e) = self.backend.interrupt(&self.id).await {
+            tracing::warn!(sandbox = %self.id, "interrupt failed: {e}");
+        }
+        match tokio::time::timeout(INTERRUPT_GRACE, runner.next_reply()).await {
+            Ok(Ok(reply)) if reply.id() == Some(id) => {
+                // The runner answered (with the interruption, or the work it just finished):
+                // either way nothing of it is used.
+                self.state = State::Ready(runner);
+                Ok(WorkLost::Nothing)
+            }
+            Ok(Err(RunnerFailure::Exited(_))) => {
+                self.state = State::Respawning(runner);
+                Ok(WorkLost::Variables)
+            }
+            _ => {
+                tracing::info!(sandbox = %self.id, "no answer to the interrupt: killing its processes");
+                Ok(if self.kill_processes(runner).await? {
+                    WorkLost::Variables
+                } else {
+                    WorkLost::Everything
+                })
+            }
+        }
+    }
+
+    /// The sandbox's state after the reply (or the failure) to control request `id`.
+    async fn control_answered(
+        &mut self,
+        runner: Runner,
+        id: u64,
+        reply: Result<Reply, RunnerFailure>,
+    ) -> Result<Reply, EngineError> {
         match reply {
             Ok(reply) if reply.id() == Some(id) => {
                 self.state = State::Ready(runner);

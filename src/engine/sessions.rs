@@ -68,6 +68,11 @@ impl ClientId {
         }
     }
 
+    /// Whether the client is a principal ([`ClientId::of_principal`]): the one kind with quotas.
+    pub fn is_principal(&self) -> bool {
+        self.id.starts_with("principal:")
+    }
+
     /// The same client, whose snapshots belong to `owner` (an owner key of
     /// [`super::snapshots`]): a client of one MCP session whose caller outlives it (the holder
     /// of the one shared token), so that its next MCP session restores them.
@@ -133,6 +138,58 @@ pub(crate) struct Session {
     pub(super) pip_rate: std::sync::Mutex<super::pip::PipRate>,
     /// Its executed cells (Python executions), for a notebook.
     pub(super) history: std::sync::Mutex<super::history::History>,
+    /// What its container's CPU time has been paid for, to charge what the code's threads and
+    /// processes use between calls (see [`CpuAccount`]).
+    pub(super) cpu: std::sync::Mutex<CpuAccount>,
+    /// Calls on it that measure their time (executions, snapshots), counted as they start: a
+    /// measurement of its CPU that a call overlapped is not used.
+    pub(super) calls: std::sync::atomic::AtomicU64,
+}
+
+/// What one session's container has been paid for, so that the CPU its code uses outside calls
+/// (a thread or a process that goes on after the call returned) is charged too.
+///
+/// A call pays its time × the sandbox's CPUs (its principal's execution permit, `mcp::quotas`):
+/// at least what the container used meanwhile, since the cgroup holds it to those CPUs. A
+/// measurement of the container's CPU time, as the engine counts it (the cgroup's, never the
+/// sandbox's word), taken between calls, charges whatever it shows beyond what was paid. So a
+/// principal is always charged at least the CPU its sessions used, up to the last measurement.
+#[derive(Debug, Default)]
+pub(crate) struct CpuAccount {
+    /// The container measured (a restart replaces it), and its CPU time paid for.
+    container: Option<super::backend::SandboxId>,
+    paid: Duration,
+}
+
+impl CpuAccount {
+    /// `container` has used `used` of CPU time: returns what is to be charged for it now (none
+    /// the first time a container is measured: its baseline, taken as the session starts).
+    pub(crate) fn measured(
+        &mut self,
+        container: &super::backend::SandboxId,
+        used: Duration,
+    ) -> Duration {
+        if self.container.as_ref() != Some(container) {
+            self.container = Some(container.clone());
+            self.paid = used;
+            return Duration::ZERO;
+        }
+        let extra = used.saturating_sub(self.paid);
+        self.paid += extra;
+        extra
+    }
+
+    /// A call on the session ended in `container` and paid `charged` (its time × the CPUs). A
+    /// container new since the last measurement started within the call: all of its time is
+    /// inside the call, and paid.
+    pub(crate) fn call_paid(&mut self, container: &super::backend::SandboxId, charged: Duration) {
+        if self.container.as_ref() == Some(container) {
+            self.paid += charged;
+        } else {
+            self.container = Some(container.clone());
+            self.paid = charged;
+        }
+    }
 }
 
 /// The dependency set a session has on its `sys.path`.
@@ -250,5 +307,43 @@ pub(crate) fn forget(sessions: Vec<Arc<Session>>) {
         if let Ok(mut sandbox) = session.sandbox.try_lock() {
             sandbox.forget();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::backend::SandboxId;
+    use super::*;
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn cpu_beyond_what_calls_paid_is_charged_once() {
+        let (a, b) = (SandboxId("a".into()), SandboxId("b".into()));
+        let mut cpu = CpuAccount::default();
+        // The baseline (the runner's start) is not charged.
+        assert_eq!(cpu.measured(&a, secs(1.5)), Duration::ZERO);
+        // A call of 1 s paid for up to 1 CPU-second: it used 0.2, so 0.8 is paid ahead.
+        cpu.call_paid(&a, secs(1.0));
+        assert_eq!(cpu.measured(&a, secs(1.7)), Duration::ZERO);
+        // Then a thread it left ran 3 s past the call: 2.2 beyond what was paid.
+        assert_eq!(cpu.measured(&a, secs(4.7)), secs(2.2));
+        // Measured again with nothing new: nothing more.
+        assert_eq!(cpu.measured(&a, secs(4.7)), Duration::ZERO);
+        assert_eq!(cpu.measured(&a, secs(5.0)), secs(0.3));
+        // A restart within a call: the new container's time is all inside it, and paid.
+        cpu.call_paid(&b, secs(2.0));
+        assert_eq!(cpu.measured(&b, secs(1.9)), Duration::ZERO);
+        assert_eq!(cpu.measured(&b, secs(2.5)), secs(0.5));
+        // A counter that went back (a new container under the same id) charges nothing.
+        assert_eq!(cpu.measured(&b, secs(0.1)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_principal_is_told_apart_from_an_mcp_session() {
+        assert!(ClientId::of_principal("alice").is_principal());
+        assert!(!ClientId::new().is_principal());
     }
 }

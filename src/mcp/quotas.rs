@@ -6,9 +6,12 @@
 //!
 //! CPU-seconds are charged as the execution's time measured on the host times the CPUs a
 //! sandbox may use (`SANDBOX_CPU_LIMIT`): an upper bound of what the code could burn, which the
-//! code cannot falsify (it runs in the process that would report its own usage). A call over a
-//! quota is refused before it starts, with which quota and when it frees up; the other
-//! principals are unaffected.
+//! code cannot falsify (it runs in the process that would report its own usage). Snapshots,
+//! forks and restores are executions (they run the session's code). What a session's code uses
+//! between calls (a thread that goes on after its call returned) is measured by the engine from
+//! the container's cgroup and charged on top ([`Quotas::charge`]; see
+//! `engine::sessions::CpuAccount`). A call over a quota is refused before it starts, with which
+//! quota and when it frees up; the other principals are unaffected.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -171,6 +174,23 @@ impl Quotas {
         Ok(guard)
     }
 
+    /// Charges `principal` CPU time its sessions used outside its calls, as the engine measured
+    /// it (their code's threads and processes that go on after a call returned).
+    pub fn charge(&self, principal: &Principal, cpu: Duration) {
+        if cpu.is_zero() {
+            return;
+        }
+        let day = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            / DAY;
+        let account = self.account(principal);
+        let mut used = lock(&account.cpu);
+        used.used_on(day);
+        used.used += cpu;
+    }
+
     /// The CPU-seconds `principal` has been charged today (UTC).
     pub fn cpu_used_today(&self, principal: &Principal) -> Duration {
         let day = SystemTime::now()
@@ -310,6 +330,24 @@ mod tests {
         drop(permit);
         assert!(q.cpu_used_today(&a) >= Duration::from_millis(20));
         assert_eq!(q.account(&a).running.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn cpu_used_between_calls_is_charged_and_counts_against_the_quota() {
+        let q = quotas();
+        let a = principal(
+            "a",
+            QuotaOverrides {
+                cpu_seconds_per_day: Some(2),
+                ..QuotaOverrides::default()
+            },
+        );
+        q.charge(&a, Duration::ZERO);
+        assert!(q.start_execution(&a).is_ok());
+        q.charge(&a, Duration::from_millis(2500));
+        assert!(q.cpu_used_today(&a) >= Duration::from_millis(2500));
+        let over = q.start_execution(&a).unwrap_err();
+        assert!(over.0.contains("2 of its 2 CPU-seconds"), "{over}");
     }
 
     #[tokio::test]

@@ -43,6 +43,29 @@ pub struct SandboxServer {
     pub(super) tasks: Option<Arc<Tasks>>,
 }
 
+/// A principal's call that counts as an execution: its permit (counted while it runs, charged
+/// when it ends), and, as it ends, the CPU the principal's sessions used between calls, which the
+/// engine measured meanwhile, charged too.
+pub(super) struct Running {
+    engine: Arc<Engine>,
+    quotas: Arc<Quotas>,
+    client: Arc<Client>,
+    _permit: ExecutionPermit,
+}
+
+/// Charges `principal` what its sessions used between calls, as the engine measured it.
+fn charge_between_calls(engine: &Engine, quotas: &Quotas, client: &Client, principal: &Principal) {
+    quotas.charge(principal, engine.take_cpu_between_calls(&client.id));
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(principal) = &self.client.principal {
+            charge_between_calls(&self.engine, &self.quotas, &self.client, principal);
+        }
+    }
+}
+
 /// One client of a server with several: an MCP session over HTTP, or a principal. A client that
 /// is an MCP session is dropped when the session has ended and its last call has returned; its
 /// sandbox sessions are stopped then. A principal's sessions outlive any MCP session (and the
@@ -165,11 +188,23 @@ impl SandboxServer {
         self.client.as_ref()?.principal.as_deref()
     }
 
-    /// Starts an execution against the principal's quotas (none without a principal).
-    pub(super) fn start_execution(&self) -> Result<Option<ExecutionPermit>, OverQuota> {
-        self.principal()
-            .map(|principal| self.quotas.start_execution(principal))
-            .transpose()
+    /// Starts an execution against the principal's quotas (none without a principal), once
+    /// what its sessions used between calls is charged.
+    pub(super) fn start_execution(&self) -> Result<Option<Running>, OverQuota> {
+        let Some(client) = &self.client else {
+            return Ok(None);
+        };
+        let Some(principal) = &client.principal else {
+            return Ok(None);
+        };
+        charge_between_calls(&self.engine, &self.quotas, client, principal);
+        let permit = self.quotas.start_execution(principal)?;
+        Ok(Some(Running {
+            engine: self.engine.clone(),
+            quotas: self.quotas.clone(),
+            client: client.clone(),
+            _permit: permit,
+        }))
     }
 
     /// Every tool, as its group declares it (descriptions not yet filled in).

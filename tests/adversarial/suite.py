@@ -688,6 +688,8 @@ class HttpServer:
     def __init__(self, binary, env):
         merged = {**os.environ, "LOG_LEVEL": "info", **{k: str(v) for k, v in env.items()},
                   "SANDBOX_HTTP_TOKEN": HTTP_TOKEN}
+        if "SANDBOX_HTTP_TOKENS_FILE" in env:  # principals instead of the one token
+            del merged["SANDBOX_HTTP_TOKEN"]
         self.proc = subprocess.Popen([binary, "serve", "--http", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=merged, text=True)
         self.log, self.url, ready = [], None, threading.Event()
@@ -1179,6 +1181,78 @@ async def setup_write_links(ctx):
         check(servers.get("other", {}).get("env") == {"TOKEN": "theirs"}, f"the other server's entry was lost: {servers}")
         check(any(name != "other" for name in servers), f"no entry of ours was merged: {servers}")
         check(stat.S_IMODE(os.stat(target).st_mode) == 0o600, "the merged config lost its owner-only mode")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# --- work outside the quota and the timeout (issue 33, item 8) --------------------------------------
+
+SPIN_REDUCE = """
+class Spin:
+    def __reduce__(self):
+        while True:
+            pass
+
+x = 41
+s = Spin()
+"""
+THREAD_SPIN = """
+import threading, time
+
+def spin():
+    while time.thread_time() < 5.0:
+        pass
+    open("/workspace/done", "w").close()
+
+threading.Thread(target=spin, daemon=True).start()
+"""
+
+
+@case("quota: a snapshot's __reduce__ is stopped at the timeout and charged; a thread's CPU between calls is charged",
+      kind="attack-own-server")
+async def work_outside_quota_and_timeout(ctx):
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    home = tempfile.mkdtemp(prefix="pcs-quota-")
+    try:
+        tokens = {}
+        for name in ("mallory", "trudy"):
+            out = subprocess.run([ctx.binary, "token", name, "--cpu-seconds-per-day", "4"], capture_output=True, text=True,
+                                 check=True)
+            fields = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+            tokens[name] = fields
+        path = os.path.join(home, "tokens")
+        with open(path, "w") as f:
+            f.write("".join(t["line"] + "\n" for t in tokens.values()))
+
+        with http_serving(ctx, SANDBOX_HTTP_TOKENS_FILE=path, SANDBOX_TIMEOUT="5s", SANDBOX_CPU_LIMIT="1",
+                          LOG_LEVEL="debug") as s:
+            for name in tokens:
+                async with create_mcp_http_client(headers={"Authorization": f"Bearer {tokens[name]['token']}"}) as http:
+                    async with Client(streamable_http_client(s.url, http_client=http), read_timeout_seconds=120) as c:
+                        sid = (await c.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+                        if name == "mallory":
+                            # The report's attack: a __reduce__ that spins for as long as it is let.
+                            await c.call_tool("run_python", {"container_id": sid, "code": SPIN_REDUCE})
+                            snap = await c.call_tool("sandbox_snapshot", {"container_id": sid})
+                            check(snap.is_error and "timeout of 5s" in text_of(snap) and "__reduce__" in text_of(snap),
+                                  f"the snapshot was not stopped at the timeout: {text_of(snap)[:400]}")
+                        else:
+                            # A thread that goes on after its call returned.
+                            await c.call_tool("run_python", {"container_id": sid, "code": THREAD_SPIN})
+                            while "done" not in text_of(await c.call_tool("sandbox_list_files", {"container_id": sid})):
+                                await asyncio.sleep(0.2)
+                            await c.call_tool("run_python", {"container_id": sid, "code": "print(1)"})
+                            seen = sum("session CPU measured" in line for line in s.log)
+                            while sum("session CPU measured" in line for line in s.log) <= seen:
+                                await asyncio.sleep(0.1)
+                        # Either way the 4 CPU-seconds are spent: the next call is refused.
+                        over = await c.call_tool("run_python", {"container_id": sid, "code": "print(2)"})
+                        check(over.is_error and "Over quota" in text_of(over) and "CPU-seconds" in text_of(over),
+                              f"{name}'s work outside the quota was not charged: {text_of(over)[:300]}")
+                        again = await c.call_tool("sandbox_snapshot", {"container_id": sid})
+                        check(again.is_error and "Over quota" in text_of(again), f"a snapshot past the quota ran: {text_of(again)[:300]}")
+                        await c.call_tool("sandbox_stop", {"container_id": sid})
     finally:
         shutil.rmtree(home, ignore_errors=True)
 

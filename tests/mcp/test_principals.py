@@ -4,6 +4,7 @@ through, and has its own quotas. Driven by the official Python SDK over streamab
 the real binary on a loopback port; every request goes to 127.0.0.1."""
 
 import os
+import re
 import signal
 import subprocess
 
@@ -252,3 +253,122 @@ def test_a_bad_tokens_file_stops_the_start_with_the_line(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert both.returncode != 0 and "not both" in both.stderr, both.stderr
+
+
+SPIN_REDUCE = """
+class Spin:
+    def __reduce__(self):
+        while True:
+            pass
+
+x = 41
+"""
+STUBBORN_REDUCE = """
+class Stubborn:
+    def __reduce__(self):
+        while True:
+            try:
+                while True:
+                    pass
+            except BaseException:
+                pass
+
+stubborn = Stubborn()
+"""
+
+
+async def test_a_snapshot_is_an_execution_stopped_at_the_timeout_and_charged(team):
+    """Issue 33, item 8: a snapshot runs the session's own code (a __reduce__): the call's timeout
+    stops it as it stops an execution, its time is charged, and a spent quota refuses snapshots,
+    forks and restores."""
+    with served(team, SANDBOX_TIMEOUT="5s", SANDBOX_QUOTA_CPU_SECONDS="4", SANDBOX_CPU_LIMIT="1") as server:
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            with anyio.fail_after(180):
+                sid = (await bob.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+                ran = await bob.call_tool("run_python", {"container_id": sid, "code": SPIN_REDUCE})
+                assert not ran.is_error, text_of(ran)
+                saved = await bob.call_tool("sandbox_snapshot", {"container_id": sid})
+                assert not saved.is_error, text_of(saved)
+                snapshot_id = saved.structured_content["snapshot_id"]
+                await bob.call_tool("run_python", {"container_id": sid, "code": "s = Spin()"})
+                stopped = await bob.call_tool("sandbox_snapshot", {"container_id": sid})
+                text = text_of(stopped)
+                assert stopped.is_error, text
+                assert "timeout of 5s" in text and "SANDBOX_TIMEOUT" in text and "__reduce__" in text, text
+                assert "keeps its variables" in text, text
+                # Its 5 s were charged: the quota of 4 CPU-seconds is spent, and refuses what runs code.
+                for tool, args in [
+                    ("run_python", {"container_id": sid, "code": "print(x)"}),
+                    ("sandbox_snapshot", {"container_id": sid}),
+                    ("sandbox_fork", {"container_id": sid}),
+                    ("sandbox_initialize", {"snapshot_id": snapshot_id}),
+                ]:
+                    over = await bob.call_tool(tool, args)
+                    assert over.is_error and "Over quota" in text_of(over), (tool, text_of(over))
+                    assert "CPU-seconds" in text_of(over), (tool, text_of(over))
+
+
+async def test_a_snapshot_whose_code_ignores_the_interrupt_loses_the_variables_not_the_server(team):
+    with served(team, SANDBOX_TIMEOUT="3s") as server:
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            with anyio.fail_after(180):
+                sid = (await bob.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+                await bob.call_tool("run_python", {"container_id": sid, "code": "x = 41\n" + SPIN_REDUCE + "s = Spin()"})
+                # Interrupted in time: the session keeps its variables.
+                stopped = await bob.call_tool("sandbox_snapshot", {"container_id": sid})
+                assert stopped.is_error and "keeps its variables" in text_of(stopped), text_of(stopped)
+                kept = await bob.call_tool("run_python", {"container_id": sid, "code": "del s\nprint(x + 1)"})
+                assert kept.structured_content["stdout"] == "42\n", text_of(kept)
+                # Code that swallows the interrupt: its processes are killed, as an execution's are.
+                await bob.call_tool("sandbox_write_file", {"container_id": sid, "path": "kept.txt", "content": "yes"})
+                await bob.call_tool("run_python", {"container_id": sid, "code": STUBBORN_REDUCE})
+                killed = await bob.call_tool("sandbox_snapshot", {"container_id": sid})
+                text = text_of(killed)
+                assert killed.is_error and "did not stop on interrupt" in text and "variables are lost" in text, text
+                after = await bob.call_tool("run_python", {"container_id": sid, "code": "print('x' in dir(), open('kept.txt').read())"})
+                assert after.structured_content["stdout"] == "False yes\n", text_of(after)
+                # The session snapshots again.
+                again = await bob.call_tool("sandbox_snapshot", {"container_id": sid})
+                assert not again.is_error, text_of(again)
+
+
+BACKGROUND_SPIN = """
+import threading, time
+
+def spin():
+    while time.thread_time() < 5.0:
+        pass
+    open("/workspace/done", "w").close()
+
+threading.Thread(target=spin, daemon=True).start()
+print("started")
+"""
+
+
+async def test_cpu_a_thread_uses_after_its_call_returned_is_charged(team):
+    """Issue 33, item 8: a thread that goes on after run_python returned burns CPU between calls;
+    the engine measures the container's CPU time (its cgroup's) and the principal pays for it."""
+    with served(team, SANDBOX_QUOTA_CPU_SECONDS="3", SANDBOX_CPU_LIMIT="1", LOG_LEVEL="debug",
+                SANDBOX_SESSION_IDLE_TIMEOUT="40s") as server:
+        async with mcp_client(server.url, token=team["bob"]) as bob:
+            with anyio.fail_after(180):
+                sid = (await bob.call_tool("sandbox_initialize", {})).structured_content["container_id"]
+                started = await bob.call_tool("run_python", {"container_id": sid, "code": BACKGROUND_SPIN})
+                assert started.structured_content["stdout"] == "started\n", text_of(started)
+                # Wait for the thread through the file tools, which run no code and charge nothing.
+                while "done" not in text_of(await bob.call_tool("sandbox_list_files", {"container_id": sid})):
+                    await anyio.sleep(0.2)
+                # The end of a call measures the session's CPU in the background, as soon as the
+                # call lets go of the session (and the reaper does, periodically): the thread had
+                # finished, so any measurement after this call sees all of its CPU.
+                ran = await bob.call_tool("run_python", {"container_id": sid, "code": "print(1)"})
+                assert not ran.is_error, text_of(ran)
+                measured = len([line for line in server.log if "session CPU measured" in line])
+                while len([line for line in server.log if "session CPU measured" in line]) <= measured:
+                    await anyio.sleep(0.1)
+                # Two short calls charged well under 1 CPU-second; with the thread's 5 the quota
+                # of 3 is spent.
+                over = await bob.call_tool("run_python", {"container_id": sid, "code": "print(2)"})
+                assert over.is_error and "Over quota" in text_of(over), text_of(over)
+                used = int(text_of(over).split("has used ")[1].split(" ")[0])
+                assert used >= 3, text_of(over)

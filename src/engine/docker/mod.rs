@@ -9,6 +9,7 @@ pub mod image;
 mod listing;
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::container::LogOutput;
@@ -887,6 +888,26 @@ impl Backend for DockerBackend {
         Ok(memory
             .usage
             .map(|usage| usage.saturating_sub(inactive.unwrap_or(0))))
+    }
+
+    async fn cpu_usage(&self, id: &SandboxId) -> Result<Option<Duration>, BackendError> {
+        let docker = self.client().await?;
+        let options = bollard::query_parameters::StatsOptionsBuilder::default()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stats = docker.stats(&id.0, Some(options));
+        let Some(sample) = stats.next().await else {
+            return Ok(None);
+        };
+        // The cgroup's cpuacct usage, in nanoseconds (under gVisor its sandbox's processes).
+        Ok(sample
+            .map_err(|e| not_found_or(e, id))?
+            .cpu_stats
+            .and_then(|cpu| cpu.cpu_usage)
+            .and_then(|usage| usage.total_usage)
+            .filter(|&ns| ns > 0)
+            .map(Duration::from_nanos))
     }
 
     async fn limits_record(&self, id: &SandboxId) -> Result<LimitsRecord, BackendError> {

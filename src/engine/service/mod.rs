@@ -34,6 +34,7 @@ mod snapshots;
 pub use egress::{HostRequest, HostStatus};
 pub use snapshots::{Forked, Restored};
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,7 +57,7 @@ use super::prepared::Prepared;
 use super::protocol;
 use super::recycled::Recycled;
 use super::sandbox::{LiveOutputSink, Sandbox, Task};
-use super::sessions::Sessions;
+use super::sessions::{ClientId, Sessions};
 use super::whole_output;
 use super::EngineError;
 use crate::config::{glob_matches, Config, NetworkPolicy};
@@ -152,6 +153,9 @@ pub struct Engine {
     /// Cancelled at shutdown: what the engine does in the background for itself (the pool's
     /// starts, the runner's IPython installed at start-up) stops.
     closing: CancellationToken,
+    /// The CPU time principals' sessions used outside calls, measured and not yet taken for
+    /// their quotas (see `engine::sessions::CpuAccount`).
+    cpu_between_calls: Arc<std::sync::Mutex<HashMap<ClientId, Duration>>>,
 }
 
 /// Removes a sandbox and logs how long it took since `started` (`destroy_ms`).
@@ -189,6 +193,7 @@ impl Engine {
             snapshots: super::snapshots::SnapshotStore::new(&config.snapshots),
             egress: tokio::sync::Mutex::new(None),
             closing: CancellationToken::new(),
+            cpu_between_calls: Arc::default(),
             backend,
             config,
             owner: Owner::current(),

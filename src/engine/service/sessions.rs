@@ -1,6 +1,8 @@
 //! Sessions: start one, execute in it (one execution at a time, in order), add dependencies,
 //! stop it, list them, and end them when they expire, their client goes or their sandbox is lost.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,12 +10,13 @@ use tokio::sync::Mutex;
 
 use super::pip::CodePip;
 use super::{Engine, RunOptions};
-use crate::engine::backend::BackendError;
+use crate::engine::backend::{Backend, BackendError, SandboxId};
 use crate::engine::egress::SessionNetwork;
 use crate::engine::outcome::{DependencyReport, Execution};
 use crate::engine::sandbox::{Sandbox, Task};
 use crate::engine::sessions::{
-    session_run_dir, ClientId, Scope, Session, SessionDependencies, SessionInfo, Sessions,
+    session_run_dir, ClientId, CpuAccount, Scope, Session, SessionDependencies, SessionInfo,
+    Sessions,
 };
 use crate::engine::{deps, EngineError};
 
@@ -58,6 +61,19 @@ impl Engine {
             self.launch("session", &options, &requirements).await
         };
         self.pool_used();
+        // A principal's session: its container's CPU time now is what its calls start from.
+        let mut cpu = CpuAccount::default();
+        let measured = match &launched {
+            Ok((sandbox, _)) if scope.owner().is_some_and(|c| c.is_principal()) => {
+                Some(sandbox.id().clone())
+            }
+            _ => None,
+        };
+        if let Some(id) = measured {
+            if let Some(used) = cpu_usage(self.backend.as_ref(), &id).await {
+                cpu.measured(&id, used);
+            }
+        }
         let mut sessions = self.lock_sessions();
         sessions.starting -= 1;
         let (sandbox, report) = launched?;
@@ -87,6 +103,8 @@ impl Engine {
             dependencies: std::sync::Mutex::new(dependencies),
             pip_rate: Default::default(),
             history: std::sync::Mutex::default(),
+            cpu: std::sync::Mutex::new(cpu),
+            calls: AtomicU64::new(0),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)
@@ -165,6 +183,7 @@ impl Engine {
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
+        let began = call_begins(&session);
         let report = if requested.is_empty() {
             None
         } else {
@@ -201,8 +220,73 @@ impl Engine {
             self.keep_whole_output(Some(&mut sandbox), execution, &run_dir, options)
                 .await;
         }
+        self.call_ends(&session, &sandbox, began);
         session.touch();
         result
+    }
+
+    /// The CPU time `client`'s sessions used outside calls, measured since it was last taken:
+    /// what its quota charges besides its calls (`mcp::quotas`).
+    pub fn take_cpu_between_calls(&self, client: &ClientId) -> Duration {
+        self.cpu_between_calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(client)
+            .unwrap_or_default()
+    }
+
+    /// A call on a session that pays for its time (an execution, a snapshot, a restore) ends,
+    /// its sandbox still locked: its time × the CPUs is paid, and the session's CPU time is
+    /// measured once the call has let go of it, so that what its code goes on using after the
+    /// call is charged.
+    pub(super) fn call_ends(&self, session: &Arc<Session>, sandbox: &Sandbox, began: Instant) {
+        let charged = began.elapsed().mul_f64(self.config.limits.cpus.max(0.0));
+        session
+            .cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .call_paid(sandbox.id(), charged);
+        self.measure_between_calls(session);
+    }
+
+    /// Measures a principal's session's CPU time in the background, as soon as no call holds
+    /// it, and charges its client whatever its calls did not pay for.
+    fn measure_between_calls(&self, session: &Arc<Session>) {
+        if !session.client.as_ref().is_some_and(ClientId::is_principal) {
+            return;
+        }
+        let backend = self.backend.clone();
+        let ledger = self.cpu_between_calls.clone();
+        let session = session.clone();
+        self.background.spawn(async move {
+            let calls = {
+                let _idle = session.sandbox.lock().await;
+                session.calls.load(Ordering::SeqCst)
+            };
+            measure_cpu(backend.as_ref(), &ledger, &session, calls).await;
+        });
+    }
+
+    /// Measures a principal's session's CPU time before it ends, unless a call holds it (that
+    /// call's time is paid).
+    async fn measure_before_end(&self, session: &Session) {
+        if !session.client.as_ref().is_some_and(ClientId::is_principal) {
+            return;
+        }
+        let Ok(calls) = session
+            .sandbox
+            .try_lock()
+            .map(|_idle| session.calls.load(Ordering::SeqCst))
+        else {
+            return;
+        };
+        measure_cpu(
+            self.backend.as_ref(),
+            &self.cpu_between_calls,
+            session,
+            calls,
+        )
+        .await;
     }
 
     /// Adds requirements to a session's set: the union is installed (or found) as one set, which
@@ -245,6 +329,7 @@ impl Engine {
             .live
             .remove(&full)
             .ok_or_else(|| EngineError::UnknownSession(full.clone()))?;
+        self.measure_before_end(&session).await;
         // An execution in flight is interrupted by killing the sandbox; its caller gets an error.
         if let Err(e) = self.backend.destroy(&session.container()).await {
             tracing::warn!(sandbox = %full, "could not remove a stopped session: {e}");
@@ -359,11 +444,18 @@ impl Engine {
                 Err(_) => String::new(),
             };
             self.end_session(id, &format!("{reason}{saved}"));
+            self.measure_before_end(session).await;
             if let Err(e) = self.backend.destroy(&session.container()).await {
                 tracing::warn!(session = %id, "could not remove an expired session: {e}");
             }
         }
         self.expire_snapshots();
+        // The CPU principals' sessions use while no call comes is charged as it goes, not only
+        // at their next call or their end.
+        let live: Vec<Arc<Session>> = self.lock_sessions().live.values().cloned().collect();
+        for session in &live {
+            self.measure_between_calls(session);
+        }
         expired.len()
     }
 
@@ -441,5 +533,61 @@ impl Engine {
                 engine.reap_expired_sessions().await;
             }
         })
+    }
+}
+
+/// A call on a session that pays for its time begins (its sandbox locked): counted, so that a
+/// measurement it overlaps is not used; returns when.
+pub(super) fn call_begins(session: &Session) -> Instant {
+    session.calls.fetch_add(1, Ordering::SeqCst);
+    Instant::now()
+}
+
+/// The container's CPU time, as the engine measures it (bounded: a stuck engine measures
+/// nothing).
+async fn cpu_usage(backend: &dyn Backend, id: &SandboxId) -> Option<Duration> {
+    match tokio::time::timeout(MEASURE_LIMIT, backend.cpu_usage(id)).await {
+        Ok(Ok(used)) => used,
+        Ok(Err(e)) => {
+            tracing::debug!(sandbox = %id, "could not measure a session's CPU time: {e}");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// How long a measurement of a container's CPU time may take (the engine samples every second).
+const MEASURE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Measures a session's container and charges its client what its calls did not pay for, unless
+/// a call started (`calls` counted them before) or runs since: that call's time is paid by it.
+async fn measure_cpu(
+    backend: &dyn Backend,
+    ledger: &std::sync::Mutex<HashMap<ClientId, Duration>>,
+    session: &Session,
+    calls: u64,
+) {
+    let Some(client) = &session.client else {
+        return;
+    };
+    let container = session.container();
+    let Some(used) = cpu_usage(backend, &container).await else {
+        return;
+    };
+    if session.calls.load(Ordering::SeqCst) != calls || session.sandbox.try_lock().is_err() {
+        return;
+    }
+    let extra = session
+        .cpu
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .measured(&container, used);
+    tracing::debug!(sandbox = %container, extra_ms = extra.as_millis() as u64, "session CPU measured between calls");
+    if !extra.is_zero() {
+        *ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(client.clone())
+            .or_default() += extra;
     }
 }

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::sessions::call_begins;
 use super::{Engine, RunOptions};
+use crate::engine::error::{Work, WorkLost};
 use crate::engine::protocol::{NotSaved, RawRestoreReport, RawSnapshotReport};
 use crate::engine::sandbox::Sandbox;
 use crate::engine::sessions::{Scope, Session};
@@ -18,9 +20,6 @@ use crate::text::{quoted, truncate_chars};
 
 /// The largest piece of a snapshot one request carries (as the file tools' pieces).
 const PIECE: u64 = 1 << 20;
-/// How long the runner may take to make or unpack a snapshot (pickling a large array, packing
-/// many files): a runner that takes longer is treated as broken.
-const RUNNER_WORK_LIMIT: Duration = Duration::from_secs(300);
 /// Names (variables, modules) a report keeps, and the longest name and reason.
 const MAX_NAMES: usize = 1000;
 const MAX_NAME_CHARS: usize = 200;
@@ -114,9 +113,11 @@ impl Engine {
         let mut sandbox = session.sandbox.lock().await;
         session.touch();
         let _permit = self.permit().await;
+        let began = call_begins(&session);
         let mut saved = self
             .save_session(store, &session, &mut sandbox, &full, clean_name(name))
             .await;
+        self.call_ends(&session, &sandbox, began);
         self.end_if_lost(&full, &mut saved);
         session.touch();
         saved
@@ -133,7 +134,7 @@ impl Engine {
     ) -> Result<SnapshotMeta, EngineError> {
         let owner = session_owner(session);
         let writer = store.writer(&owner)?;
-        let (written, report) = self.copy_out(sandbox, writer).await?;
+        let (written, report) = self.copy_out(sandbox, writer, Work::Snapshot).await?;
         let meta = SnapshotMeta {
             id: String::new(),
             name,
@@ -157,13 +158,33 @@ impl Engine {
 
     /// Has the runner make a snapshot and copies it into `writer`, piece by piece; the runner's
     /// copy is discarded whatever happens.
+    ///
+    /// Making it runs the session's own code (its values' `__reduce__`): it is bounded by the
+    /// call's timeout (`SANDBOX_TIMEOUT`) as an execution is, and stopped as one is.
     async fn copy_out(
         &self,
         sandbox: &mut Sandbox,
         mut writer: SnapshotWriter,
+        work: Work,
     ) -> Result<(WrittenSnapshot, RawSnapshotReport), EngineError> {
         let max = self.config.snapshots.max_size;
-        let report = sandbox.snapshot(max, RUNNER_WORK_LIMIT).await?;
+        let report = match sandbox.snapshot(max, self.config.limits.timeout).await {
+            Ok(report) => report,
+            Err(EngineError::WorkTimedOut { timeout, lost, .. }) => {
+                if lost == WorkLost::Nothing {
+                    // The runner may have finished just as it was interrupted.
+                    if let Err(e) = sandbox.discard_snapshot().await {
+                        tracing::warn!("could not discard a snapshot stopped at its timeout: {e}");
+                    }
+                }
+                return Err(EngineError::WorkTimedOut {
+                    work,
+                    timeout,
+                    lost,
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let copied = async {
             if let Some(error) = &report.error {
                 return Err(EngineError::Snapshot(format!(
@@ -239,7 +260,10 @@ impl Engine {
             ..options.clone()
         };
         let id = self.create_session(scope, &options).await?;
-        let restored = self.restore_into(scope, &id, reader, &meta.id).await;
+        let timeout = options.timeout.unwrap_or(self.config.limits.timeout);
+        let restored = self
+            .restore_into(scope, &id, reader, &meta.id, (Work::Restore, timeout))
+            .await;
         match restored {
             Ok(restored) => Ok((id, restored)),
             Err(e) => {
@@ -257,12 +281,30 @@ impl Engine {
         &self,
         scope: Scope<'_>,
         id: &str,
-        mut reader: SnapshotReader,
+        reader: SnapshotReader,
         snapshot_id: &str,
+        (work, timeout): (Work, Duration),
     ) -> Result<Restored, EngineError> {
         let (_, session) = self.session(scope, id)?;
         let mut sandbox = session.sandbox.lock().await;
         let _permit = self.permit().await;
+        let began = call_begins(&session);
+        let restored = self
+            .unpack_into(&session, &mut sandbox, reader, snapshot_id, (work, timeout))
+            .await;
+        self.call_ends(&session, &sandbox, began);
+        restored
+    }
+
+    /// [`Engine::restore_into`]'s work, the session's sandbox locked.
+    async fn unpack_into(
+        &self,
+        session: &Session,
+        sandbox: &mut Sandbox,
+        mut reader: SnapshotReader,
+        snapshot_id: &str,
+        (work, timeout): (Work, Duration),
+    ) -> Result<Restored, EngineError> {
         let mut offset = 0u64;
         loop {
             let piece = reader.next_piece(PIECE as usize)?;
@@ -286,7 +328,19 @@ impl Engine {
         }
         // Nothing is unpacked before the bytes are known to be the ones recorded.
         reader.verify()?;
-        let report: RawRestoreReport = sandbox.restore(RUNNER_WORK_LIMIT).await?;
+        // Unpacking runs the snapshot's code (unpickling, imports), bounded as an execution is.
+        // Whatever stopping it cost, the caller stops this new session.
+        let report: RawRestoreReport = match sandbox.restore(timeout).await {
+            Ok(report) => report,
+            Err(EngineError::WorkTimedOut { timeout, .. }) => {
+                return Err(EngineError::WorkTimedOut {
+                    work,
+                    timeout,
+                    lost: WorkLost::NewSession,
+                })
+            }
+            Err(e) => return Err(e),
+        };
         if let Some(error) = report.error {
             return Err(EngineError::Snapshot(format!(
                 "the sandbox could not unpack it: {}",
@@ -315,7 +369,11 @@ impl Engine {
             let mut sandbox = session.sandbox.lock().await;
             session.touch();
             let _permit = self.permit().await;
-            let mut copied = self.copy_out(&mut sandbox, store.held_writer()?).await;
+            let began = call_begins(&session);
+            let mut copied = self
+                .copy_out(&mut sandbox, store.held_writer()?, Work::Fork)
+                .await;
+            self.call_ends(&session, &sandbox, began);
             self.end_if_lost(&full, &mut copied);
             let (written, report) = copied?;
             let dependencies = session.requirement_strings();
@@ -328,7 +386,11 @@ impl Engine {
         };
         let new_id = self.create_session(scope, &options).await?;
         let restored = match written.reader() {
-            Ok(reader) => self.restore_into(scope, &new_id, reader, "").await,
+            Ok(reader) => {
+                let timeout = self.config.limits.timeout;
+                self.restore_into(scope, &new_id, reader, "", (Work::Fork, timeout))
+                    .await
+            }
             Err(e) => Err(e),
         };
         drop(written);

@@ -41,6 +41,12 @@ impl SandboxServer {
                 self.engine.config().network.as_str()
             )));
         }
+        // A restore runs the snapshot's code (unpickling, imports): an execution.
+        let _running = match snapshot_id.as_ref().map(|_| self.start_execution()) {
+            Some(Err(over)) => return Err(over.into()),
+            Some(Ok(permit)) => permit,
+            None => None,
+        };
         let (mut options, notices) =
             self.options_for(&context, params.image, params.dependencies, false);
         options.consent = Some(crate::mcp::consent::ElicitingAsker::for_client(&context));

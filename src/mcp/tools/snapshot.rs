@@ -126,6 +126,8 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SnapshotParams>,
     ) -> Result<CallToolResult, ToolError> {
+        // Saving runs the session's own code (its values' `__reduce__`): an execution.
+        let _running = self.start_execution()?;
         let meta = self
             .engine
             .snapshot_session(self.scope(), &params.container_id, params.name)
@@ -161,6 +163,8 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<StopParams>,
     ) -> Result<CallToolResult, ToolError> {
+        // Copying out and restoring run the session's own code (pickling, unpickling).
+        let _running = self.start_execution()?;
         let slot = self.session_slot().await?;
         let forked = self
             .engine

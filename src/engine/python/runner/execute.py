@@ -109,6 +109,22 @@ class Executor:
         if self.executing and current_pid() == self.pid:
             raise KeyboardInterrupt
 
+    def interruptible(self, request, reply_type, work, clean):
+        """Host work that runs the session's own code (a snapshot's pickling runs its values'
+        __reduce__, a restore's unpickling and imports theirs): interrupted as an execution is when
+        the host's time for it, the call's timeout, is up. Interrupted, `clean` removes what it
+        left half-made and the reply says so."""
+        try:
+            self.executing = True
+            try:
+                return work()
+            finally:
+                self.executing = False
+        except KeyboardInterrupt:
+            clean()
+            self.kill_strays()
+            return {"type": reply_type, "id": request.get("id"), "error": "interrupted at the call's timeout"}
+
     def kill_strays(self):
         """After an interrupt: stop every other process the code started, and wait, briefly, until
         they are gone (reaped by pid 1 or by us), so the next execution starts clean. The budget

@@ -106,13 +106,19 @@ def main(start):
         elif request.get("op") == "write":
             protocol.send_frame(write_file(request))
         elif request.get("op") == "snapshot":
-            protocol.send_frame(snapshot.snapshot(request, executor.namespace, executor.hidden_names()))
+            protocol.send_frame(executor.interruptible(
+                request, "snapshot",
+                lambda: snapshot.snapshot(request, executor.namespace, executor.hidden_names()),
+                snapshot.remove_snapshot_quietly))
         elif request.get("op") == "snapshot_read":
             protocol.send_frame(snapshot.snapshot_read(request))
         elif request.get("op") == "restore_write":
             protocol.send_frame(snapshot.restore_write(request, protocol.read_raw_frame()))
         elif request.get("op") == "restore":
-            protocol.send_frame(snapshot.restore(request, executor.namespace, executor.hidden_names()))
+            protocol.send_frame(executor.interruptible(
+                request, "restored",
+                lambda: snapshot.restore(request, executor.namespace, executor.hidden_names()),
+                snapshot.remove_upload_quietly))
         elif request.get("op") == "snapshot_discard":
             protocol.send_frame(snapshot.discard(request))
         else:

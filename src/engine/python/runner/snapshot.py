@@ -486,6 +486,13 @@ def remove_snapshot_quietly():
         pass
 
 
+def remove_upload_quietly():
+    try:
+        remove_private(UPLOAD_NAME)
+    except (OSError, SnapshotError):
+        pass
+
+
 def snapshot_read(request):
     """The `snapshot_read` op: one piece of the snapshot file, as a "piece" reply: its JSON, a
     newline, then the bytes themselves (raw: base64 in JSON cost more than the rest of a
