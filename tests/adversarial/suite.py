@@ -872,6 +872,19 @@ def egress_only(ctx):
         raise Skip("an allowlist case: it runs in the --network allowlist pass")
 
 
+@contextlib.contextmanager
+def allowed_endpoint(ctx):
+    """An egress case's endpoint on the host: (its address, the endpoint, the allow entries that
+    let `allowed.test` reach it)."""
+    egress_only(ctx)
+    gateway = host_gateway()
+    endpoint = RecordingEndpoint(gateway)
+    try:
+        yield gateway, endpoint, f"allowed.test:{endpoint.port},{gateway}/32:{endpoint.port}"
+    finally:
+        endpoint.close()
+
+
 def egress_env(ctx, gateway, allow, **extra):
     """A server's settings for an egress case: the allowlist pass's, with these entries."""
     return {**ATTACK_ENV, **ctx.runtime_env, "SANDBOX_TIMEOUT": "60s", "SANDBOX_EGRESS_ALLOW": allow,
@@ -953,11 +966,7 @@ async def egress_sandbox_to_sandbox(ctx):
 
 @case("egress: one sandbox's connection flood does not cut off another's allowed request (item 2)", kind="attack-own-server")
 async def egress_connection_flood(ctx):
-    egress_only(ctx)
-    gateway = host_gateway()
-    endpoint = RecordingEndpoint(gateway)
-    try:
-        allow = f"allowed.test:{endpoint.port},{gateway}/32:{endpoint.port}"
+    with allowed_endpoint(ctx) as (gateway, endpoint, allow):
         async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
             flooder = await s.session()
             honest = await s.session()
@@ -1007,18 +1016,12 @@ async def egress_connection_flood(ctx):
             for cid in (flooder, honest):
                 await s.call("sandbox_stop", {"container_id": cid})
             await s.nothing_left()
-    finally:
-        endpoint.close()
 
 
 @case("egress: every request on a connection is judged, and Host cannot front another host (item 3)", kind="attack-own-server")
 async def egress_pipelined_and_fronted(ctx):
-    egress_only(ctx)
-    gateway = host_gateway()
-    endpoint = RecordingEndpoint(gateway)
-    try:
+    with allowed_endpoint(ctx) as (gateway, endpoint, allow):
         port = endpoint.port
-        allow = f"allowed.test:{port},{gateway}/32:{port}"
         async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
             code = RAW_PROXY + (
                 f"first = b'GET http://allowed.test:{port}/fronted HTTP/1.1\\r\\nHost: admin.internal.corp\\r\\n\\r\\n'\n"
@@ -1037,8 +1040,6 @@ async def egress_pipelined_and_fronted(ctx):
             check(("refused.test", "refused") in record and ("allowed.test", "reached") in record, f"{record}")
             await s.answers_normally()
             await s.nothing_left()
-    finally:
-        endpoint.close()
 
 
 @case("egress: one execution cannot flood the user with consent questions (item 4)", kind="attack-own-server")
@@ -1080,12 +1081,8 @@ async def egress_consent_flood(ctx):
 
 @case("egress: malformed requests answered at once, 1,100 refusals do not refuse an allowed name (item 5)", kind="attack-own-server")
 async def egress_malformed_and_many(ctx):
-    egress_only(ctx)
-    gateway = host_gateway()
-    endpoint = RecordingEndpoint(gateway)
-    try:
+    with allowed_endpoint(ctx) as (gateway, endpoint, allow):
         port = endpoint.port
-        allow = f"allowed.test:{port},{gateway}/32:{port}"
         async with server(ctx.binary, **egress_env(ctx, gateway, allow)) as s:
             code = RAW_PROXY + (
                 "print('port', statuses(exchange(b'CONNECT allowed.test:70000 HTTP/1.1\\r\\n\\r\\n', 20)))\n"
@@ -1105,8 +1102,6 @@ async def egress_malformed_and_many(ctx):
             check(len(reached) == 1, f"the allowed request in the record: {network}")
             await s.answers_normally()
             await s.nothing_left()
-    finally:
-        endpoint.close()
 
 
 # --- what a client names reaches the log and the metrics only escaped and bounded (issue 33) ----

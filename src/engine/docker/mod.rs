@@ -57,6 +57,23 @@ impl Default for DockerBackend {
 }
 
 impl DockerBackend {
+    /// One sample of a container's stats (`None` when the engine sent none).
+    async fn stats_sample(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<bollard::models::ContainerStatsResponse>, BackendError> {
+        let docker = self.client().await?;
+        let options = bollard::query_parameters::StatsOptionsBuilder::default()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stats = docker.stats(&id.0, Some(options));
+        match stats.next().await {
+            Some(sample) => sample.map(Some).map_err(|e| not_found_or(e, id)),
+            None => Ok(None),
+        }
+    }
+
     pub fn new() -> Self {
         DockerBackend {
             client: Mutex::new(None),
@@ -864,19 +881,10 @@ impl Backend for DockerBackend {
     }
 
     async fn memory_usage(&self, id: &SandboxId) -> Result<Option<u64>, BackendError> {
-        let docker = self.client().await?;
-        let options = bollard::query_parameters::StatsOptionsBuilder::default()
-            .stream(false)
-            .one_shot(true)
-            .build();
-        let mut stats = docker.stats(&id.0, Some(options));
-        let Some(sample) = stats.next().await else {
+        let Some(sample) = self.stats_sample(id).await? else {
             return Ok(None);
         };
-        let memory = sample
-            .map_err(|e| not_found_or(e, id))?
-            .memory_stats
-            .unwrap_or_default();
+        let memory = sample.memory_stats.unwrap_or_default();
         // As `docker stats` counts it: the cgroup's usage without page cache it may drop
         // (cgroup v2 `inactive_file`, v1 `total_inactive_file`). Tmpfs pages stay counted.
         let inactive = memory.stats.as_ref().and_then(|stats| {
@@ -891,18 +899,11 @@ impl Backend for DockerBackend {
     }
 
     async fn cpu_usage(&self, id: &SandboxId) -> Result<Option<Duration>, BackendError> {
-        let docker = self.client().await?;
-        let options = bollard::query_parameters::StatsOptionsBuilder::default()
-            .stream(false)
-            .one_shot(true)
-            .build();
-        let mut stats = docker.stats(&id.0, Some(options));
-        let Some(sample) = stats.next().await else {
+        let Some(sample) = self.stats_sample(id).await? else {
             return Ok(None);
         };
         // The cgroup's cpuacct usage, in nanoseconds (under gVisor its sandbox's processes).
         Ok(sample
-            .map_err(|e| not_found_or(e, id))?
             .cpu_stats
             .and_then(|cpu| cpu.cpu_usage)
             .and_then(|usage| usage.total_usage)
