@@ -187,7 +187,7 @@ pub fn squid_conf(config: &Config) -> String {
          coredump_dir none\n\
          cache_log stdio:/dev/stderr\n\
          debug_options ALL,1\n\
-         logformat pcs %master_xaction %>a %rm %>rd %>rP %>Hs %Ss %>st %<st %err_code %err_detail\n\
+         logformat pcs %master_xaction %>a %rm %>rd %>rP %>Hs %Ss %>st %<st %err_code %err_detail %<a\n\
          access_log stdio:/dev/stdout pcs\n\
          buffered_logs off\n\
          logfile_rotate 0\n\
@@ -197,6 +197,7 @@ pub fn squid_conf(config: &Config) -> String {
          error_directory {home}/errors\n\
          hosts_file {home}/hosts\n\
          dns_timeout 10 seconds\n\
+         negative_dns_ttl 1 minutes\n\
          connect_timeout 10 seconds\n\
          request_start_timeout 10 seconds\n\
          request_timeout 10 seconds\n\
@@ -308,6 +309,9 @@ mod tests {
         let private = conf.find("http_access allow pcs_tag_private").unwrap();
         assert!(forbidden < asked && asked < private, "{conf}");
         assert!(conf.trim_end().ends_with("http_access allow all"));
+        // A name's answer stays cached at least this long: the checks and the connection see the
+        // same addresses (DNS rebinding between the two finds the cache).
+        assert!(conf.contains("negative_dns_ttl 1 minutes\n"));
     }
 
     #[test]

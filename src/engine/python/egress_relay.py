@@ -153,16 +153,33 @@ def resolved(host):
         return []
 
 
+def connect_errno(address, port):
+    """Why a connection to the address Squid just failed to reach fails (Squid logs the errno of a
+    tunnel's failure, not of a plain request's): the address it tried, never a new lookup."""
+    try:
+        socket.create_connection((address, port), timeout=3).close()
+        return None
+    except socket.timeout:
+        return 110
+    except OSError as e:
+        return e.errno
+
+
 async def logged(line):
     """An access log line (see the `logformat` of the configuration)."""
     parts = line.decode("latin-1").split()
-    if len(parts) != 11:
+    if len(parts) != 12:
         return
-    conn, source, method, host, port, status, squid, from_client, to_client, error, detail = parts
+    conn, source, method, host, port, status, squid, from_client, to_client, error, detail, server = parts
     record = {"op": "logged", "conn": int(conn) if conn.isdigit() else None, "src": source,
               "method": field(method), "host": field(host), "port": number(port), "status": number(status),
               "squid": squid, "sent": number(from_client), "received": number(to_client),
               "error": None if error == "-" else error, "detail": None if detail == "-" else field(detail)}
+    if record["error"] == "ERR_CONNECT_FAIL" and not (record["detail"] or "").startswith("errno=") \
+            and server != "-" and record["port"]:
+        errno = await asyncio.get_running_loop().run_in_executor(None, connect_errno, server, record["port"])
+        if errno:
+            record["detail"] = "errno=%d" % errno
     if record["error"] == "ERR_PCS_ADDRESS":
         record["addresses"] = await asyncio.get_running_loop().run_in_executor(None, resolved, record["host"])
     if record["conn"] is not None:
@@ -214,8 +231,6 @@ async def control(squid):
             flushes.append((message.get("src"), message["flush"], loop.time() + CONF.get("flush_wait", 0.3)))
             answer_flushes()
             loop.call_later(CONF.get("flush_wait", 0.3) + 0.01, answer_flushes)
-        elif "forget" in message:
-            unlogged.pop(message["forget"], None)
 
 
 async def listening(squid, port):
