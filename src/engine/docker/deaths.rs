@@ -1,8 +1,14 @@
 //! How sandboxes the engine removed by itself ended. A sandbox is created with `AutoRemove`: once
 //! it ends (its supervisor exits, the kernel stops it for memory, someone kills it) the engine
-//! removes it, and with it the state an inspection would have shown. The engine's own `oom` and
-//! `die` events for the server's sandboxes are kept here, the latest [`KEPT`], so that a lost
-//! sandbox is still explained by the engine's record (out of memory, exit status), never guessed.
+//! removes it, and with it the state an inspection would have shown. The engine's own `oom`,
+//! `kill` and `die` events for the server's sandboxes are kept here, the latest [`KEPT`], so that
+//! a lost sandbox is still explained by the engine's record (out of memory, exit status).
+//!
+//! One gap in that record is filled by elimination: Docker 20.10 drops a sandbox's `oom` event
+//! when it processes it after the container's removal ("No such container" in its log), which
+//! happens under gVisor, whose whole sandbox the kernel stops. A sandbox that ended by SIGKILL
+//! with no `kill` asked of the engine (`docker kill`, `docker rm -f`, `docker stop`, an engine
+//! shutdown all say `kill` first) was stopped by the kernel: counted as out of memory.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -24,6 +30,8 @@ const OOM_TRAILS_BY: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub struct Deaths {
     seen: Mutex<VecDeque<(String, ExitInfo)>>,
+    /// Sandboxes someone asked the engine to kill (its `kill` events), the latest [`KEPT`].
+    killed: Mutex<VecDeque<String>>,
     watching: tokio::sync::OnceCell<()>,
     /// The time of the latest event seen (seconds): a stream that ended resumes from there, so
     /// nothing the engine said in between is missed.
@@ -56,7 +64,7 @@ impl Deaths {
             ("type".to_string(), vec!["container".to_string()]),
             (
                 "event".to_string(),
-                vec!["oom".to_string(), "die".to_string()],
+                vec!["oom".to_string(), "kill".to_string(), "die".to_string()],
             ),
             ("label".to_string(), vec![format!("{LABEL_MANAGED}=true")]),
         ]);
@@ -79,6 +87,10 @@ impl Deaths {
                 .as_ref()
                 .and_then(|a| a.get("exitCode"))
                 .and_then(|c| c.parse().ok());
+            if event.action.as_deref() == Some("kill") {
+                self.record_kill(&id);
+                continue;
+            }
             self.record(&id, event.action.as_deref() == Some("oom"), exit_code);
         }
     }
@@ -104,6 +116,24 @@ impl Deaths {
         }
     }
 
+    fn record_kill(&self, id: &str) {
+        let mut killed = self.killed.lock().unwrap_or_else(|p| p.into_inner());
+        if !killed.iter().any(|k| k == id) {
+            killed.push_back(id.to_string());
+            if killed.len() > KEPT {
+                killed.pop_front();
+            }
+        }
+    }
+
+    fn was_killed(&self, id: &str) -> bool {
+        self.killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|k| k == id)
+    }
+
     fn find(&self, id: &str) -> Option<ExitInfo> {
         self.lock()
             .iter()
@@ -118,7 +148,8 @@ impl Deaths {
         for _ in 0..10 {
             if let Some(mut info) = self.find(id).filter(|info| info.exit_code.is_some()) {
                 if info.exit_code == Some(137) && !info.oom_killed {
-                    info.oom_killed = self.out_of_memory(id).await;
+                    // No `kill` asked of the engine: the kernel's (see the module docs).
+                    info.oom_killed = self.out_of_memory(id).await || !self.was_killed(id);
                 }
                 return Some(info);
             }
@@ -173,10 +204,14 @@ mod tests {
             later.record("a", true, None);
         });
         assert!(deaths.of("a").await.is_some_and(|a| a.oom_killed));
+        deaths.record_kill("b");
         deaths.record("b", false, Some(137));
         assert!(
             !deaths.of("b").await.is_some_and(|b| b.oom_killed),
             "no oom: a plain kill"
         );
+        // SIGKILL that nobody asked the engine for, and no oom event (Docker dropped it).
+        deaths.record("c", false, Some(137));
+        assert!(deaths.of("c").await.is_some_and(|c| c.oom_killed));
     }
 }
