@@ -165,27 +165,62 @@ def connect_errno(address, port):
         return e.errno
 
 
-async def logged(line):
-    """An access log line (see the `logformat` of the configuration)."""
+# Lookups that explain a refusal or a failure (below) run beside the log, never in its way: Squid
+# writes its log into a pipe, and a relay that stopped reading it would stop Squid for everyone.
+# At most this many at once; beyond them a line goes as it is.
+MAX_EXPLAINING = 8
+explaining = [0]
+
+
+def parse(line):
+    """An access log line (see the `logformat` of the configuration), as the server reads it."""
     parts = line.decode("latin-1").split()
     if len(parts) != 12:
-        return
+        return None, None
     conn, source, method, host, port, status, squid, from_client, to_client, error, detail, server = parts
-    record = {"op": "logged", "conn": int(conn) if conn.isdigit() else None, "src": source,
-              "method": field(method), "host": field(host), "port": number(port), "status": number(status),
-              "squid": squid, "sent": number(from_client), "received": number(to_client),
-              "error": None if error == "-" else error, "detail": None if detail == "-" else field(detail)}
-    if record["error"] == "ERR_CONNECT_FAIL" and not (record["detail"] or "").startswith("errno=") \
-            and server != "-" and record["port"]:
-        errno = await asyncio.get_running_loop().run_in_executor(None, connect_errno, server, record["port"])
-        if errno:
-            record["detail"] = "errno=%d" % errno
+    return {"op": "logged", "conn": int(conn) if conn.isdigit() else None, "src": source,
+            "method": field(method), "host": field(host), "port": number(port), "status": number(status),
+            "squid": squid, "sent": number(from_client), "received": number(to_client),
+            "error": None if error == "-" else error, "detail": None if detail == "-" else field(detail)}, server
+
+
+def needs_explaining(record, server):
     if record["error"] == "ERR_PCS_ADDRESS":
-        record["addresses"] = await asyncio.get_running_loop().run_in_executor(None, resolved, record["host"])
+        return True
+    return (record["error"] == "ERR_CONNECT_FAIL" and not (record["detail"] or "").startswith("errno=")
+            and server != "-" and bool(record["port"]))
+
+
+async def explain(record, server):
+    loop = asyncio.get_running_loop()
+    try:
+        if record["error"] == "ERR_PCS_ADDRESS":
+            record["addresses"] = await loop.run_in_executor(None, resolved, record["host"])
+        else:
+            errno = await loop.run_in_executor(None, connect_errno, server, record["port"])
+            if errno:
+                record["detail"] = "errno=%d" % errno
+    finally:
+        explaining[0] -= 1
+        deliver(record)
+
+
+def deliver(record):
     if record["conn"] is not None:
-        unlogged.get(source, set()).discard(record["conn"])
+        unlogged.get(record["src"], set()).discard(record["conn"])
     send(record)
     answer_flushes()
+
+
+def logged(line):
+    record, server = parse(line)
+    if record is None:
+        return
+    if needs_explaining(record, server) and explaining[0] < MAX_EXPLAINING:
+        explaining[0] += 1
+        asyncio.ensure_future(explain(record, server))
+    else:
+        deliver(record)
 
 
 def answer_flushes(now=None):
@@ -200,11 +235,15 @@ def answer_flushes(now=None):
 
 async def read_log(stream):
     while True:
-        line = await stream.readline()
+        try:
+            line = await stream.readline()
+        except (ValueError, asyncio.LimitOverrunError):
+            # An overlong line is dropped (the reader skips it); the log goes on being read.
+            continue
         if not line:
             break
         if len(line) <= MAX_LINE:
-            await logged(line)
+            logged(line)
 
 
 async def control(squid):
