@@ -840,6 +840,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
             env: Vec::new(),
             maintenance: false,
             open_files: None,
+            user: None,
         };
         let dead = backend.create(&spec).await.expect("create");
         // And an installer's egress network it left.

@@ -17,6 +17,7 @@
 //! - [`egress`]: the grammar of `SANDBOX_EGRESS_ALLOW`/`SANDBOX_EGRESS_ASK` and the decisions
 //!   the code's egress proxy takes (`SANDBOX_NETWORK=allowlist`);
 //! - `validate`: the rules between settings (a workspace that fits in memory, ...);
+//! - `roots`: MCP roots' mode, allowed prefixes and HTTP mappings (`SANDBOX_ROOTS*`);
 //! - `paths`: the per-user default directories;
 //! - `error`: [`ConfigError`], which keeps the parser's own error as its source.
 
@@ -28,6 +29,7 @@ pub mod egress;
 mod error;
 mod parse;
 mod paths;
+mod roots;
 pub mod settings;
 mod validate;
 
@@ -35,6 +37,7 @@ pub use address::{normalize_origin, parse_host, parse_host_port, redact_url, url
 pub use egress::{EgressPolicy, EgressRules};
 pub use error::{ConfigError, ValueError};
 pub use parse::{glob_matches, parse_bytes, parse_duration};
+pub use roots::{RootMapping, RootsMode, RootsPolicy};
 pub use settings::{Setting, SETTINGS};
 
 use paths::{default_cache_dir, default_files_dir};
@@ -326,6 +329,8 @@ pub struct Config {
     pub deps: DependencyPolicy,
     /// Host directories mounted into every sandbox (`SANDBOX_MOUNTS`).
     pub mounts: Vec<OperatorMount>,
+    /// The client's MCP roots, mounted into its sandboxes (`SANDBOX_ROOTS*`).
+    pub roots: RootsPolicy,
     /// Images an agent may ask for besides `image` (glob patterns: `*` and `?`).
     pub allowed_images: Vec<String>,
     pub sessions: SessionPolicy,
@@ -409,6 +414,7 @@ impl Default for Config {
                 install_max_bytes: 2 << 30,
             },
             mounts: Vec::new(),
+            roots: paths::default_roots(),
             allowed_images: Vec::new(),
             sessions: SessionPolicy {
                 max_sessions: 10,

@@ -1,7 +1,8 @@
 //! Where the server keeps its state when no setting says: per-user directories under the XDG
 //! base directories (`XDG_CACHE_HOME`, `XDG_STATE_HOME`, else `HOME`). These variables are the
 //! user's environment, not settings of this program: they only place the defaults of
-//! `SANDBOX_CACHE_DIR`, `SANDBOX_FILES_DIR` and `SANDBOX_SNAPSHOT_DIR`, whose documented defaults name them.
+//! `SANDBOX_CACHE_DIR`, `SANDBOX_FILES_DIR` and `SANDBOX_SNAPSHOT_DIR`, and `SANDBOX_ROOTS_ALLOW`
+//! (`HOME`), whose documented defaults name them.
 
 use std::path::PathBuf;
 
@@ -44,4 +45,10 @@ pub(super) fn default_state_dir(name: &str) -> PathBuf {
                 .join(name)
         }
     }
+}
+
+/// MCP roots off, allowed under `$HOME` once turned on.
+pub(super) fn default_roots() -> super::RootsPolicy {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    super::RootsPolicy::from_home(home.as_deref())
 }

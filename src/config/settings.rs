@@ -19,6 +19,7 @@ use super::parse::{
     parse_duration_within, parse_hosts, parse_mounts, parse_requirement_sets, parse_token,
     parse_url,
 };
+use super::roots;
 use super::{
     Config, DownloadCache, HostPattern, JwksSource, NetworkPolicy, DEFAULT_IMAGE,
     MAX_OUTPUT_CEILING, MODEL_OUTPUT_RANGE, SSE_PING_INTERVAL,
@@ -797,6 +798,36 @@ pub const SANDBOX_MOUNTS: Setting = Setting {
     }),
 };
 
+pub const SANDBOX_ROOTS: Setting = Setting {
+    name: "SANDBOX_ROOTS",
+    default: Shown::Value("off"),
+    doc: "the client's MCP roots (the directories it opened or allowed) mounted into each new sandbox at `/mnt/roots/<name>`: `off`, `ro` (read-only) or `rw` (the code runs as the server's user, so what it writes there is that user's; refused when the server runs as root, under a rootless or user-namespaced engine, or with an engine on another machine). Over stdio the server asks the client for its roots; see docs/tools.md for what is refused",
+    read: Read::Value(|config, var, v| {
+        config.roots.mode = roots::parse_mode(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_ROOTS_ALLOW: Setting = Setting {
+    name: "SANDBOX_ROOTS_ALLOW",
+    default: Shown::Prose("the server's home directory (`HOME`)"),
+    doc: "comma-separated absolute directories a root must be inside (never one of them itself); a root elsewhere is refused",
+    read: Read::Value(|config, var, v| {
+        config.roots.allow = roots::parse_allow(var, v)?;
+        Ok(())
+    }),
+};
+
+pub const SANDBOX_ROOTS_MAP: Setting = Setting {
+    name: "SANDBOX_ROOTS_MAP",
+    default: Shown::Prose("none"),
+    doc: "over HTTP, roots are the client machine's paths: comma-separated `CLIENT_PATH=HOST_PATH` names the directory of this machine a client prefix stands for; without it HTTP clients' roots are refused",
+    read: Read::Value(|config, var, v| {
+        config.roots.map = roots::parse_map(var, v)?;
+        Ok(())
+    }),
+};
+
 // Dependencies.
 
 pub const SANDBOX_DEPS_VOLUME: Setting = Setting {
@@ -1386,6 +1417,9 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_RETURN_MAX_TOTAL,
     SANDBOX_RETURN_MAX_COUNT,
     SANDBOX_MOUNTS,
+    SANDBOX_ROOTS,
+    SANDBOX_ROOTS_ALLOW,
+    SANDBOX_ROOTS_MAP,
     SANDBOX_DEPS_VOLUME,
     SANDBOX_DEPS_CACHE_MAX,
     SANDBOX_DEPS_TIMEOUT,
@@ -1794,6 +1828,10 @@ mod tests {
         (
             "PCS_INSTALLER_ARGUMENTS",
             "set by the server in its installer sandbox, for the project's script there",
+        ),
+        (
+            "PCS_ROOTS_WRITABLE",
+            "set by the server in a code sandbox with writable roots, read by the runner there",
         ),
         (
             "PCS_MAINTENANCE_OPERATION",

@@ -647,3 +647,41 @@ fn egress_settings_need_the_allowlist_network() {
         assert_eq!(e.var, "SANDBOX_EGRESS_SUBNETS", "{bad}");
     }
 }
+
+#[test]
+fn roots_settings_parse_and_their_relations_hold() {
+    let on = config(&[("SANDBOX_ROOTS", "ro"), ("SANDBOX_ROOTS_ALLOW", "/srv/p")]).unwrap();
+    assert_eq!(on.roots.mode, super::RootsMode::ReadOnly);
+    assert_eq!(on.roots.allow, vec![std::path::PathBuf::from("/srv/p")]);
+    // The bounds of roots only mean something when roots are on.
+    let e = config(&[("SANDBOX_ROOTS_ALLOW", "/srv/p")]).unwrap_err();
+    assert_eq!(e.var, "SANDBOX_ROOTS_ALLOW");
+    let e = config(&[("SANDBOX_ROOTS_MAP", "/a=/b")]).unwrap_err();
+    assert_eq!(e.var, "SANDBOX_ROOTS_MAP");
+    // A remote engine cannot mount this machine's directories.
+    let e = config(&[
+        ("SANDBOX_ROOTS", "ro"),
+        ("DOCKER_HOST", "ssh://me@elsewhere"),
+    ])
+    .unwrap_err();
+    assert_eq!(e.var, "SANDBOX_ROOTS");
+    assert!(e.to_string().contains("another machine"), "{e}");
+
+    // rw as root is refused; as another user it is not.
+    let lookup = |name: &str| match name {
+        "SANDBOX_ROOTS" => Some("rw".to_string()),
+        _ => None,
+    };
+    let env = super::settings::Env(&lookup);
+    let mut rw = Config::default();
+    rw.roots.mode = super::RootsMode::ReadWrite;
+    rw.roots.allow = vec!["/home/me".into()];
+    let e = super::validate::roots(&rw, &env, 0).unwrap_err();
+    assert_eq!(e.var, "SANDBOX_ROOTS");
+    assert!(e.to_string().contains("root"), "{e}");
+    super::validate::roots(&rw, &env, 1000).unwrap();
+    // With nowhere allowed, nothing could be mounted: refused rather than silently empty.
+    rw.roots.allow.clear();
+    let e = super::validate::roots(&rw, &env, 1000).unwrap_err();
+    assert_eq!(e.var, "SANDBOX_ROOTS_ALLOW");
+}

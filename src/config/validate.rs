@@ -9,10 +9,10 @@ use super::settings::{
     SANDBOX_EGRESS_ALLOW, SANDBOX_EGRESS_ALLOW_ALL, SANDBOX_EGRESS_ASK, SANDBOX_EGRESS_RESOLVE,
     SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_RESOURCE_URL, SANDBOX_HTTP_TOKEN,
     SANDBOX_HTTP_TOKENS_FILE, SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK, SANDBOX_OAUTH_ISSUER,
-    SANDBOX_OAUTH_JWKS, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_SNAPSHOT_MAX_TOTAL,
-    SANDBOX_WORKSPACE_SIZE,
+    SANDBOX_OAUTH_JWKS, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_ROOTS,
+    SANDBOX_ROOTS_ALLOW, SANDBOX_ROOTS_MAP, SANDBOX_SNAPSHOT_MAX_TOTAL, SANDBOX_WORKSPACE_SIZE,
 };
-use super::{Config, NetworkPolicy, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
+use super::{Config, NetworkPolicy, RootsMode, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
 
 /// Settings that may not be given together, checked before any value is read (so the token file
 /// is not read when it would be refused anyway).
@@ -105,6 +105,8 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
 
     egress(config, env)?;
     oauth(config, env)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    roots(config, env, unsafe { libc::geteuid() })?;
 
     let deps = &config.deps;
     if deps.allow_source_builds {
@@ -122,6 +124,53 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
                  could read them; use wheels only, or an index without credentials",
             ));
         }
+    }
+    Ok(())
+}
+
+/// The roots settings: the others only when roots are on; not with an engine on another machine
+/// (a client's directories are this machine's); `rw` not as root (the code would write the
+/// user's files as root); somewhere to allow them.
+pub(super) fn roots(config: &Config, env: &Env, euid: u32) -> Result<(), ConfigError> {
+    let roots = &config.roots;
+    let mode = env.get(&SANDBOX_ROOTS).unwrap_or_default();
+    if !roots.mode.is_on() {
+        for setting in [&SANDBOX_ROOTS_ALLOW, &SANDBOX_ROOTS_MAP] {
+            if let Some(v) = env.get(setting) {
+                return Err(ConfigError::new(
+                    setting.name,
+                    v,
+                    "unset unless SANDBOX_ROOTS is ro or rw: it bounds the client's roots, which \
+                     are not mounted while SANDBOX_ROOTS is off",
+                ));
+            }
+        }
+        return Ok(());
+    }
+    if config.remote_engine {
+        return Err(ConfigError::new(
+            SANDBOX_ROOTS.name,
+            mode,
+            "off with an engine on another machine (DOCKER_HOST): the client's roots are \
+             directories of this machine, which that engine cannot mount",
+        ));
+    }
+    if roots.mode == RootsMode::ReadWrite && euid == 0 {
+        return Err(ConfigError::new(
+            SANDBOX_ROOTS.name,
+            mode,
+            "ro or off while the server runs as root: with rw the code writes the user's \
+             files as the server's user, and root's writes would land as root (run the \
+             server as the user whose files these are, or use SANDBOX_ROOTS=ro)",
+        ));
+    }
+    if roots.allow.is_empty() {
+        return Err(ConfigError::new(
+            SANDBOX_ROOTS_ALLOW.name,
+            env.get(&SANDBOX_ROOTS_ALLOW).unwrap_or_default(),
+            "at least one absolute directory roots may be inside (HOME is unset or not \
+             absolute, so there is no default), such as /home/me/projects",
+        ));
     }
     Ok(())
 }

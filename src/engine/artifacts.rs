@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use super::files_dir::{self, Retention};
 use super::outcome::{Artifact, Changes};
 use super::protocol::is_safe_relative_path;
+use super::roots::RootSet;
 use super::sandbox::{Sandbox, WorkspacePath};
 use super::EngineError;
 use crate::config::FilePolicy;
@@ -147,6 +148,58 @@ pub async fn collect(
     if changes.truncated {
         artifacts.push(Artifact::notice(format!(
             "more than {} workspace entries: changes beyond them were not tracked",
+            super::protocol::MAX_TRACKED_ENTRIES
+        )));
+    }
+    artifacts
+}
+
+/// What an execution changed in the client's writable roots: each file named where the sandbox
+/// and the host see it, never read (the host would have to follow the code's links to do so;
+/// the file is already where the user keeps it). Entries in no root of `roots` are dropped.
+pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
+    let Some(roots) = roots else {
+        return Vec::new();
+    };
+    let mut artifacts = Vec::new();
+    for changed in &changes.roots {
+        let (Some(root), entry) = (roots.named(&changed.root), &changed.entry) else {
+            continue;
+        };
+        if root.read_only || !is_safe_relative_path(&entry.path) {
+            continue;
+        }
+        let note = match entry.kind.as_str() {
+            "file" => format!(
+                "written in place in the user's root {} (on the host: not copied)",
+                root.container_path()
+            ),
+            "symlink" => "a symbolic link, in the user's root".to_string(),
+            _ => "a special file (FIFO, socket or device), in the user's root".to_string(),
+        };
+        artifacts.push(Artifact {
+            path: format!("{}/{}", root.container_path(), entry.path),
+            size: entry.size,
+            mime_type: if entry.kind == "file" {
+                mime_from_name(&entry.path).to_string()
+            } else {
+                String::new()
+            },
+            content: None,
+            saved_to: Some(root.host.join(&entry.path)),
+            note: Some(note),
+            figure: false,
+        });
+    }
+    if changes.roots_left_out > 0 {
+        artifacts.push(Artifact::notice(format!(
+            "{} more changed entries in the roots not listed",
+            changes.roots_left_out
+        )));
+    }
+    if changes.roots_truncated {
+        artifacts.push(Artifact::notice(format!(
+            "a root has more than {} entries: changes beyond them were not seen",
             super::protocol::MAX_TRACKED_ENTRIES
         )));
     }

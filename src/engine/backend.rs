@@ -57,6 +57,10 @@ pub struct SandboxSpec {
     pub maintenance: bool,
     /// The `nofile` limit instead of a sandbox's (the egress proxy: its connection caps).
     pub open_files: Option<u64>,
+    /// The `uid:gid` the sandbox runs as instead of [`paths::USER`]: the server's own, with
+    /// writable MCP roots (`SANDBOX_ROOTS=rw`), so what the code writes there is the user's.
+    /// Its workspace belongs to that user too.
+    pub user: Option<(u32, u32)>,
 }
 
 /// A named volume mounted into a sandbox.
@@ -210,6 +214,9 @@ pub struct BackendInfo {
     pub api_version: String,
     /// The daemon runs without root (rootless Docker or Podman).
     pub rootless: bool,
+    /// Containers' uids are mapped to others on the host (Docker's `userns-remap`): a file a
+    /// sandbox writes to a bind mount is not owned by the uid it ran as.
+    pub userns_remap: bool,
     /// `1` or `2`, when the engine says.
     pub cgroup_version: Option<String>,
     /// Runtimes registered with the engine, each with the arguments it was registered with.

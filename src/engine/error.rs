@@ -83,6 +83,9 @@ pub enum EngineError {
     MalformedSessionId(String),
     #[error("image {image} is not allowed; allowed: {allowed}")]
     ImageNotAllowed { image: String, allowed: String },
+    /// A client's root changed on the host between its listing and a sandbox's start.
+    #[error("{0}")]
+    RootChanged(String),
     #[error("the limit of {0} live sessions is reached; stop one with sandbox_stop first")]
     TooManySessions(usize),
     #[error("the code is {size} bytes, more than the {limit}-byte limit")]
@@ -195,6 +198,7 @@ impl EngineError {
                 | EngineError::SnapshotsOff
                 | EngineError::MalformedSessionId(_)
                 | EngineError::ImageNotAllowed { .. }
+                | EngineError::RootChanged(_)
                 | EngineError::TooManySessions(_)
                 | EngineError::CodeTooLarge { .. }
                 | EngineError::InvalidPath(_)

@@ -320,6 +320,7 @@ pub(super) fn installer_spec(base: &SandboxSpec, config: &Config, staging: &str)
     spec.env = Vec::new();
     spec.volumes = volumes;
     spec.mounts = mounts;
+    spec.user = None;
     spec.maintenance = false;
     spec
 }
@@ -340,6 +341,7 @@ pub(super) fn preparer_spec(base: &SandboxSpec, staging: &str) -> SandboxSpec {
         tmpfs_bytes: None,
     }];
     spec.mounts = Vec::new();
+    spec.user = None;
     spec.env = Vec::new();
     spec.maintenance = false;
     spec

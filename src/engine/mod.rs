@@ -15,6 +15,8 @@
 //! - [`pip`]: `pip` asked for by the code during an execution, bounded and handed to the caller.
 //! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set;
 //!   [`recycled`]: those a run used, emptied, kept for the same caller's next run.
+//! - [`roots`]: the client's MCP roots: which are mounted into its sandboxes, and why not the
+//!   others.
 //! - [`admission`]: how many sandboxes live and start at once, from the host's capacity; calls
 //!   beyond it wait in turn.
 //! - [`sessions`]: the registry of stateful sandboxes: found by id, owned by a client, ended with
@@ -49,6 +51,7 @@ pub mod prepared;
 pub mod progress;
 pub mod protocol;
 pub mod recycled;
+pub mod roots;
 pub mod runner_set;
 pub mod sandbox;
 pub mod service;

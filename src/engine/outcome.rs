@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use super::displays::{Discarded, Metadata, MimeBundle, Output, StreamName};
-use super::protocol::{ChangedEntry, RaisedException, RunnerResult};
+use super::protocol::{ChangedEntry, RaisedException, RootChangedEntry, RunnerResult};
 
 /// The outcome of one execution.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -61,6 +61,9 @@ pub struct Execution {
     /// A Python execution's count (`In [n]`) as the runner's shell counted it (in a session, as
     /// its history keeps it).
     pub execution_count: Option<u64>,
+    /// A session's roots (those it started with) are no longer its client's roots: new
+    /// sandboxes mount the new ones, this session keeps its own.
+    pub roots_stale: bool,
 }
 
 impl Execution {
@@ -83,6 +86,9 @@ impl Execution {
                 left_out: result.changed_left_out,
                 truncated: result.changed_truncated,
                 figures: result.figures,
+                roots: result.root_changed,
+                roots_left_out: result.root_changed_left_out,
+                roots_truncated: result.root_changed_truncated,
             },
             ..Default::default()
         }
@@ -102,6 +108,10 @@ pub struct Changes {
     pub truncated: bool,
     /// PNG images of matplotlib figures.
     pub figures: Vec<Vec<u8>>,
+    /// What changed in the client's writable roots: reported where it is, never copied.
+    pub roots: Vec<RootChangedEntry>,
+    pub roots_left_out: u64,
+    pub roots_truncated: bool,
 }
 
 /// One file an execution produced, and what became of it.

@@ -83,6 +83,7 @@ fn is_gvisor_name(name: &str) -> bool {
 /// Decides the runtimes, or refuses the engine.
 pub fn decide(config: &Config, engine: BackendInfo) -> Result<Platform, Refusal> {
     refuse_unenforced_limits(&engine)?;
+    refuse_unowned_roots(config, &engine)?;
     if engine.kind == EngineKind::Podman && config.network == NetworkPolicy::Allowlist {
         return Err(Refusal(format!(
             "refusing to start sandboxes: SANDBOX_NETWORK=allowlist is not supported on {} yet \
@@ -121,6 +122,28 @@ pub fn decide(config: &Config, engine: BackendInfo) -> Result<Platform, Refusal>
         code,
         installer,
     })
+}
+
+/// `SANDBOX_ROOTS=rw` runs the code as the server's uid so that what it writes to the user's
+/// directories is the user's: an engine that maps container uids to others (rootless, or
+/// `userns-remap`) would leave those files owned by someone else.
+fn refuse_unowned_roots(config: &Config, engine: &BackendInfo) -> Result<(), Refusal> {
+    if config.roots.mode != crate::config::RootsMode::ReadWrite {
+        return Ok(());
+    }
+    let mapping = if engine.rootless {
+        "runs rootless, so a sandbox's uids are mapped into the engine user's subordinate range"
+    } else if engine.userns_remap {
+        "remaps container uids (userns-remap)"
+    } else {
+        return Ok(());
+    };
+    Err(Refusal(format!(
+        "refusing to start sandboxes: SANDBOX_ROOTS=rw needs the files the code writes to the \
+         user's roots to be owned by the server's user, and {} {mapping}: they would be owned by \
+         another uid. Use SANDBOX_ROOTS=ro, or a rootful engine without user-namespace remapping",
+        engine.name
+    )))
 }
 
 fn refuse_unenforced_limits(engine: &BackendInfo) -> Result<(), Refusal> {
@@ -286,6 +309,7 @@ mod tests {
             version: "20.10".into(),
             api_version: "1.41".into(),
             rootless: false,
+            userns_remap: false,
             cgroup_version: Some("1".into()),
             runtimes: runtimes
                 .iter()
@@ -377,6 +401,25 @@ mod tests {
         };
         let refusal = decide(&gvisor_networked, engine(HERE)).expect_err("refused");
         assert!(refusal.0.contains("--network=none"), "{refusal}");
+    }
+
+    #[test]
+    fn writable_roots_need_the_engine_to_keep_uids() {
+        let mut rw = Config::default();
+        rw.roots.mode = crate::config::RootsMode::ReadWrite;
+        assert!(decide(&rw, engine(HERE)).is_ok());
+        let mut remapped = engine(HERE);
+        remapped.userns_remap = true;
+        let refusal = decide(&rw, remapped.clone()).expect_err("refused");
+        assert!(refusal.0.contains("SANDBOX_ROOTS=rw") && refusal.0.contains("userns-remap"));
+        let mut rootless = engine(HERE);
+        rootless.rootless = true;
+        rootless.cgroup_version = Some("2".into());
+        let refusal = decide(&rw, rootless).expect_err("refused");
+        assert!(refusal.0.contains("rootless"), "{refusal}");
+        // Read-only roots are read the same under any mapping.
+        rw.roots.mode = crate::config::RootsMode::ReadOnly;
+        assert!(decide(&rw, remapped).is_ok());
     }
 
     #[test]

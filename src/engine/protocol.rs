@@ -650,6 +650,16 @@ pub struct ChangedEntry {
     pub size: u64,
 }
 
+/// An entry an execution created or changed in one of the client's writable roots
+/// (`/mnt/roots/<root>/<path>`), as the runner reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RootChangedEntry {
+    /// The root's mount name.
+    pub root: String,
+    #[serde(flatten)]
+    pub entry: ChangedEntry,
+}
+
 /// Most entries a result may name, and the bytes of their paths: the runner counts the rest.
 pub const MAX_CHANGED_ENTRIES: usize = 1000;
 pub const MAX_CHANGED_PATH_BYTES: usize = 256 << 10;
@@ -687,6 +697,13 @@ pub struct RawResult {
     pub files_left_out: u64,
     #[serde(default)]
     pub files_truncated: bool,
+    /// The same, in the client's writable roots (`SANDBOX_ROOTS=rw`).
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_CHANGED_ENTRIES>")]
+    pub root_files: Vec<RootChangedEntry>,
+    #[serde(default)]
+    pub root_files_left_out: u64,
+    #[serde(default)]
+    pub root_files_truncated: bool,
     #[serde(default, deserialize_with = "at_most::<_, _, MAX_FIGURES>")]
     pub figures: Vec<String>,
     /// Displays, the last expression's value and the error, in order; each with the stream
@@ -729,6 +746,10 @@ pub struct RunnerResult {
     pub changed_left_out: u64,
     /// More entries changed than the runner tracks.
     pub changed_truncated: bool,
+    /// The same in the writable roots (root names and paths checked).
+    pub root_changed: Vec<RootChangedEntry>,
+    pub root_changed_left_out: u64,
+    pub root_changed_truncated: bool,
     /// PNG images of the matplotlib figures the code showed or left open.
     pub figures: Vec<Vec<u8>>,
     /// Everything the code showed, in order (nbformat v4 outputs), its clears and updates applied.
@@ -828,18 +849,23 @@ impl RawResult {
         }
         let mut changed = Vec::with_capacity(self.files.len());
         for entry in self.files {
-            let raw_ok = entry.path_bytes.as_deref().is_none_or(|raw| {
-                base64::engine::general_purpose::STANDARD
-                    .decode(raw)
-                    .is_ok_and(|bytes| is_safe_relative_path_bytes(&bytes))
-            });
-            if !is_safe_relative_path(&entry.path) || !raw_ok {
+            check_changed_path(&entry)?;
+            changed.push(entry);
+        }
+        let root_bytes: usize = self.root_files.iter().map(|f| f.entry.path.len()).sum();
+        if root_bytes > MAX_CHANGED_PATH_BYTES * 3 {
+            return Err(ProtocolError::Malformed(format!(
+                "{root_bytes} bytes of changed paths in roots"
+            )));
+        }
+        for entry in &self.root_files {
+            check_changed_path(&entry.entry)?;
+            if !is_safe_relative_path(&entry.root) || entry.root.contains('/') {
                 return Err(ProtocolError::Malformed(format!(
-                    "unsafe path {:?}",
-                    truncate_chars(&entry.path, 100)
+                    "unsafe root name {:?}",
+                    truncate_chars(&entry.root, 100)
                 )));
             }
-            changed.push(entry);
         }
         if self.figures.len() > MAX_FIGURES {
             return Err(ProtocolError::Malformed(format!(
@@ -881,9 +907,28 @@ impl RawResult {
             changed,
             changed_left_out: self.files_left_out,
             changed_truncated: self.files_truncated,
+            root_changed: self.root_files,
+            root_changed_left_out: self.root_files_left_out,
+            root_changed_truncated: self.root_files_truncated,
             figures,
         })
     }
+}
+
+/// A changed entry's path (and its raw bytes) stays inside the directory it was reported in.
+fn check_changed_path(entry: &ChangedEntry) -> Result<(), ProtocolError> {
+    let raw_ok = entry.path_bytes.as_deref().is_none_or(|raw| {
+        base64::engine::general_purpose::STANDARD
+            .decode(raw)
+            .is_ok_and(|bytes| is_safe_relative_path_bytes(&bytes))
+    });
+    if !is_safe_relative_path(&entry.path) || !raw_ok {
+        return Err(ProtocolError::Malformed(format!(
+            "unsafe path {:?}",
+            truncate_chars(&entry.path, 100)
+        )));
+    }
+    Ok(())
 }
 
 /// A path relative to the workspace that cannot leave it: `/`-separated normal components only.

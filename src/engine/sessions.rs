@@ -144,6 +144,8 @@ pub(crate) struct Session {
     /// Calls on it that measure their time (executions, snapshots), counted as they start: a
     /// measurement of its CPU that a call overlapped is not used.
     pub(super) calls: std::sync::atomic::AtomicU64,
+    /// The client's roots its sandbox mounts, as they were when it started (kept for good).
+    pub(super) roots: Option<Arc<super::roots::RootSet>>,
 }
 
 /// What one session's container has been paid for, so that the CPU its code uses outside calls

@@ -73,6 +73,7 @@ pub async fn doctor(mut config: Config) -> ExitCode {
             platform.code.why
         ),
     );
+    report.line(true, "roots", config.roots.summary());
     if platform.installer != platform.code {
         report.line(
             true,

@@ -119,6 +119,10 @@ impl DockerBackend {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let networked = spec.network != NetworkPolicy::None || spec.network_name.is_some();
+        let user = match spec.user {
+            Some((uid, gid)) => format!("{uid}:{gid}"),
+            None => paths::USER.to_string(),
+        };
 
         let mut mounts = vec![Mount {
             // An anonymous volume, removed with the container (remove with `v`), backed by a tmpfs
@@ -127,11 +131,13 @@ impl DockerBackend {
             // it lives as long as the container: runner restarts keep the files.
             target: Some(paths::WORKSPACE.to_string()),
             typ: Some(MountType::VOLUME),
-            volume_options: Some(tmpfs_volume(&labels, limits.workspace_bytes)),
+            volume_options: Some(tmpfs_volume(&labels, limits.workspace_bytes, &user)),
             ..Default::default()
         }];
         for volume in &spec.volumes {
-            let volume_options = volume.tmpfs_bytes.map(|bytes| tmpfs_volume(&labels, bytes));
+            let volume_options = volume
+                .tmpfs_bytes
+                .map(|bytes| tmpfs_volume(&labels, bytes, &user));
             mounts.push(Mount {
                 target: Some(volume.target.clone()),
                 source: Some(volume.name.clone()),
@@ -191,7 +197,7 @@ impl DockerBackend {
                 ),
             )
         } else {
-            (paths::USER.to_string(), None)
+            (user, None)
         };
         env.extend(spec.env.iter().cloned());
         let host_config = HostConfig {
@@ -349,7 +355,7 @@ impl std::fmt::Display for ConnectError {
 impl std::error::Error for ConnectError {}
 
 /// An anonymous local volume backed by a tmpfs of `bytes`, labelled like its sandbox.
-fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64) -> MountVolumeOptions {
+fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64, user: &str) -> MountVolumeOptions {
     MountVolumeOptions {
         labels: Some(labels.clone()),
         driver_config: Some(MountVolumeOptionsDriverConfig {
@@ -357,7 +363,7 @@ fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64) -> MountVolumeOpti
             options: Some(HashMap::from([
                 ("type".to_string(), "tmpfs".to_string()),
                 ("device".to_string(), "tmpfs".to_string()),
-                ("o".to_string(), workspace_mount_options(bytes)),
+                ("o".to_string(), workspace_mount_options(bytes, user)),
             ])),
         }),
         ..Default::default()
@@ -475,10 +481,10 @@ async fn remove_volumes(docker: &Docker, names: &[String]) {
 }
 
 /// Mount options of the workspace tmpfs: its size, an inode count in proportion (empty files cost
-/// memory too), owned by the sandbox user.
-fn workspace_mount_options(bytes: u64) -> String {
+/// memory too), owned by the sandbox's `uid:gid`.
+fn workspace_mount_options(bytes: u64, user: &str) -> String {
     let inodes = (bytes / 4096).max(1024);
-    let (uid, gid) = paths::USER.split_once(':').unwrap_or(("1000", "1000"));
+    let (uid, gid) = user.split_once(':').unwrap_or(("1000", "1000"));
     format!("size={bytes},nr_inodes={inodes},uid={uid},gid={gid},mode=0755,nosuid,nodev")
 }
 
@@ -558,6 +564,11 @@ fn describe_engine(
         .flatten()
         .any(|option| option.split(',').any(|part| part == "name=rootless"))
         || podman.as_ref().is_some_and(|p| p.rootless);
+    let userns_remap = info
+        .security_options
+        .iter()
+        .flatten()
+        .any(|option| option.split(',').any(|part| part == "name=userns"));
     let cgroup_version = info
         .cgroup_version
         .map(|v| v.to_string())
@@ -600,6 +611,7 @@ fn describe_engine(
         version: version_text,
         api_version: version.api_version.unwrap_or_default(),
         rootless,
+        userns_remap,
         cgroup_version,
         runtimes,
         default_runtime: info.default_runtime.filter(|r| !r.is_empty()),
@@ -1402,7 +1414,7 @@ mod tests {
                     Mount {
                         target: Some("/workspace".into()),
                         typ: Some(MountType::VOLUME),
-                        volume_options: Some(tmpfs_volume(&HashMap::new(), 4096)),
+                        volume_options: Some(tmpfs_volume(&HashMap::new(), 4096, paths::USER)),
                         ..Default::default()
                     },
                     Mount {

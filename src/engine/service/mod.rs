@@ -56,6 +56,7 @@ use super::pool::Pool;
 use super::prepared::Prepared;
 use super::protocol;
 use super::recycled::Recycled;
+use super::roots::{self, RootSet};
 use super::sandbox::{LiveOutputSink, Sandbox, Task};
 use super::sessions::{ClientId, Sessions};
 use super::whole_output;
@@ -97,6 +98,9 @@ pub struct RunOptions {
     /// The server's own work ahead of demand (the pool, prepared sandboxes): it never waits for
     /// a share of the capacity, and starts only when one is free.
     pub background: bool,
+    /// The client's MCP roots to mount into a sandbox this call starts (`SANDBOX_ROOTS`); a
+    /// session keeps those it started with.
+    pub roots: Option<Arc<RootSet>>,
 }
 
 impl RunOptions {
@@ -106,6 +110,21 @@ impl RunOptions {
             Some(owner) => format!("{owner}/{run}"),
             None => run,
         }
+    }
+
+    /// The roots a sandbox of this call mounts, when there are any.
+    pub(crate) fn mounted_roots(&self) -> Option<&Arc<RootSet>> {
+        self.roots.as_ref().filter(|roots| !roots.is_empty())
+    }
+
+    /// Who may be served a sandbox this call's run leaves: the caller, with the same roots
+    /// mounted (a sandbox's mounts are its own for good).
+    pub(crate) fn reuse_key(&self) -> Option<String> {
+        let key = self.reuse.as_deref()?;
+        Some(match self.mounted_roots() {
+            Some(roots) => format!("{key}\u{0}roots\u{0}{}", roots.key()),
+            None => key.to_string(),
+        })
     }
 
     fn report(&self, message: &str) {
@@ -156,6 +175,8 @@ pub struct Engine {
     /// The CPU time principals' sessions used outside calls, measured and not yet taken for
     /// their quotas (see `engine::sessions::CpuAccount`).
     cpu_between_calls: Arc<std::sync::Mutex<HashMap<ClientId, Duration>>>,
+    /// What a client's roots may never be (see `engine::roots`).
+    protected: roots::Protected,
 }
 
 /// Removes a sandbox and logs how long it took since `started` (`destroy_ms`).
@@ -194,6 +215,7 @@ impl Engine {
             egress: tokio::sync::Mutex::new(None),
             closing: CancellationToken::new(),
             cpu_between_calls: Arc::default(),
+            protected: roots::Protected::of(&config),
             backend,
             config,
             owner: Owner::current(),
@@ -212,6 +234,31 @@ impl Engine {
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// What a client's listing of roots comes to under the operator's policy (`via_http`: the
+    /// client is on another machine).
+    pub fn resolve_roots(&self, listed: &[roots::Listed], via_http: bool) -> RootSet {
+        RootSet::resolve(listed, &self.config.roots, &self.protected, via_http)
+    }
+
+    /// A code sandbox's spec with the call's roots mounted: checked again first (each must still
+    /// be the directory it was when listed). Mounted, the code runs as the server's user (unless
+    /// that is root, which only read-only roots allow; see `config::validate`), so it reads what
+    /// the user can and what it writes to a writable root is theirs.
+    fn with_roots(spec: &SandboxSpec, roots: &RootSet) -> Result<SandboxSpec, EngineError> {
+        roots.recheck().map_err(EngineError::RootChanged)?;
+        let mut spec = spec.clone();
+        spec.mounts.extend(roots.mounts());
+        // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        if uid != 0 {
+            spec.user = Some((uid, gid));
+        }
+        if let Some(names) = roots.writable_names() {
+            spec.env.push(format!("{}={names}", roots::WRITABLE_ENV));
+        }
+        Ok(spec)
     }
 
     /// The image a request may use: the configured one, or one the operator allowed.
@@ -503,6 +550,7 @@ impl Engine {
             env: Vec::new(),
             maintenance: false,
             open_files: None,
+            user: None,
         }
     }
 
@@ -517,8 +565,13 @@ impl Engine {
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
         let spec = self.base_spec(image, kind).await?;
-        if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
-            return Ok((sandbox, Some(report)));
+        // Sandboxes started ahead of time have no roots: a call with roots starts its own (or
+        // is served the one its last run with the same roots left).
+        let roots = options.mounted_roots();
+        if roots.is_none() {
+            if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
+                return Ok((sandbox, Some(report)));
+            }
         }
         let execute_next = kind == "ephemeral" && requirements.is_empty();
         if execute_next && spec.image == self.config.image {
@@ -531,13 +584,21 @@ impl Engine {
                 return Ok((sandbox, None));
             }
         }
-        let mut sandbox = match self.take_pooled(&spec.image, execute_next).await {
+        let pooled = match roots {
+            None => self.take_pooled(&spec.image, execute_next).await,
+            Some(_) => None,
+        };
+        let mut sandbox = match pooled {
             Some(sandbox) => sandbox,
             None => {
+                let code_spec = match roots {
+                    Some(roots) => Self::with_roots(&spec, roots)?,
+                    None => spec.clone(),
+                };
                 options.report(&format!("preparing image {}", spec.image));
                 self.backend.ensure_image(&spec.image).await?;
                 options.report("starting the sandbox");
-                self.launch_code_sandbox(&spec, options).await?
+                self.launch_code_sandbox(&code_spec, options).await?
             }
         };
         if requirements.is_empty() {
@@ -626,14 +687,24 @@ impl Engine {
         result
     }
 
-    /// Copies out, saves and selects the files an execution made.
-    async fn collect_files(&self, sandbox: &mut Sandbox, execution: &mut Execution, run_dir: &str) {
-        let changes = std::mem::take(&mut execution.changes);
+    /// Copies out, saves and selects the files an execution made; names those it wrote in the
+    /// client's writable `roots` (the sandbox's).
+    async fn collect_files(
+        &self,
+        sandbox: &mut Sandbox,
+        execution: &mut Execution,
+        run_dir: &str,
+        roots: Option<&RootSet>,
+    ) {
+        let mut changes = std::mem::take(&mut execution.changes);
+        let in_roots = artifacts::in_roots(&changes, roots);
+        changes.roots.clear();
         if changes.entries.is_empty()
             && changes.figures.is_empty()
             && !changes.truncated
             && changes.left_out == 0
         {
+            execution.files = in_roots;
             return;
         }
         execution.files = artifacts::collect(
@@ -646,6 +717,7 @@ impl Engine {
             },
         )
         .await;
+        execution.files.extend(in_roots);
     }
 
     /// Keeps the whole output of an execution whose reader sees only part of it: on the host, and

@@ -19,8 +19,8 @@ impl Engine {
     /// recycle is several times quicker than a start (under gVisor here ~0.3 s against ~2 s of
     /// CPU), and a caller's next call usually comes before its last sandbox is recycled.
     pub(super) async fn await_recycled(&self, options: &RunOptions) -> Option<Sandbox> {
-        let key = options.reuse.as_deref()?;
-        self.recycled.wait_for(key, RECYCLE_WAIT).await
+        let key = options.reuse_key()?;
+        self.recycled.wait_for(&key, RECYCLE_WAIT).await
     }
 
     /// Done with the sandbox of an ephemeral run: recycled in the background for the caller's
@@ -39,7 +39,7 @@ impl Engine {
         let usable = result
             .as_ref()
             .is_ok_and(|e| !e.state_lost && !e.workspace_lost && !e.out_of_memory);
-        let key = match &options.reuse {
+        let key = match options.reuse_key() {
             Some(key)
                 if self.config.recycle
                     && plain
@@ -48,7 +48,7 @@ impl Engine {
                     && sandbox.recycles() < MAX_USES
                     && !self.closing.is_cancelled() =>
             {
-                key.clone()
+                key
             }
             _ => return self.retire(sandbox),
         };

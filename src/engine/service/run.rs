@@ -100,7 +100,13 @@ impl Engine {
         if let Ok(execution) = &mut result {
             execution.dependencies = report;
             let run_dir = options.run_dir(ephemeral_run_dir());
-            self.collect_files(&mut sandbox, execution, &run_dir).await;
+            self.collect_files(
+                &mut sandbox,
+                execution,
+                &run_dir,
+                options.mounted_roots().map(|r| r.as_ref()),
+            )
+            .await;
             // The sandbox goes away with this call: the host keeps the only copy.
             self.keep_whole_output(None, execution, &run_dir, options)
                 .await;

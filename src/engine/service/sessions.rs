@@ -13,6 +13,7 @@ use super::{Engine, RunOptions};
 use crate::engine::backend::{Backend, BackendError, SandboxId};
 use crate::engine::egress::SessionNetwork;
 use crate::engine::outcome::{DependencyReport, Execution};
+use crate::engine::roots::RootSet;
 use crate::engine::sandbox::{Sandbox, Task};
 use crate::engine::sessions::{
     session_run_dir, ClientId, CpuAccount, Scope, Session, SessionDependencies, SessionInfo,
@@ -105,6 +106,7 @@ impl Engine {
             history: std::sync::Mutex::default(),
             cpu: std::sync::Mutex::new(cpu),
             calls: AtomicU64::new(0),
+            roots: options.mounted_roots().cloned(),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)
@@ -216,7 +218,11 @@ impl Engine {
             }
             execution.dependencies = report;
             let run_dir = options.run_dir(session_run_dir(sandbox.id()));
-            self.collect_files(&mut sandbox, execution, &run_dir).await;
+            self.collect_files(&mut sandbox, execution, &run_dir, session.roots.as_deref())
+                .await;
+            if let Some(current) = &options.roots {
+                execution.roots_stale = RootSet::key_of(session.roots.as_deref()) != current.key();
+            }
             self.keep_whole_output(Some(&mut sandbox), execution, &run_dir, options)
                 .await;
         }

@@ -314,6 +314,7 @@ impl Backend for FakeBackend {
             version: "0".into(),
             api_version: "0".into(),
             rootless: false,
+            userns_remap: false,
             cgroup_version: None,
             runtimes: BTreeMap::new(),
             default_runtime: None,

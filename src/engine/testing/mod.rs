@@ -56,6 +56,7 @@ pub fn spec() -> SandboxSpec {
         env: Vec::new(),
         maintenance: false,
         open_files: None,
+        user: None,
     }
 }
 

@@ -1,5 +1,9 @@
 # What an execution created or changed in the workspace, found by comparing two walks that never
-# follow links. The host copies the files out itself and checks everything again.
+# follow links. The host copies the files out itself and checks everything again. In the
+# client's writable roots (/mnt/roots/<name>, SANDBOX_ROOTS=rw), which are the user's own
+# directories and may be large, one walk after the code finds what changed while it ran (an
+# entry whose status changed since it started: the kernel sets that time, the code cannot set
+# it back); nothing of them is copied, the host names where they are.
 
 import os
 import stat
@@ -13,10 +17,16 @@ REPORT_LIMIT = 1000
 REPORT_PATH_BYTES = 256 << 10
 
 
-def snapshot():
-    """The workspace's entries, without following links: path -> (kind, size, mtime, inode).
-    Directories are opened one component at a time like open_in_workspace, so a directory the
-    code swaps for a link while it is walked is skipped, never listed from where the link points."""
+# The client's writable roots, by name (the host says which; see engine/roots.rs).
+ROOTS_MOUNT = "/mnt/roots"
+WRITABLE_ROOTS = [name for name in os.environ.get("PCS_ROOTS_WRITABLE", "").split(",") if name]
+
+
+def snapshot(top=WORKSPACE):
+    """The entries under `top` (the workspace), without following links: path -> (kind, size,
+    mtime, inode, ctime). Directories are opened one component at a time like open_in_workspace,
+    so a directory the code swaps for a link while it is walked is skipped, never listed from
+    where the link points."""
     entries = {}
     stack = [""]
     while stack:
@@ -25,14 +35,14 @@ def snapshot():
         try:
             if rel:
                 parts = os.fsencode(rel).split(b"/")
-                fd = open_in_workspace(parts, os.O_RDONLY | os.O_DIRECTORY)
+                fd = open_in_workspace(parts, os.O_RDONLY | os.O_DIRECTORY, top=top)
         except OSError:
             continue
         try:
             # The top by its path: a mount point, which the code cannot swap for a link, listed
             # in half the system calls of a listing through a descriptor (one walk before and one
             # after every execution; each call is dear under gVisor).
-            with os.scandir(WORKSPACE if fd is None else fd) as it:
+            with os.scandir(top if fd is None else fd) as it:
                 for entry in it:
                     if len(entries) >= TRACK_LIMIT:
                         return entries, True
@@ -44,7 +54,7 @@ def snapshot():
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(path)
                         continue
-                    entries[path] = (kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino)
+                    entries[path] = (kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         except OSError:
             pass
         finally:
@@ -77,3 +87,21 @@ def bounded(changed):
         path_bytes += size_of_path
         kept.append(entry)
     return kept, len(changed) - len(kept)
+
+
+def changed_in_roots(since_ns):
+    """What changed in the writable roots since `since_ns` (the wall clock as the code started):
+    [{"root", "path", "kind", "size"}], shallowest first, and whether a root had more entries than
+    are walked."""
+    changed = []
+    truncated = False
+    for name in WRITABLE_ROOTS:
+        entries, cut = snapshot(ROOTS_MOUNT + "/" + name)
+        truncated = truncated or cut
+        for path in sorted(entries, key=lambda p: (p.count("/"), p)):
+            kind, size, mtime, _, ctime = entries[path]
+            if max(mtime, ctime) >= since_ns:
+                entry = path_fields(path)
+                entry.update({"root": name, "kind": kind, "size": size})
+                changed.append(entry)
+    return changed, truncated

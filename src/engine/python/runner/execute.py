@@ -236,6 +236,8 @@ class Executor:
         exit_code = 0
         interrupted = False
         error = None
+        # A little before, for file systems whose times are coarser than the clock.
+        since_ns = time.time_ns() - 10_000_000
         started = time.monotonic()
         try:
             self.executing = True
@@ -293,6 +295,10 @@ class Executor:
         after, truncated = workspace_changes.snapshot()
         self.walked = None if truncated else after
         changed, left_out = workspace_changes.bounded(workspace_changes.changes(before, after))
+        in_roots, roots_truncated = [], False
+        if workspace_changes.WRITABLE_ROOTS:
+            in_roots, roots_truncated = workspace_changes.changed_in_roots(since_ns)
+        root_files, roots_left_out = workspace_changes.bounded(in_roots)
         return {
             "type": "result",
             "id": request.get("id"),
@@ -304,6 +310,9 @@ class Executor:
             "files": changed,
             "files_left_out": left_out,
             "files_truncated": truncated,
+            "root_files": root_files,
+            "root_files_left_out": roots_left_out,
+            "root_files_truncated": roots_truncated,
             "figures": [base64.b64encode(f).decode("ascii") for f in self.figures.take()],
             "outputs": self.outputs.items,
             "outputs_dropped": self.outputs.dropped,

@@ -84,12 +84,12 @@ def open_beneath(directory, name, flags, mode=0o644):
     return fd
 
 
-def open_in_workspace(parts, flags, mode=0o644, make_parents=False):
-    """Opens /workspace/<parts> without following any link on the way: each directory is opened
-    relative to the one before, and checked to be what its name held (see open_beneath), so a link
-    swapped in anywhere fails instead of leading out. Runs as the sandbox's user: what it cannot
-    open, it cannot hand out."""
-    directory = os.open(WORKSPACE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+def open_in_workspace(parts, flags, mode=0o644, make_parents=False, top=WORKSPACE):
+    """Opens /workspace/<parts> (or <top>/<parts>) without following any link on the way: each
+    directory is opened relative to the one before, and checked to be what its name held (see
+    open_beneath), so a link swapped in anywhere fails instead of leading out. Runs as the
+    sandbox's user: what it cannot open, it cannot hand out."""
+    directory = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in parts[:-1]:
             if make_parents:
