@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 
 use super::schema;
-use crate::config::{Config, NetworkPolicy};
+use crate::config::{Config, NetworkPolicy, RootsMode};
 use crate::text::{bytes, duration};
 
 /// The limits of one execution, as a sentence (descriptions and `sandbox_list`).
@@ -95,7 +95,20 @@ fn fragments(config: &Config) -> Vec<(&'static str, String)> {
         ),
         None => "Snapshots are turned off on this server.".to_string(),
     };
+    let roots = match config.roots.mode {
+        RootsMode::Off => String::new(),
+        RootsMode::ReadOnly => "The user's own directories (the client's MCP roots) are mounted \
+             read-only at /mnt/roots/<name> in each new sandbox (sandbox_initialize's result lists \
+             them; a session keeps those it started with)."
+            .to_string(),
+        RootsMode::ReadWrite => "The user's own directories (the client's MCP roots) are mounted \
+             read-write at /mnt/roots/<name> in each new sandbox (sandbox_initialize's result lists \
+             them; a session keeps those it started with): what the code writes there changes the \
+             user's files, and is listed in `files` with its place on the host."
+            .to_string(),
+    };
     vec![
+        ("roots", roots),
         ("snapshot_policy", snapshot_policy),
         ("limits", limits_line(config)),
         ("session_policy", session_policy),
@@ -143,7 +156,9 @@ pub fn describe<S>(router: &mut ToolRouter<S>, config: &Config) {
     let fragments = fragments(config);
     for route in router.map.values_mut() {
         if let Some(template) = route.attr.description.take() {
-            route.attr.description = Some(Cow::Owned(fill(&template, &fragments)));
+            // A fragment that is empty in this configuration (roots off) leaves no gap.
+            let filled = fill(&template, &fragments).replace("  ", " ");
+            route.attr.description = Some(Cow::Owned(filled.trim_end().to_string()));
         }
         schema::standardize(Arc::make_mut(&mut route.attr.input_schema));
         if let Some(output) = route.attr.output_schema.as_mut() {

@@ -48,6 +48,7 @@ mod prompts;
 mod quotas;
 mod render;
 pub mod resources;
+mod roots;
 mod running;
 mod schema;
 mod server;

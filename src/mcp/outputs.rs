@@ -22,11 +22,48 @@ pub struct ListFilesOutput {
     pub truncated: bool,
 }
 
+/// A client root the sandbox mounts (`SANDBOX_ROOTS`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RootOutput {
+    /// The mount point's name.
+    pub name: String,
+    /// Where the code sees it: `/mnt/roots/<name>`.
+    pub path: String,
+    /// The directory on the server's machine.
+    pub host_path: String,
+    pub read_only: bool,
+}
+
+impl RootOutput {
+    pub fn of(root: &crate::engine::roots::Root) -> RootOutput {
+        RootOutput {
+            name: root.name.clone(),
+            path: root.container_path(),
+            host_path: root.host.display().to_string(),
+            read_only: root.read_only,
+        }
+    }
+}
+
+/// A root the client listed that is not mounted, and why.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RefusedRootOutput {
+    pub uri: String,
+    pub reason: String,
+}
+
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct SessionOutput {
     /// The session's id: pass it to run_python, sandbox_exec and sandbox_stop.
     pub container_id: String,
     pub image: String,
+    /// The client's roots this session mounts, for as long as it lives (empty when
+    /// `SANDBOX_ROOTS` is off or the client lists none).
+    pub roots: Vec<RootOutput>,
+    /// Roots the client listed that are not mounted, and why: shown once, in the first result
+    /// after the client listed them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub roots_refused: Vec<RefusedRootOutput>,
     /// What came back from the snapshot, when the session started from one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restored: Option<RestoredOutput>,

@@ -75,6 +75,14 @@ pub struct ExecutionOutput {
     /// during this execution, one entry per host, port and outcome (absent in the other modes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<Vec<NetworkOutput>>,
+    /// In a session: the client's roots changed since the session started; it still mounts the
+    /// ones it started with (new sandboxes mount the new ones). Absent when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub roots_stale: bool,
+    /// Roots the client listed that are not mounted, and why: shown once, in the first result
+    /// after the client listed them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub roots_refused: Vec<super::outputs::RefusedRootOutput>,
 }
 
 /// Connections to one host and port that came to one outcome.
@@ -472,7 +480,13 @@ pub fn execution(
         .collect();
     // With displays or a last value, the streams come in order among them rather than first.
     let rich = execution.outputs_cleared || notebook::has_rich_outputs(&outputs);
-    let text = summary(execution, limits, &stdout, &stderr, &deliveries, rich);
+    let mut text = summary(execution, limits, &stdout, &stderr, &deliveries, rich);
+    if execution.roots_stale {
+        text.push_str(
+            "\nroots are stale: the client's roots changed since this session started; it still \
+             mounts the ones it started with (new sandboxes mount the new ones).",
+        );
+    }
     let output = ExecutionOutput {
         stdout,
         stderr,
@@ -520,6 +534,8 @@ pub fn execution(
             .network
             .as_ref()
             .map(|entries| entries.iter().map(NetworkOutput::of).collect()),
+        roots_stale: execution.roots_stale,
+        roots_refused: Vec::new(),
     };
     let mut content = vec![ContentBlock::text(text)];
     // Figures shown among the outputs are not attached a second time.

@@ -35,6 +35,7 @@ impl Running {
             config.cache_dir.join("pypi"),
             config.pypi_index_ttl,
         )?);
+        tracing::info!("roots: {}", config.roots.summary());
         let engine = Arc::new(Engine::with_docker(config));
         // Before anything starts: an invalid set stops start-up with the entry named.
         engine.preload_sets().map_err(ServeError::Preload)?;

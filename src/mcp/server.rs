@@ -15,7 +15,7 @@ use rmcp::model::{
     ReadResourceRequestParams, ReadResourceResponse, Reference, ServerCapabilities, ServerConfig,
     UpdateTaskParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
 use super::principals::{self, Principal};
@@ -41,6 +41,8 @@ pub struct SandboxServer {
     pub(super) quotas: Arc<Quotas>,
     /// The task stores (HTTP): a principal's long calls run as tasks (see `tasks`).
     pub(super) tasks: Option<Arc<Tasks>>,
+    /// The client's MCP roots, as it last listed them (`SANDBOX_ROOTS`).
+    pub(super) roots: Arc<super::roots::ClientRoots>,
 }
 
 /// A principal's call that counts as an execution: its permit (counted while it runs, charged
@@ -119,6 +121,7 @@ impl SandboxServer {
             log: Arc::default(),
             quotas,
             tasks: None,
+            roots: Arc::new(super::roots::ClientRoots::new()),
         }
     }
 
@@ -256,9 +259,16 @@ impl ServerHandler for SandboxServer {
     /// Every tool call, through the router, passes the audit log and the metrics once.
     async fn call_tool(
         &self,
-        request: rmcp::model::CallToolRequestParams,
+        mut request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        // Under 2026-07-28 a call that needs the client's roots asks for them first.
+        if let Some(ask) =
+            self.roots
+                .ask_within_call(&self.engine, &mut request, &context, self.client.is_some())
+        {
+            return Ok(rmcp::model::CallToolResponse::InputRequired(ask));
+        }
         // A tool this server does not have is refused before anything counts its name.
         let audit = super::audit::begin(
             &self.tool_router,
@@ -276,6 +286,19 @@ impl ServerHandler for SandboxServer {
         let cancel = context.ct.clone();
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         audit.run(&cancel, self.tool_router.call(call)).await
+    }
+
+    /// The client is ready: its roots are asked for (when roots are on and it has them).
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        tracing::debug!("client initialized");
+        self.roots
+            .refresh(&self.engine, context.peer, self.client.is_some());
+    }
+
+    /// The client's roots changed: asked for again; new sandboxes mount the new ones.
+    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
+        self.roots
+            .refresh(&self.engine, context.peer, self.client.is_some());
     }
 
     fn get_info(&self) -> ServerConfig {

@@ -175,7 +175,7 @@ impl SandboxServer {
                 (None, _, _) => None,
             };
 
-        let (mut options, notices) = self.options_for(&context, None, None, true);
+        let (mut options, notices) = self.options_for(&context, None, None, true).await;
         options.timeout = timeout;
         let dependencies = params.dependencies.clone().unwrap_or_default();
         let (id, temporary) = match session {

@@ -25,7 +25,7 @@ impl SandboxServer {
                        would run a script, as an unprivileged user in /workspace, with Python 3.11 and \
                        its standard library. Returns stdout, stderr (with the traceback of an uncaught \
                        exception) and the exit status; a failure, non-zero exit or timeout is reported \
-                       as an error result. {files} {limits} {images}",
+                       as an error result. {files} {limits} {images} {roots}",
         output_schema = schema_for_output::<ExecutionOutput>(),
         annotations(read_only_hint = false, open_world_hint = false)
     )]
@@ -35,8 +35,9 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let _running = self.start_execution()?;
-        let (options, notices) =
-            self.options_for(&context, params.image, params.dependencies, true);
+        let (options, notices) = self
+            .options_for(&context, params.image, params.dependencies, true)
+            .await;
         let execution = self
             .engine
             .run_ephemeral(Task::Python(&params.code), &options)
@@ -52,7 +53,7 @@ impl SandboxServer {
                        imports and files in /workspace are still there on the next call. On timeout \
                        the code is interrupted (KeyboardInterrupt) and the session keeps its state; if \
                        the code cannot be interrupted or runs out of memory the interpreter restarts \
-                       and the result says state was lost. {files} {limits}",
+                       and the result says state was lost. {files} {limits} {roots}",
         output_schema = schema_for_output::<ExecutionOutput>()
     )]
     async fn run_python(
@@ -61,7 +62,9 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let _running = self.start_execution()?;
-        let (options, notices) = self.options_for(&context, None, params.dependencies, true);
+        let (options, notices) = self
+            .options_for(&context, None, params.dependencies, true)
+            .await;
         let task = Task::Python(&params.code);
         let result = self
             .in_session(&context, &params.container_id, task, &options)
@@ -74,7 +77,7 @@ impl SandboxServer {
         name = "sandbox_exec",
         description = "Run a shell command (/bin/sh -c) in a session's sandbox, in /workspace, as the \
                        same unprivileged user, e.g. `ls -la` or `python -m pip list`. Returns exit \
-                       code, stdout and stderr. {limits}",
+                       code, stdout and stderr. {limits} {roots}",
         output_schema = schema_for_output::<ExecutionOutput>()
     )]
     async fn sandbox_exec(
@@ -83,7 +86,7 @@ impl SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let _running = self.start_execution()?;
-        let (options, notices) = self.options_for(&context, None, None, true);
+        let (options, notices) = self.options_for(&context, None, None, true).await;
         let task = Task::Shell(&params.command);
         let result = self
             .in_session(&context, &params.container_id, task, &options)
@@ -97,8 +100,9 @@ impl SandboxServer {
     /// Run options for one request: cancellation follows the client's `notifications/cancelled`;
     /// the steps of preparing the sandbox, and with `live` the code's output while it runs, go to
     /// the client as progress when it sent a progress token, and as `info` log messages when it
-    /// asked for them (see `notices`). The caller finishes the notices before it returns.
-    pub(super) fn options_for(
+    /// asked for them (see `notices`). The caller finishes the notices before it returns. A
+    /// sandbox the call starts mounts the client's roots as they are now (`SANDBOX_ROOTS`).
+    pub(super) async fn options_for(
         &self,
         context: &RequestContext<RoleServer>,
         image: Option<String>,
@@ -125,6 +129,10 @@ impl SandboxServer {
             consent: None,
             files_owner: self.principal().map(|p| p.files_dir_name()),
             reuse: Some(self.reuse_key()),
+            roots: self
+                .roots
+                .for_call(&self.engine, context, self.client.is_some())
+                .await,
             ..RunOptions::default()
         };
         (options, notices)
@@ -148,12 +156,14 @@ impl SandboxServer {
             self.log.for_request(context).warning(lost);
         }
         let config = self.engine.config();
-        render::execution(
+        let mut result = render::execution(
             execution,
             &config.limits,
             container_id,
             config.files.return_max_file_bytes,
-        )
+        );
+        crate::mcp::roots::show_refusals(&mut result, &self.roots.take_refusals());
+        result
     }
 
     /// Runs a task in one of this client's sessions.

@@ -10,7 +10,7 @@ use crate::config::NetworkPolicy;
 use crate::mcp::descriptions::limits_line;
 use crate::mcp::outcome::{structured, ToolError};
 use crate::mcp::outputs::{
-    HostOutput, LimitsOutput, ListOutput, SessionEntry, SessionOutput, StopOutput,
+    HostOutput, LimitsOutput, ListOutput, RootOutput, SessionEntry, SessionOutput, StopOutput,
 };
 use crate::mcp::params::{InitializeParams, StopParams};
 use crate::mcp::SandboxServer;
@@ -24,7 +24,7 @@ impl SandboxServer {
                        like a notebook. `dependencies` (as run_python's) are importable from the \
                        first call. `snapshot_id` (from sandbox_snapshot) starts it from a snapshot: \
                        its files, saved variables and dependencies come back. Call sandbox_stop when \
-                       done. {session_policy} {images}",
+                       done. {session_policy} {images} {roots}",
         output_schema = schema_for_output::<SessionOutput>()
     )]
     async fn sandbox_initialize(
@@ -47,8 +47,9 @@ impl SandboxServer {
             Some(Ok(permit)) => permit,
             None => None,
         };
-        let (mut options, notices) =
-            self.options_for(&context, params.image, params.dependencies, false);
+        let (mut options, notices) = self
+            .options_for(&context, params.image, params.dependencies, false)
+            .await;
         options.consent = Some(crate::mcp::consent::ElicitingAsker::for_client(&context));
         let slot = match self.session_slot().await {
             Ok(slot) => slot,
@@ -102,6 +103,22 @@ impl SandboxServer {
             }
             None => {}
         }
+        let roots: Vec<RootOutput> = options
+            .mounted_roots()
+            .map(|set| set.roots.iter().map(RootOutput::of).collect())
+            .unwrap_or_default();
+        for root in &roots {
+            text.push_str(&format!(
+                "\nroot: {} = {} ({})",
+                root.path,
+                root.host_path,
+                if root.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                }
+            ));
+        }
         for host in network.iter().flatten() {
             text.push_str(&format!(
                 "\nnetwork: {}:{} {}",
@@ -113,11 +130,13 @@ impl SandboxServer {
                 text.push_str(&format!(" ({reason})"));
             }
         }
-        Ok(structured(
+        let mut result = structured(
             text,
             &SessionOutput {
                 container_id: id,
                 image,
+                roots,
+                roots_refused: Vec::new(),
                 restored: restored.map(super::snapshot::restored_output),
                 network: network.map(|hosts| {
                     hosts
@@ -131,7 +150,9 @@ impl SandboxServer {
                         .collect()
                 }),
             },
-        ))
+        );
+        crate::mcp::roots::show_refusals(&mut result, &self.roots.take_refusals());
+        Ok(result)
     }
 
     #[tool(
