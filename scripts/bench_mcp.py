@@ -1,9 +1,13 @@
 """Latency through the official MCP Python SDK over stdio, as an agent's client sees it.
 
     .cache/venv-mcp/bin/python scripts/bench_mcp.py [--runs 20] [--bin target/release/python-code-sandbox]
+        [--deps] [--roots DIR]
 
-Prints p50/p95 of `run_python_ephemeral` hello and of session `run_python` hello. A benchmark, not
-a test: nothing here asserts on time.
+Prints p50/p95 of `run_python_ephemeral` hello, of `sandbox_initialize` (each session stopped
+before the next starts) and of session `run_python` hello. `--roots DIR`: the same with
+SANDBOX_ROOTS=ro and the client listing DIR as its one root (a sandbox with roots is started for
+its call, not taken from the pool; DIR must be inside the server's SANDBOX_ROOTS_ALLOW, by default
+its HOME). A benchmark, not a test: nothing here asserts on time.
 """
 
 import argparse
@@ -13,7 +17,7 @@ import os
 import statistics
 import time
 
-from mcp import Client, StdioServerParameters
+from mcp import Client, StdioServerParameters, types
 
 
 def percentile(samples, p):
@@ -27,14 +31,25 @@ async def main():
     parser.add_argument("--bin", default="target/release/python-code-sandbox")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--deps", action="store_true", help="also measure run_python_ephemeral with numpy, first install and repeats")
+    parser.add_argument("--roots", metavar="DIR", help="with SANDBOX_ROOTS=ro and DIR listed as the client's root")
     args = parser.parse_args()
     env = {**os.environ, "LOG_LEVEL": "warn"}
+    client_options = {}
+    if args.roots:
+        env["SANDBOX_ROOTS"] = "ro"
+        uri = "file://" + os.path.abspath(args.roots)
+
+        async def list_roots(context):
+            return types.ListRootsResult(roots=[types.Root(uri=uri)])
+
+        # A client of a revision before 2026-07-28: asked once, in the background.
+        client_options = {"list_roots_callback": list_roots, "mode": "legacy"}
     if args.deps:
         # A cache of its own, and no download cache: the first run really installs.
         suffix = os.urandom(4).hex()
         env.update(SANDBOX_DEPS_VOLUME="pcs-bench-deps-" + suffix, ENABLE_PIP_CACHE="false")
     params = StdioServerParameters(command=os.path.abspath(args.bin), args=[], env=env)
-    async with Client(params, read_timeout_seconds=120) as client:
+    async with Client(params, read_timeout_seconds=120, **client_options) as client:
         hello = {"code": "print('hello')"}
         await client.call_tool("run_python_ephemeral", hello)  # warm-up: image check, page cache
         ephemeral = []
@@ -43,6 +58,16 @@ async def main():
             result = await client.call_tool("run_python_ephemeral", hello)
             ephemeral.append((time.perf_counter() - started) * 1000)
             assert result.structured_content["stdout"] == "hello\n", result
+        starts = []
+        for _ in range(max(3, args.runs // 4)):
+            # The pool refills between starts, as between an agent's sessions.
+            await asyncio.sleep(2)
+            started = time.perf_counter()
+            result = await client.call_tool("sandbox_initialize", {})
+            starts.append((time.perf_counter() - started) * 1000)
+            if args.roots:
+                assert len(result.structured_content["roots"]) == 1, result
+            await client.call_tool("sandbox_stop", {"container_id": result.structured_content["container_id"]})
         cid = (await client.call_tool("sandbox_initialize", {})).structured_content["container_id"]
         await client.call_tool("run_python", {"container_id": cid, **hello})
         session = []
@@ -52,7 +77,11 @@ async def main():
             session.append((time.perf_counter() - started) * 1000)
             assert result.structured_content["stdout"] == "hello\n", result
         await client.call_tool("sandbox_stop", {"container_id": cid})
-        rows = [("run_python_ephemeral hello", ephemeral), ("session run_python hello", session)]
+        rows = [
+            ("run_python_ephemeral hello", ephemeral),
+            ("sandbox_initialize", starts),
+            ("session run_python hello", session),
+        ]
         if args.deps:
             numpy = {"code": "import numpy\nprint(numpy.arange(3).sum())", "dependencies": ["numpy"]}
             started = time.perf_counter()
