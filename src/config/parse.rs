@@ -135,6 +135,8 @@ const RESERVED_MOUNT_PATHS: &[&str] = &[
     "/tmp",
     "/opt/deps",
     "/home/sandbox",
+    // The client's roots (`SANDBOX_ROOTS`); nor `/mnt` itself, which holds them.
+    "/mnt/roots",
 ];
 
 /// Comma-separated `HOST:CONTAINER[:ro|rw]`, read-only by default.
@@ -170,9 +172,10 @@ pub(super) fn parse_mounts(
             && container[1..]
                 .split('/')
                 .all(|c| !c.is_empty() && c != "." && c != "..");
-        let reserved = RESERVED_MOUNT_PATHS
-            .iter()
-            .any(|r| container == *r || (*r != "/" && container.starts_with(&format!("{r}/"))));
+        let reserved = container == "/mnt"
+            || RESERVED_MOUNT_PATHS
+                .iter()
+                .any(|r| container == *r || (*r != "/" && container.starts_with(&format!("{r}/"))));
         if !normal || reserved {
             return Err(error(
                 "absolute container paths outside the sandbox's own directories (/, /proc, /sys, /dev, /etc, /usr, /workspace, /tmp, ...), such as /data",

@@ -204,9 +204,14 @@ fn operator_mounts_parse_and_refuse_reserved_paths() {
         "/tmp:data",
         "/tmp:/data:xx",
         "/tmp:/a/../b",
+        "/tmp:/mnt",
+        "/tmp:/mnt/roots",
+        "/tmp:/mnt/roots/proj",
     ] {
         assert!(config(&[("SANDBOX_MOUNTS", bad)]).is_err(), "{bad}");
     }
+    let mnt = format!("{}:/mnt/data", tmp.display());
+    assert!(config(&[("SANDBOX_MOUNTS", &mnt)]).is_ok());
 }
 
 #[test]

@@ -26,6 +26,10 @@ pub const MOUNT_DIR: &str = "/mnt/roots";
 /// comma-separated), so it reports what the code changed in them.
 pub const WRITABLE_ENV: &str = "PCS_ROOTS_WRITABLE";
 
+/// Why an HTTP client's root that no `SANDBOX_ROOTS_MAP` entry covers is refused.
+pub const UNMAPPED: &str = "over HTTP a root is a path of the client's machine, and no \
+                            SANDBOX_ROOTS_MAP entry names a directory of this machine for it";
+
 /// The most roots one listing may mount; the rest are refused.
 pub const MAX_ROOTS: usize = 32;
 
@@ -316,11 +320,7 @@ fn mapped(path: PathBuf, via_http: bool, map: &[RootMapping]) -> Result<PathBuf,
             return Ok(mapping.host.join(rest));
         }
     }
-    Err(
-        "over HTTP a root is a path of the client's machine, and no SANDBOX_ROOTS_MAP entry \
-         names a directory of this machine for it"
-            .into(),
-    )
+    Err(UNMAPPED.into())
 }
 
 /// Whether `inner` is `outer` or inside it (component by component).

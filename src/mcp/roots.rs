@@ -20,7 +20,7 @@ use rmcp::service::Peer;
 use rmcp::RoleServer;
 use tokio::sync::watch;
 
-use crate::engine::roots::{shown, Listed, Refused, RootSet};
+use crate::engine::roots::{shown, Listed, Refused, RootSet, UNMAPPED};
 use crate::engine::Engine;
 
 /// How long a call waits for the client's first listing of roots.
@@ -77,8 +77,28 @@ impl ClientRoots {
         peer: Peer<RoleServer>,
         via_http: bool,
     ) {
-        if !expects_listing(engine, &peer, via_http, true) {
-            return;
+        match legacy(engine, &peer, via_http) {
+            Legacy::Asked => {}
+            Legacy::Unmapped => {
+                return self.replace(RootSet {
+                    roots: Vec::new(),
+                    refused: vec![Refused {
+                        uri: "(every root the client lists)".to_string(),
+                        reason: UNMAPPED.to_string(),
+                    }],
+                })
+            }
+            Legacy::No => {
+                let declared = peer
+                    .peer_info()
+                    .is_some_and(|info| info.capabilities.roots.is_some());
+                if engine.config().roots.mode.is_on() && !declared {
+                    tracing::info!(
+                        "roots: the client does not declare roots: its sandboxes mount none"
+                    );
+                }
+                return;
+            }
         }
         let roots = self.clone();
         let engine = engine.clone();
@@ -173,7 +193,7 @@ impl ClientRoots {
         if !engine.config().roots.mode.is_on() {
             return None;
         }
-        if expects_listing(engine, &context.peer, via_http, false) {
+        if legacy(engine, &context.peer, via_http) == Legacy::Asked {
             self.first_listing().await;
         }
         self.lock().current.clone()
@@ -191,37 +211,33 @@ impl ClientRoots {
     }
 }
 
-/// Whether a client over a connection of a legacy revision is (or will be) asked for its
-/// roots: they are on, it declared them, and its paths can mean something here. `tell`: say in
-/// the log why not.
-fn expects_listing(engine: &Engine, peer: &Peer<RoleServer>, via_http: bool, tell: bool) -> bool {
+/// What becomes of a client's roots over a connection of a legacy revision.
+#[derive(Debug, PartialEq, Eq)]
+enum Legacy {
+    /// Asked for (or to be): roots are on, the client declared them, its paths mean something.
+    Asked,
+    /// An HTTP client's roots, with no `SANDBOX_ROOTS_MAP` to say what they are here: all
+    /// refused, unasked.
+    Unmapped,
+    /// Not asked: roots off, the client has none, or it speaks 2026-07-28 (asked within each call).
+    No,
+}
+
+fn legacy(engine: &Engine, peer: &Peer<RoleServer>, via_http: bool) -> Legacy {
     let policy = &engine.config().roots;
-    if !policy.mode.is_on() {
-        return false;
-    }
     let Some(info) = peer.peer_info() else {
-        return false;
+        return Legacy::No;
     };
-    if info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28 {
-        // Asked within each call instead (`ask_within_call`).
-        return false;
-    }
-    if info.capabilities.roots.is_none() {
-        if tell {
-            tracing::info!("roots: the client does not declare roots: its sandboxes mount none");
-        }
-        return false;
+    if !policy.mode.is_on()
+        || info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+        || info.capabilities.roots.is_none()
+    {
+        return Legacy::No;
     }
     if via_http && policy.map.is_empty() {
-        if tell {
-            tracing::info!(
-                "roots: an HTTP client's roots are paths of its machine, and no SANDBOX_ROOTS_MAP \
-                 names this machine's for them: none mounted"
-            );
-        }
-        return false;
+        return Legacy::Unmapped;
     }
-    true
+    Legacy::Asked
 }
 
 /// Shows `refused` in a tool result: a line each in its text, and `roots_refused` in its

@@ -377,3 +377,48 @@ async def test_a_write_to_a_writable_root_lands_on_the_host_owned_by_the_server_
             assert not stat.S_ISLNK(st.st_mode)
     finally:
         tree.remove()
+
+
+@contextlib.asynccontextmanager
+async def http_client_of(url, listing):
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from test_http import TOKEN
+
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        async with Client(
+            streamable_http_client(url, http_client=http), read_timeout_seconds=180, list_roots_callback=listing
+        ) as client:
+            yield client
+
+
+@pytest.mark.anyio
+async def test_over_http_roots_are_another_machines_paths_refused_unless_mapped(tree):
+    from test_http import TOKEN, http_server
+
+    project = tree.mkdir("home/src/proj")
+    tree.write("home/src/proj/data.csv", "mapped\n")
+    # The client's own paths: they exist on its machine, not necessarily here.
+    listing = Listing(types.Root(uri="file:///client/src/proj"), types.Root(uri="file:///client/other"))
+    env = tree.env("ro", SANDBOX_HTTP_TOKEN=TOKEN)
+    with http_server(**env) as server:
+        async with http_client_of(server.url, listing) as client:
+            started = await client.call_tool("sandbox_initialize", {})
+            assert started.structured_content["roots"] == []
+            [refused] = refused_of(started)
+            assert "SANDBOX_ROOTS_MAP" in refused["reason"], refused
+            run = await ephemeral(client, "import os; print(os.path.exists('/mnt/roots'))")
+            assert run.structured_content["stdout"] == "False\n"
+        # Without a mapping the client is not even asked.
+        assert listing.asked == 0
+    with http_server(**env, SANDBOX_ROOTS_MAP="/client/src=" + tree.path("home/src")) as server:
+        async with http_client_of(server.url, listing) as client:
+            started = await client.call_tool("sandbox_initialize", {})
+            assert started.structured_content["roots"] == [
+                {"name": "proj", "path": "/mnt/roots/proj", "host_path": os.path.realpath(project), "read_only": True}
+            ]
+            refused = {r["uri"]: r["reason"] for r in refused_of(started)}
+            assert "SANDBOX_ROOTS_MAP" in refused["file:///client/other"], refused
+            run = await ephemeral(client, "print(open('/mnt/roots/proj/data.csv').read(), end='')")
+            assert run.structured_content["stdout"] == "mapped\n"
+        assert any("roots: /mnt/roots/proj = " in line for line in server.log), "".join(server.log)
