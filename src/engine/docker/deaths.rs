@@ -148,8 +148,7 @@ impl Deaths {
         for _ in 0..10 {
             if let Some(mut info) = self.find(id).filter(|info| info.exit_code.is_some()) {
                 if info.exit_code == Some(137) && !info.oom_killed {
-                    // No `kill` asked of the engine: the kernel's (see the module docs).
-                    info.oom_killed = self.out_of_memory(id).await || !self.was_killed(id);
+                    info.oom_killed = self.killed_by_kernel(id).await;
                 }
                 return Some(info);
             }
@@ -158,10 +157,19 @@ impl Deaths {
         None
     }
 
+    /// Whether the kernel stopped `id`, which ended by SIGKILL: the engine said so (an `oom`
+    /// event, waited for as [`Deaths::out_of_memory`] does), or nobody asked the engine to kill
+    /// it (the `oom` event Docker drops; see the module docs). Whether the sandbox was still
+    /// there to inspect or already removed: Docker drops the event when it processes it after
+    /// the removal, which can follow the inspection.
+    pub async fn killed_by_kernel(&self, id: &str) -> bool {
+        self.out_of_memory(id).await || !self.was_killed(id)
+    }
+
     /// Whether the engine said the kernel stopped `id` for memory, waiting up to
     /// [`OOM_TRAILS_BY`] for it: asked only of a sandbox that ended by SIGKILL, whose `oom` event
     /// may come after its exit (then its inspection does not show it either).
-    pub async fn out_of_memory(&self, id: &str) -> bool {
+    async fn out_of_memory(&self, id: &str) -> bool {
         let deadline = tokio::time::Instant::now() + OOM_TRAILS_BY;
         loop {
             if self.find(id).is_some_and(|info| info.oom_killed) {

@@ -970,9 +970,9 @@ impl Backend for DockerBackend {
         let running = state.running.unwrap_or(false);
         let mut oom_killed = state.oom_killed.unwrap_or(false);
         if sandbox && !running && !oom_killed && state.exit_code == Some(137) {
-            // The engine may record the kernel's memory kill after the exit (its events of the
-            // server's sandboxes are followed).
-            oom_killed = self.deaths.out_of_memory(&id.0).await;
+            // The engine may record the kernel's memory kill after the exit, or drop it (its
+            // events of the server's sandboxes are followed; see `deaths`).
+            oom_killed = self.deaths.killed_by_kernel(&id.0).await;
         }
         Ok(ExitInfo {
             running,
