@@ -136,23 +136,9 @@ fn resolved(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// A client's text, fit to show and log: bounded, control characters escaped.
+/// A client's text, fit to show and log: one line, bounded ([`crate::text::one_line`]).
 pub fn shown(text: &str) -> String {
-    let mut out: String = text
-        .chars()
-        .take(MAX_SHOWN)
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect();
-    if text.chars().count() > MAX_SHOWN {
-        out.push('…');
-    }
-    out
+    crate::text::one_line(text, MAX_SHOWN)
 }
 
 impl RootSet {
