@@ -329,6 +329,11 @@ fn judge(path: &Path, policy: &RootsPolicy, protected: &Protected) -> Result<Pat
     if !host.is_dir() {
         return Err("not a directory (only directories are mounted)".into());
     }
+    // The engine's API names a bind mount's source in UTF-8: another path would reach it
+    // changed, naming a directory that is missing or was never judged.
+    if host.to_str().is_none() {
+        return Err("its path is not UTF-8, which the engine cannot be given".into());
+    }
     if host == Path::new("/") {
         return Err("the whole file system (/)".into());
     }
@@ -431,6 +436,7 @@ fn unique(name: &str, taken: &[Root]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     /// A directory tree of its own, removed at the end.
     struct Tree(PathBuf);
@@ -563,6 +569,22 @@ mod tests {
         // A link is judged by where it leads.
         check("home/me/link", "SANDBOX_ROOTS_ALLOW");
         check("other", "SANDBOX_ROOTS_ALLOW");
+        // A directory whose name is not UTF-8 (a client can percent-encode any byte).
+        std::fs::create_dir(
+            tree.path("home/me")
+                .join(std::ffi::OsStr::from_bytes(b"caf\xe9")),
+        )
+        .unwrap();
+        let set = RootSet::resolve(
+            &[Listed {
+                uri: format!("file://{}/caf%E9", tree.path("home/me").display()),
+                name: None,
+            }],
+            &tree.policy(),
+            &tree.protected(),
+            false,
+        );
+        assert!(reason(&set).contains("not UTF-8"), "{set:?}");
         let protected = tree.protected();
         let one = |uri: &str| {
             let listed = [Listed {
