@@ -35,6 +35,27 @@ pub struct RootOutput {
 }
 
 impl RootOutput {
+    /// The roots a session mounts (none when `set` is `None`).
+    pub fn listed(set: Option<&crate::engine::roots::RootSet>) -> Vec<RootOutput> {
+        set.map(|set| set.roots.iter().map(RootOutput::of).collect())
+            .unwrap_or_default()
+    }
+
+    /// A text line each: `root: /mnt/roots/<name> = <host path> (read-only)`.
+    pub fn lines(roots: &[RootOutput]) -> String {
+        roots
+            .iter()
+            .map(|root| {
+                let access = if root.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                };
+                format!("\nroot: {} = {} ({access})", root.path, root.host_path)
+            })
+            .collect()
+    }
+
     pub fn of(root: &crate::engine::roots::Root) -> RootOutput {
         RootOutput {
             name: root.name.clone(),
@@ -155,6 +176,9 @@ pub struct ForkOutput {
     pub failed: Vec<NotSavedOutput>,
     pub modules: Vec<String>,
     pub dependencies: Vec<String>,
+    /// The roots the new session mounts: those of the session it was forked from, for as long
+    /// as it lives (empty when that session mounts none).
+    pub roots: Vec<RootOutput>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]

@@ -249,6 +249,17 @@ async def test_a_change_of_roots_reaches_new_sandboxes_and_marks_sessions_stale(
         assert "roots are stale" in text_of(result)
         exec_result = await client.call_tool("sandbox_exec", {"container_id": session, "command": "true"})
         assert exec_result.structured_content["roots_stale"] is True
+        # A fork is a copy of the session: it mounts what its source mounts, stale as that is.
+        forked = await client.call_tool("sandbox_fork", {"container_id": session})
+        assert forked.is_error is False, text_of(forked)
+        assert [r["name"] for r in forked.structured_content["roots"]] == ["first"]
+        assert f"root: /mnt/roots/first = {os.path.realpath(first)} (read-only)" in text_of(forked)
+        result = await client.call_tool(
+            "run_python",
+            {"container_id": forked.structured_content["container_id"], "code": "import os; print(sorted(os.listdir('/mnt/roots')))"},
+        )
+        assert result.structured_content["stdout"] == "['first']\n"
+        assert result.structured_content["roots_stale"] is True
         # A session started now is not stale.
         fresh = await client.call_tool("sandbox_initialize", {})
         fresh_id = fresh.structured_content["container_id"]

@@ -4,12 +4,14 @@
 //! engine's archive API cannot read a tmpfs under a read-only root) and are kept by the
 //! [`SnapshotStore`]; they are made and unpacked only inside sandboxes.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::sessions::call_begins;
 use super::{Engine, RunOptions};
 use crate::engine::error::{Work, WorkLost};
 use crate::engine::protocol::{NotSaved, RawRestoreReport, RawSnapshotReport};
+use crate::engine::roots::RootSet;
 use crate::engine::sandbox::Sandbox;
 use crate::engine::sessions::{Scope, Session};
 use crate::engine::snapshots::{
@@ -44,6 +46,8 @@ pub struct Restored {
 pub struct Forked {
     pub container_id: String,
     pub image: String,
+    /// The roots the new session mounts: its source's, rechecked before it started.
+    pub roots: Option<Arc<RootSet>>,
     /// What the source session could not hand over, and why.
     pub unsaved: Vec<NotSaved>,
     pub restored: Restored,
@@ -379,9 +383,12 @@ impl Engine {
             let dependencies = session.requirement_strings();
             (written, report, dependencies)
         };
+        // A copy of the session mounts what it mounts: the roots its source started with (its
+        // code names their paths), not the client's current ones.
         let options = RunOptions {
             image: Some(session.image.clone()),
             dependencies,
+            roots: session.roots.clone(),
             ..Default::default()
         };
         let new_id = self.create_session(scope, &options).await?;
@@ -398,6 +405,7 @@ impl Engine {
             Ok(restored) => Ok(Forked {
                 container_id: new_id,
                 image: session.image.clone(),
+                roots: session.roots.clone(),
                 unsaved: bounded_reasons(report.unsaved),
                 restored,
             }),

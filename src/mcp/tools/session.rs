@@ -103,22 +103,8 @@ impl SandboxServer {
             }
             None => {}
         }
-        let roots: Vec<RootOutput> = options
-            .mounted_roots()
-            .map(|set| set.roots.iter().map(RootOutput::of).collect())
-            .unwrap_or_default();
-        for root in &roots {
-            text.push_str(&format!(
-                "\nroot: {} = {} ({})",
-                root.path,
-                root.host_path,
-                if root.read_only {
-                    "read-only"
-                } else {
-                    "read-write"
-                }
-            ));
-        }
+        let roots = RootOutput::listed(options.mounted_roots().map(|set| set.as_ref()));
+        text.push_str(&RootOutput::lines(&roots));
         for host in network.iter().flatten() {
             text.push_str(&format!(
                 "\nnetwork: {}:{} {}",

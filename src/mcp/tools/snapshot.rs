@@ -11,8 +11,8 @@ use crate::engine::service::Restored;
 use crate::engine::snapshots::SnapshotMeta;
 use crate::mcp::outcome::{structured, ToolError};
 use crate::mcp::outputs::{
-    ForkOutput, RestoredOutput, SnapshotDeleteOutput, SnapshotEntry, SnapshotListOutput,
-    SnapshotOutput,
+    ForkOutput, RestoredOutput, RootOutput, SnapshotDeleteOutput, SnapshotEntry,
+    SnapshotListOutput, SnapshotOutput,
 };
 use crate::mcp::params::{SnapshotIdParams, SnapshotParams, StopParams};
 use crate::mcp::SandboxServer;
@@ -154,7 +154,8 @@ impl SandboxServer {
     #[tool(
         name = "sandbox_fork",
         description = "Start a new session as a copy of a live one: the same files, the variables \
-                       that can be saved (as sandbox_snapshot saves them) and the same dependencies. \
+                       that can be saved (as sandbox_snapshot saves them), the same dependencies and the \
+                       same roots of the client (/mnt/roots), those the original mounts. \
                        Use it to try two approaches from one state: each side then changes on its own. \
                        The original goes on untouched. Returns the new container_id.",
         output_schema = schema_for_output::<ForkOutput>()
@@ -176,6 +177,8 @@ impl SandboxServer {
             "Session forked.\ncontainer_id: {}\nforked from: {source}\nimage: {}",
             forked.container_id, forked.image
         );
+        let roots = RootOutput::listed(forked.roots.as_deref());
+        text.push_str(&RootOutput::lines(&roots));
         text.push_str(&restored_text(&forked.restored));
         text.push_str(&reasons_text("NOT copied", &forked.unsaved));
         let restored = restored_output(forked.restored);
@@ -192,6 +195,7 @@ impl SandboxServer {
                 failed: restored.failed,
                 modules: restored.modules,
                 dependencies: restored.dependencies,
+                roots,
             },
         ))
     }
