@@ -107,8 +107,15 @@ fn fragments(config: &Config) -> Vec<(&'static str, String)> {
              user's files, and is listed in `files` with its place on the host."
             .to_string(),
     };
+    let fork_roots = if config.roots.mode.is_on() {
+        "The copy mounts the roots the original mounts (/mnt/roots/<name>), not the client's \
+         current ones."
+    } else {
+        ""
+    };
     vec![
         ("roots", roots),
+        ("fork_roots", fork_roots.to_string()),
         ("snapshot_policy", snapshot_policy),
         ("limits", limits_line(config)),
         ("session_policy", session_policy),

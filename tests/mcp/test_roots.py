@@ -195,6 +195,7 @@ async def test_a_read_only_root_is_read_not_written_and_its_links_stay_inside(tr
         described = {t.name: t.description for t in tools.tools}
         assert "/mnt/roots/<name>" in described["run_python_ephemeral"]
         assert "read-only" in described["sandbox_initialize"]
+        assert "the roots the original mounts" in described["sandbox_fork"]
     assert not os.path.exists(os.path.join(project, "new.txt"))
 
 

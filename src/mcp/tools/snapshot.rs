@@ -154,10 +154,9 @@ impl SandboxServer {
     #[tool(
         name = "sandbox_fork",
         description = "Start a new session as a copy of a live one: the same files, the variables \
-                       that can be saved (as sandbox_snapshot saves them), the same dependencies and the \
-                       same roots of the client (/mnt/roots), those the original mounts. \
+                       that can be saved (as sandbox_snapshot saves them) and the same dependencies. \
                        Use it to try two approaches from one state: each side then changes on its own. \
-                       The original goes on untouched. Returns the new container_id.",
+                       The original goes on untouched. Returns the new container_id. {fork_roots}",
         output_schema = schema_for_output::<ForkOutput>()
     )]
     async fn sandbox_fork(
