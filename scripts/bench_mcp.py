@@ -5,9 +5,9 @@
 
 Prints p50/p95 of `run_python_ephemeral` hello, of `sandbox_initialize` (each session stopped
 before the next starts) and of session `run_python` hello. `--roots DIR`: the same with
-SANDBOX_ROOTS=ro and the client listing DIR as its one root (a sandbox with roots is started for
-its call, not taken from the pool; DIR must be inside the server's SANDBOX_ROOTS_ALLOW, by default
-its HOME). A benchmark, not a test: nothing here asserts on time.
+SANDBOX_ROOTS=ro and the client listing DIR as its one root (a sandbox with roots is prepared for
+them, as the pool's are; DIR must be inside the server's SANDBOX_ROOTS_ALLOW, by default its HOME).
+A benchmark, not a test: nothing here asserts on time.
 """
 
 import argparse

@@ -13,7 +13,7 @@
 //!   shared read-only cache; [`runner_set`]: the runner's own IPython, installed there once per
 //!   image.
 //! - [`pip`]: `pip` asked for by the code during an execution, bounded and handed to the caller.
-//! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set;
+//! - [`pool`]: sandboxes started ahead of time; [`prepared`]: those prepared per dependency set or client's roots;
 //!   [`recycled`]: those a run used, emptied, kept for the same caller's next run.
 //! - [`roots`]: the client's MCP roots: which are mounted into its sandboxes, and why not the
 //!   others.

@@ -11,6 +11,9 @@
 //! waiting one with what the engine measured of it. A sandbox is handed out once, for its set's
 //! key only; when a set leaves the cache its waiting sandboxes go, and one being prepared at that
 //! moment is refused when it arrives (the set's generation changed).
+//!
+//! A client's listing of roots is a set here too: learned when listed, with no requirements
+//! (the engine keeps what it mounts beside, under the same key).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -166,6 +169,16 @@ impl<T> Prepared<T> {
                     .map(|(_, bytes)| (e.requirements.clone(), *bytes))
             })
             .collect()
+    }
+
+    /// Whether the set under `key` is wanted now (configured, or learned and not yet forgotten).
+    pub fn knows(&self, key: &str) -> bool {
+        self.lock().sets.contains_key(key)
+    }
+
+    /// Sandboxes being prepared now for the set under `key`.
+    pub fn starting_for(&self, key: &str) -> usize {
+        self.lock().sets.get(key).map_or(0, |e| e.starting)
     }
 
     /// Sandboxes waiting now for the set under `key`.

@@ -208,6 +208,15 @@ impl RootSet {
         key
     }
 
+    /// A name for these mounts that is fit for a log field: `roots-` and 32 hex digits of
+    /// [`RootSet::key`]'s SHA-256 (the key holds host paths and NUL bytes).
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.key().as_bytes());
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("roots-{hex}")
+    }
+
     /// [`RootSet::key`] of what a sandbox mounts (`None`: no roots).
     pub fn key_of(roots: Option<&RootSet>) -> String {
         roots.map(RootSet::key).unwrap_or_default()

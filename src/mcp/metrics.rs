@@ -13,7 +13,7 @@
 //! | `sandbox_principal_tool_calls_total` | counter | `principal` (`anonymous` without one) |
 //! | `sandbox_startup_duration_seconds` | histogram | |
 //! | `sandbox_sessions_live` | gauge | |
-//! | `sandbox_pool_ready` | gauge | `set` (`default`: the plain pool; else the set's requirements) |
+//! | `sandbox_pool_ready` | gauge | `set` (`default`: the plain pool; `roots`: prepared for clients' roots; else the set's requirements) |
 //! | `sandbox_dependency_installs_total` | counter | |
 //! | `sandbox_dependency_cache_hits_total` | counter | |
 //! | `sandbox_copied_out_bytes_total` | counter | |
@@ -334,7 +334,12 @@ impl Metrics {
         let mut sets: BTreeMap<String, i64> = BTreeMap::new();
         sets.insert("default".to_string(), engine.pool_ready() as i64);
         for (requirements, _) in engine.prepared_sets() {
-            *sets.entry(requirements.join(" ")).or_default() += 1;
+            // A set without requirements is a client's roots (no host path in a label).
+            let set = match requirements.is_empty() {
+                true => "roots".to_string(),
+                false => requirements.join(" "),
+            };
+            *sets.entry(set).or_default() += 1;
         }
         self.pool_ready.clear();
         for (set, ready) in sets {

@@ -80,13 +80,17 @@ impl ClientRoots {
         match legacy(engine, &peer, via_http) {
             Legacy::Asked => {}
             Legacy::Unmapped => {
-                return self.replace(RootSet {
-                    roots: Vec::new(),
-                    refused: vec![Refused {
-                        uri: "(every root the client lists)".to_string(),
-                        reason: UNMAPPED.to_string(),
-                    }],
-                })
+                self.replace(
+                    engine,
+                    RootSet {
+                        roots: Vec::new(),
+                        refused: vec![Refused {
+                            uri: "(every root the client lists)".to_string(),
+                            reason: UNMAPPED.to_string(),
+                        }],
+                    },
+                );
+                return;
             }
             Legacy::No => {
                 let declared = peer
@@ -111,7 +115,7 @@ impl ClientRoots {
                     LISTING_TIMEOUT.as_secs()
                 )),
             };
-            roots.replace(set);
+            roots.replace(&engine, set);
         });
     }
 
@@ -160,25 +164,35 @@ impl ClientRoots {
             Ok(listed) => engine.resolve_roots(&listed, via_http),
             Err(reason) => unanswered(reason),
         };
-        self.replace(set);
+        self.replace(engine, set);
         None
     }
 
-    fn replace(&self, set: RootSet) {
-        {
+    /// Makes `set` the current listing; the engine prepares sandboxes with a new one.
+    fn replace(&self, engine: &Engine, set: RootSet) {
+        if let Some((old, new)) = self.swap(set) {
+            engine.roots_changed(old.as_deref(), &new);
+        }
+    }
+
+    /// Makes `set` the current listing; returns the last one and the new one when they differ.
+    fn swap(&self, set: RootSet) -> Option<(Option<Arc<RootSet>>, Arc<RootSet>)> {
+        let changed = {
             let mut state = self.lock();
             // The same listing again (a client that lists with every call) is news to nobody.
             let same = state
                 .current
                 .as_ref()
                 .is_some_and(|now| now.key() == set.key() && now.refused == set.refused);
-            if !same {
+            (!same).then(|| {
                 log(&set);
                 state.unshown = set.refused.clone();
-                state.current = Some(Arc::new(set));
-            }
-        }
+                let set = Arc::new(set);
+                (state.current.replace(set.clone()), set)
+            })
+        };
         self.answered.send_modify(|n| *n += 1);
+        changed
     }
 
     /// The roots a call's new sandbox mounts (`None`: roots are off or the client lists none),
@@ -360,15 +374,15 @@ mod tests {
                 roots.lock().current.clone()
             })
         };
-        roots.replace(unanswered("no answer".into()));
+        roots.swap(unanswered("no answer".into()));
         let set = waiting.await.unwrap().expect("the listing");
         assert!(set.roots.is_empty());
         assert_eq!(roots.take_refusals()[0].reason, "no answer");
         assert!(roots.take_refusals().is_empty());
         // The same listing again is not shown again; another one is.
-        roots.replace(unanswered("no answer".into()));
+        assert!(roots.swap(unanswered("no answer".into())).is_none());
         assert!(roots.take_refusals().is_empty());
-        roots.replace(unanswered("still none".into()));
+        assert!(roots.swap(unanswered("still none".into())).is_some());
         assert_eq!(roots.take_refusals().len(), 1);
     }
 }

@@ -199,6 +199,62 @@ async def test_a_read_only_root_is_read_not_written_and_its_links_stay_inside(tr
     assert not os.path.exists(os.path.join(project, "new.txt"))
 
 
+def prepared_with(host_dir):
+    """The sandboxes started for the pool that mount `host_dir` as a root (one handed out to a
+    session keeps its label)."""
+    ids = subprocess.run(
+        ["docker", "ps", "-q", "--no-trunc", "--filter", "label=io.python-code-sandbox.kind=pool"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    if not ids:
+        return []
+    # A sandbox removed meanwhile is missing from the answer, not an error of the test.
+    inspected = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True).stdout
+    return [
+        c["Id"] for c in json.loads(inspected or "[]")
+        if any(m.get("Source") == host_dir and m.get("Destination", "").startswith("/mnt/roots/") for m in c.get("Mounts", []))
+    ]
+
+
+async def until(found, what, limit=180):
+    """Polls `found` until it returns something (the limit only guards against a hang)."""
+    with anyio.fail_after(limit):
+        while not (seen := found()):
+            await anyio.sleep(0.2)
+    return seen
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_sandbox_is_prepared_with_the_listed_roots_and_serves_the_next_session(tree, runtime):
+    first = tree.mkdir("home/first")
+    tree.write("home/first/data.csv", "prepared\n")
+    second = tree.mkdir("home/second")
+    first_host, second_host = os.path.realpath(first), os.path.realpath(second)
+    listing = Listing(root(first))
+    async with client_of(tree.env("ro", SANDBOX_RUNTIME=runtime), listing) as client:
+        # The listing is learned: a sandbox is prepared with exactly its roots, ahead of any call.
+        [waiting] = await until(lambda: prepared_with(first_host), "a sandbox prepared with the root")
+        started = await client.call_tool("sandbox_initialize", {})
+        assert started.structured_content["container_id"] == waiting, text_of(started)
+        assert [r["name"] for r in started.structured_content["roots"]] == ["first"]
+        run = await client.call_tool(
+            "run_python", {"container_id": waiting, "code": "import os; print(open('/mnt/roots/first/data.csv').read() + str(os.getuid()), end='')"}
+        )
+        # As read-only roots run under a server that is root: the sandbox's usual user.
+        assert run.structured_content["stdout"] == "prepared\n1000", run
+        # The next one is prepared; when the listing changes, the old roots' go and the new ones'
+        # come.
+        await until(lambda: [i for i in prepared_with(first_host) if i != waiting], "the next sandbox prepared")
+        listing.roots = [root(second)]
+        await client.send_roots_list_changed()
+        await until(lambda: prepared_with(second_host), "a sandbox prepared with the new root")
+        await until(lambda: prepared_with(first_host) == [waiting], "the old roots' sandbox removed")
+        # The session keeps its own roots.
+        run = await client.call_tool("run_python", {"container_id": waiting, "code": "import os; print(os.listdir('/mnt/roots'))"})
+        assert run.structured_content["stdout"] == "['first']\n"
+
+
 @pytest.mark.anyio
 async def test_a_client_of_revision_2026_07_28_is_asked_within_each_call(tree):
     project = tree.mkdir("home/proj")

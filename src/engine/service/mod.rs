@@ -161,8 +161,13 @@ pub struct Engine {
     pool_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Sandboxes prepared per dependency set, the task preparing them, and its wake-up.
     prepared: Prepared<prepared::PreparedSandbox>,
+    /// The mounts of each client's roots the pool prepares for, under their set's key
+    /// ([`RootSet::digest`]); pruned to the sets the pool still knows.
+    prepared_roots: std::sync::Mutex<HashMap<String, Arc<RootSet>>>,
     prepared_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     prepared_wake: Arc<tokio::sync::Notify>,
+    /// A preparation ended (kept, refused or failed): a call waiting for one looks again.
+    prepared_done: tokio::sync::Notify,
     /// The retention of saved files (`None` when nothing is saved).
     retention: Option<Arc<Retention>>,
     /// Where session snapshots are kept (`None` when they are off).
@@ -208,8 +213,10 @@ impl Engine {
                     .pool_max_memory
                     .saturating_sub(plain_cap as u64 * prepared::PLAIN_ESTIMATE),
             ),
+            prepared_roots: Default::default(),
             prepared_task: std::sync::Mutex::new(None),
             prepared_wake: Arc::new(tokio::sync::Notify::new()),
+            prepared_done: tokio::sync::Notify::new(),
             retention: files_dir::Retention::new(&config.files),
             snapshots: super::snapshots::SnapshotStore::new(&config.snapshots),
             egress: tokio::sync::Mutex::new(None),
@@ -565,8 +572,8 @@ impl Engine {
     ) -> Result<(Sandbox, Option<DependencyReport>), EngineError> {
         let image = self.check_image(options.image.as_deref())?;
         let spec = self.base_spec(image, kind).await?;
-        // Sandboxes started ahead of time have no roots: a call with roots starts its own (or
-        // is served the one its last run with the same roots left).
+        // A call with roots is served a sandbox prepared for exactly its roots, the one its
+        // caller's last run with the same roots left, or one it starts: the pools have none.
         let roots = options.mounted_roots();
         if roots.is_none() {
             if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
@@ -586,6 +593,7 @@ impl Engine {
         }
         let pooled = match roots {
             None => self.take_pooled(&spec.image, execute_next).await,
+            Some(roots) if requirements.is_empty() => self.take_prepared_roots(&spec, roots).await,
             Some(_) => None,
         };
         let mut sandbox = match pooled {

@@ -3,6 +3,12 @@
 //! set. A prepared sandbox is a pool sandbox with the set on `sys.path` and the set's top-level
 //! modules imported by the runner (never into the code's namespace), before any code ran in it;
 //! like every sandbox it serves one call and is removed.
+//!
+//! A client's roots (`SANDBOX_ROOTS`) are a set of this pool too, learned when the client lists
+//! them: a sandbox is prepared with exactly those mounts (checked again, as for any start), no
+//! dependencies, and handed to a call without dependencies whose roots are the same; those that
+//! did not change since it started are checked once more when it is handed out. The plain pool's
+//! sandboxes mount no roots: without this, every session with roots would start cold.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -12,6 +18,7 @@ use crate::engine::backend::{paths, SandboxSpec};
 use crate::engine::deps::Requirement;
 use crate::engine::outcome::DependencyReport;
 use crate::engine::prepared::{Wanted, FIRST_ESTIMATE};
+use crate::engine::roots::RootSet;
 use crate::engine::sandbox::Sandbox;
 use crate::engine::EngineError;
 
@@ -22,10 +29,15 @@ pub(crate) const PLAIN_ESTIMATE: u64 = 16 << 20;
 /// How long a prepared sandbox's imports may take.
 const PRELOAD_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// The longest a call with roots waits for the sandbox being prepared with them (it began
+/// before the call, so it is ready before one the call would start; past this it starts one).
+const PREPARATION_WAIT: Duration = Duration::from_secs(10);
+
 /// A waiting prepared sandbox and its set.
 pub struct PreparedSandbox {
     sandbox: Sandbox,
-    report: DependencyReport,
+    /// The dependency set on its `sys.path`; `None` for one prepared for a client's roots.
+    report: Option<DependencyReport>,
 }
 
 impl Engine {
@@ -62,10 +74,14 @@ impl Engine {
         let key = self.dependency_key(&spec.image, requirements).await.ok()?;
         while let Some(PreparedSandbox {
             mut sandbox,
-            mut report,
+            report,
         }) = self.prepared.take(&key, Instant::now())
         {
             self.prepared_wake.notify_one();
+            let Some(mut report) = report else {
+                self.retire(sandbox);
+                continue;
+            };
             let current = self
                 .deps
                 .verified_name(&key)
@@ -86,6 +102,94 @@ impl Engine {
             return Some((sandbox, report));
         }
         None
+    }
+
+    /// A sandbox prepared for exactly these roots (and no dependencies): one waiting, else the
+    /// one being prepared once it is ready (at most [`PREPARATION_WAIT`]), if they are still the
+    /// directories they were; else the roots are learned, so that the caller's next call finds
+    /// one.
+    pub(super) async fn take_prepared_roots(
+        &self,
+        spec: &SandboxSpec,
+        roots: &Arc<RootSet>,
+    ) -> Option<Sandbox> {
+        if !self.prepares() || spec.image != self.config.image {
+            return None;
+        }
+        let key = roots.digest();
+        let deadline = tokio::time::Instant::now() + PREPARATION_WAIT;
+        loop {
+            // Registered before the look, so a preparation ending between the two is not missed.
+            let done = self.prepared_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if let Some(PreparedSandbox { mut sandbox, .. }) =
+                self.prepared.take(&key, Instant::now())
+            {
+                self.prepared_wake.notify_one();
+                // As for a sandbox started now: a root moved or replaced since is not served
+                // (the start that follows refuses it by name).
+                if roots.recheck().is_err() {
+                    self.retire(sandbox);
+                    return None;
+                }
+                if let Err(e) = sandbox.add_paths(&[], &[]).await {
+                    tracing::info!(sandbox = %sandbox.id(), "a prepared sandbox is dead ({e}); removing it");
+                    self.retire(sandbox);
+                    continue;
+                }
+                return Some(sandbox);
+            }
+            if self.prepared.starting_for(&key) == 0
+                || tokio::time::timeout_at(deadline, done).await.is_err()
+            {
+                break;
+            }
+        }
+        self.learn_roots(roots);
+        None
+    }
+
+    /// A client's listing changed from `old` to `new`: sandboxes are prepared with the new
+    /// roots from now on, and those prepared with the old ones go (the client will not ask for
+    /// them again; another client listing the same ones learns them again).
+    pub fn roots_changed(&self, old: Option<&RootSet>, new: &Arc<RootSet>) {
+        if let Some(old) = old.filter(|old| old.key() != new.key()) {
+            let key = old.digest();
+            if self.prepared_roots_of(&key).is_some() {
+                self.discard_prepared(std::slice::from_ref(&key));
+            }
+        }
+        self.learn_roots(new);
+    }
+
+    /// Sandboxes are prepared with `roots` from now on (a learned set of the pool, kept while
+    /// calls ask for it; see `engine::prepared`).
+    fn learn_roots(&self, roots: &Arc<RootSet>) {
+        if !self.prepares() || roots.is_empty() {
+            return;
+        }
+        let key = roots.digest();
+        let mut known = self
+            .prepared_roots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        known.insert(key.clone(), roots.clone());
+        for prepared in self.prepared.learn(&key, Vec::new(), Instant::now()) {
+            self.retire(prepared.sandbox);
+        }
+        known.retain(|key, _| self.prepared.knows(key));
+        drop(known);
+        self.prepared_wake.notify_one();
+    }
+
+    /// The roots the pool's set under `key` mounts, when it is a set of roots.
+    fn prepared_roots_of(&self, key: &str) -> Option<Arc<RootSet>> {
+        self.prepared_roots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
     }
 
     /// A call's set was made ready without a prepared sandbox: prepare for it from now on.
@@ -133,6 +237,9 @@ impl Engine {
     /// Starts one sandbox, puts the set on its `sys.path` (installing it if needed) and imports
     /// its modules; returns it with what the engine measured of its memory.
     async fn prepare_one(&self, wanted: &Wanted) -> Result<(PreparedSandbox, u64), EngineError> {
+        if let Some(roots) = self.prepared_roots_of(&wanted.key) {
+            return self.prepare_for_roots(&roots).await;
+        }
         let requirements = self.requirements(&wanted.requirements)?;
         let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         self.backend.ensure_image(&spec.image).await?;
@@ -178,12 +285,41 @@ impl Engine {
         }
         .await;
         match outcome {
-            Ok((report, bytes)) => Ok((PreparedSandbox { sandbox, report }, bytes)),
+            Ok((report, bytes)) => Ok((
+                PreparedSandbox {
+                    sandbox,
+                    report: Some(report),
+                },
+                bytes,
+            )),
             Err(e) => {
                 self.retire(sandbox);
                 Err(e)
             }
         }
+    }
+
+    /// Starts one sandbox with a client's roots mounted, as a call's would be (see
+    /// `Engine::with_roots`); returns it with what the engine measured of its memory.
+    async fn prepare_for_roots(
+        &self,
+        roots: &RootSet,
+    ) -> Result<(PreparedSandbox, u64), EngineError> {
+        let spec = self.base_spec(self.config.image.clone(), "pool").await?;
+        let spec = Self::with_roots(&spec, roots)?;
+        self.backend.ensure_image(&spec.image).await?;
+        let sandbox = self
+            .launch_code_sandbox(&spec, &self.background_options())
+            .await?;
+        tracing::debug!(sandbox = %sandbox.id(), "sandbox prepared for a client's roots");
+        // A plain sandbox with mounts: counted as the plain pool's are, unmeasured.
+        Ok((
+            PreparedSandbox {
+                sandbox,
+                report: None,
+            },
+            PLAIN_ESTIMATE,
+        ))
     }
 
     /// Names the sets of `SANDBOX_PRELOAD` to the pool (their keys need the image's id).
@@ -260,24 +396,33 @@ fn spawn_preparation(engine: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
                 let _ = tokio::time::timeout(Duration::from_secs(30), wake.notified()).await;
                 continue;
             };
-            match engine.prepare_one(&wanted).await {
+            let prepared = engine.prepare_one(&wanted).await;
+            match prepared {
                 Ok((prepared, bytes)) => {
                     backoff = Duration::from_secs(1);
-                    if let Some(refused) = engine.prepared.arrived(&wanted, prepared, bytes) {
+                    let refused = engine.prepared.arrived(&wanted, prepared, bytes);
+                    engine.prepared_done.notify_waiters();
+                    if let Some(refused) = refused {
                         engine.retire(refused.sandbox);
                     }
                 }
                 Err(EngineError::AtCapacity(_)) => {
                     // The capacity is in use (or being started into) now: not the set's fault.
                     engine.prepared.failed(&wanted);
+                    engine.prepared_done.notify_waiters();
                     drop(engine);
                     let _ = tokio::time::timeout(Duration::from_millis(500), wake.notified()).await;
                 }
                 Err(e) => {
                     engine.prepared.failed(&wanted);
+                    engine.prepared_done.notify_waiters();
+                    // At shutdown the server removes what it started, this sandbox too: no news.
+                    if engine.prepared.is_closed() || engine.closing.is_cancelled() {
+                        return;
+                    }
                     tracing::warn!(
                         key = wanted.key,
-                        "could not prepare a sandbox for a dependency set: {e}"
+                        "could not prepare a sandbox for a dependency set or a client's roots: {e}"
                     );
                     // A learned set that fails is forgotten; a configured one is tried again later.
                     engine.discard_prepared(std::slice::from_ref(&wanted.key));
