@@ -1,7 +1,7 @@
 """Latency through the official MCP Python SDK over stdio, as an agent's client sees it.
 
     .cache/venv-mcp/bin/python scripts/bench_mcp.py [--runs 20] [--bin target/release/python-code-sandbox]
-        [--deps] [--roots DIR]
+        [--deps] [--roots DIR] [--start-interval 2]
 
 Prints p50/p95 of `run_python_ephemeral` hello, of `sandbox_initialize` (each session stopped
 before the next starts) and of session `run_python` hello. `--roots DIR`: the same with
@@ -32,6 +32,7 @@ async def main():
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--deps", action="store_true", help="also measure run_python_ephemeral with numpy, first install and repeats")
     parser.add_argument("--roots", metavar="DIR", help="with SANDBOX_ROOTS=ro and DIR listed as the client's root")
+    parser.add_argument("--start-interval", type=float, default=2.0, help="seconds between sandbox_initialize calls")
     args = parser.parse_args()
     env = {**os.environ, "LOG_LEVEL": "warn"}
     client_options = {}
@@ -61,7 +62,7 @@ async def main():
         starts = []
         for _ in range(max(3, args.runs // 4)):
             # The pool refills between starts, as between an agent's sessions.
-            await asyncio.sleep(2)
+            await asyncio.sleep(args.start_interval)
             started = time.perf_counter()
             result = await client.call_tool("sandbox_initialize", {})
             starts.append((time.perf_counter() - started) * 1000)
