@@ -300,7 +300,8 @@ impl Engine {
     }
 
     /// Starts one sandbox with a client's roots mounted, as a call's would be (see
-    /// `Engine::with_roots`); returns it with what the engine measured of its memory.
+    /// `Engine::with_roots`); returns it with the memory it is counted at (the plain pool's
+    /// estimate: it is a plain sandbox with mounts).
     async fn prepare_for_roots(
         &self,
         roots: &RootSet,
