@@ -185,6 +185,41 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_the_code_swallowed_is_repeated_and_the_session_keeps_its_state() {
+    if skip_without_engine() {
+        return;
+    }
+    // The first KeyboardInterrupt is swallowed (as Python drops one raised in a fork hook or a
+    // `__del__`): only a repeated interrupt stops the code before it is killed.
+    let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(1));
+    no_hang(async {
+        let session = engine
+            .create_session(Scope::Server, &RunOptions::default())
+            .await
+            .expect("session");
+        in_session(&engine, &session, "x = 'survives'").await;
+        let swallowing = "import time
+try:
+    while True: time.sleep(0.01)
+except BaseException:
+    print('swallowed', flush=True)
+while True: time.sleep(0.01)";
+        let result = in_session(&engine, &session, swallowing).await;
+        assert!(result.timed_out && !result.state_lost, "{result:?}");
+        assert_eq!(text(&result.stdout), "swallowed\n");
+        assert!(text(&result.stderr).contains("KeyboardInterrupt"));
+        let after = in_session(&engine, &session, "print(x)").await;
+        assert_eq!(text(&after.stdout), "survives\n");
+        engine
+            .stop_session(Scope::Server, &session)
+            .await
+            .expect("stop");
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn code_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
     if skip_without_engine() {
         return;

@@ -78,9 +78,9 @@ pub struct Cost {
 }
 
 impl Cost {
-    /// A sandbox with these limits under the runtime named (`runsc` is gVisor).
+    /// A sandbox with these limits under the runtime named (`runsc...` is gVisor).
     pub fn of(memory_bytes: u64, pids: u64, runtime: Option<&str>) -> Cost {
-        let own = if runtime == Some("runsc") {
+        let own = if runtime.is_some_and(super::platform::is_gvisor_name) {
             GVISOR_TASKS
         } else {
             RUNC_TASKS

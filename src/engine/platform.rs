@@ -76,7 +76,8 @@ fn without_network(args: &[String]) -> bool {
         .any(|arg| arg == "--network=none" || arg == "-network=none")
 }
 
-fn is_gvisor_name(name: &str) -> bool {
+/// A runtime registered under this name is taken to be gVisor (`runsc`, `runsc-debug`, ...).
+pub fn is_gvisor_name(name: &str) -> bool {
     name.starts_with("runsc")
 }
 

@@ -58,9 +58,11 @@ class Streams:
         # after IDLE_TICKS ticks without code, sleeps on `wake` until code runs again.
         self.sleeping = False
         self.wake = threading.Event()
+        # Whether the fork under way holds `lock` (see _before_fork).
+        self.held_for_fork = False
         os.register_at_fork(
             before=self._before_fork,
-            after_in_parent=self.lock.release,
+            after_in_parent=self._after_fork_in_parent,
             after_in_child=self._after_fork_in_child,
         )
         sys.addaudithook(self._audit)
@@ -125,11 +127,22 @@ class Streams:
             self.sleeping = False
 
     def _before_fork(self):
+        # An interrupt can land in this hook (Python then drops the KeyboardInterrupt and forks
+        # anyway; the host repeats the interrupt): the lock is released after the fork only if it
+        # was taken, never the flushing thread's.
         self.lock.acquire()
+        self.held_for_fork = True
         self.flush()
 
+    def _after_fork_in_parent(self):
+        if self.held_for_fork:
+            self.held_for_fork = False
+            self.lock.release()
+
     def _after_fork_in_child(self):
-        self.lock.release()
+        # A lock of its own: no flushing thread here can hold it.
+        self.lock = threading.Lock()
+        self.held_for_fork = False
         self.running = False  # the flushing thread does not exist in the child
         self.tick = None
 

@@ -110,7 +110,9 @@ def supervise():
             time.sleep(0.05)
             continue
         if pid == 0:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            # Ignored until the runner puts its own handler in place: an interrupt the host
+            # repeats for a runner that just died must not end the next one while it starts.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             signal.signal(signal.SIGUSR2, signal.SIG_DFL)
