@@ -164,13 +164,17 @@ async def test_a_recycled_sandbox_keeps_nothing_of_the_last_run(runtime):
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_a_run_stopped_at_its_limit_is_recycled_with_nothing_of_it_left(runtime):
     """A run the limit stopped, whose runner answered the interrupt, is recycled like any other:
-    the recycle kills what it left running and empties what it wrote. The stopped run first
-    forks 100 children, so a run in its sandbox has a pid past the last of them, which no new
-    sandbox (nor a few recycles of one) reaches. The limit is the server's (SANDBOX_TIMEOUT):
-    long enough for the forks under gVisor on a busy machine, where each costs a good part of a
-    second."""
-    async with connect(SANDBOX_RUNTIME=runtime, SANDBOX_POOL_SIZE="1", SANDBOX_TIMEOUT="30s") as client:
-        push = "import os\nfor _ in range(100):\n    child = os.fork()\n    if child == 0:\n        os._exit(0)\n    os.waitpid(child, 0)\nprint(child)\n"
+    the recycle kills what it left running and empties what it wrote. The stopped run first has
+    a shell start 100 subshells, so a run in its sandbox has a pid past the last of them, which no
+    new sandbox (nor a few recycles of one) reaches: a small shell forks in a fraction of the time
+    the runner does under gVisor, so the interrupt comes in the sleeping loop, well after (the
+    limit is the server's, SANDBOX_TIMEOUT: run_python_ephemeral takes no timeout_seconds)."""
+    async with connect(SANDBOX_RUNTIME=runtime, SANDBOX_POOL_SIZE="1", SANDBOX_TIMEOUT="15s") as client:
+        push = (
+            "import subprocess\n"
+            "shell = \"i=0; while [ $i -lt 100 ]; do (:); i=$((i+1)); done; sh -c 'echo $$'\"\n"
+            "print(subprocess.run(['sh', '-c', shell], capture_output=True, text=True, check=True).stdout.strip())\n"
+        )
         code = push + LEAVE + "import time\nwhile True:\n    time.sleep(0.01)\n"
         stopped = await client.call_tool("run_python_ephemeral", {"code": code})
         first = stopped.structured_content
