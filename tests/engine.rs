@@ -150,7 +150,7 @@ async fn state_persists_across_executions_in_a_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
+async fn a_busy_loop_times_out_and_a_session_keeps_its_state_through_a_swallowed_interrupt() {
     if skip_without_engine() {
         return;
     }
@@ -173,41 +173,12 @@ async fn a_busy_loop_times_out_and_a_session_keeps_its_state() {
         in_session(&engine, &session, "x = 'survives'").await;
         let looped = in_session(&engine, &session, "while True: pass").await;
         assert!(looped.timed_out && !looped.state_lost);
-        let after = in_session(&engine, &session, "print(x)").await;
-        assert_eq!(text(&after.stdout), "survives\n");
-        engine
-            .stop_session(Scope::Server, &session)
-            .await
-            .expect("stop");
-    })
-    .await;
-    assert_nothing_left(&engine).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_interrupt_the_code_swallowed_is_repeated_and_the_session_keeps_its_state() {
-    if skip_without_engine() {
-        return;
-    }
-    // The first KeyboardInterrupt is swallowed (as Python drops one raised in a fork hook or a
-    // `__del__`): only a repeated interrupt stops the code before it is killed.
-    let engine = engine_with(|c| c.limits.timeout = Duration::from_secs(1));
-    no_hang(async {
-        let session = engine
-            .create_session(Scope::Server, &RunOptions::default())
-            .await
-            .expect("session");
-        in_session(&engine, &session, "x = 'survives'").await;
-        let swallowing = "import time
-try:
-    while True: time.sleep(0.01)
-except BaseException:
-    print('swallowed', flush=True)
-while True: time.sleep(0.01)";
-        let result = in_session(&engine, &session, swallowing).await;
-        assert!(result.timed_out && !result.state_lost, "{result:?}");
-        assert_eq!(text(&result.stdout), "swallowed\n");
-        assert!(text(&result.stderr).contains("KeyboardInterrupt"));
+        // The first KeyboardInterrupt swallowed (as Python drops one raised in a fork hook or a
+        // `__del__`): the repeated interrupt stops the code before it would be killed.
+        let swallowing = "import time\ntry:\n    while True: time.sleep(0.01)\nexcept BaseException:\n    print('swallowed', flush=True)\nwhile True: time.sleep(0.01)";
+        let repeated = in_session(&engine, &session, swallowing).await;
+        assert!(repeated.timed_out && !repeated.state_lost, "{repeated:?}");
+        assert_eq!(text(&repeated.stdout), "swallowed\n");
         let after = in_session(&engine, &session, "print(x)").await;
         assert_eq!(text(&after.stdout), "survives\n");
         engine
