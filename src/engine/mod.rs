@@ -42,6 +42,7 @@ pub mod error;
 pub mod files_dir;
 pub mod history;
 pub mod installer;
+pub mod interrupt;
 pub mod outcome;
 pub mod owner;
 pub mod pip;

@@ -26,6 +26,7 @@ use super::backend::{
     Backend, BackendError, InputSink, OutputChunk, OutputStream, SandboxId, SandboxSpec,
 };
 use super::error::{Work, WorkLost};
+use super::interrupt::{self, Interruption};
 use super::outcome::Execution;
 use super::pip::{PipAnswer, PipHandler};
 use super::protocol::{
@@ -36,69 +37,6 @@ use super::runner_set::{self, RunnerIpython};
 use super::EngineError;
 use crate::text::{self, truncate_chars};
 
-/// How long the runner gets to answer after SIGINT before its processes are killed. Longer than
-/// the runner's own clean-up budget after an interrupt (2 s, `kill_strays` in
-/// python/runner/execute.py), so a runner that cleaned up for all of it, under load, still
-/// answers in time and keeps its state.
-pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
-/// The grace under gVisor, where every system call of the signal's way in, the clean-up and the
-/// answer costs several times runc's (on the ptrace platform, under load, past 3 s).
-pub const INTERRUPT_GRACE_GVISOR: Duration = Duration::from_secs(10);
-
-/// How often the interrupt is sent again while the grace runs. One SIGINT can be lost: Python
-/// drops a KeyboardInterrupt raised where it cannot propagate (a fork hook, a `__del__`, a
-/// weakref callback) and code may swallow one (`except:`); a user at a terminal presses Ctrl-C
-/// again. The runner ignores a repeat that comes once the code is done (`on_sigint`).
-const INTERRUPT_REPEAT: Duration = Duration::from_secs(1);
-
-/// The ticks of [`INTERRUPT_REPEAT`], the first one period from now.
-fn interrupt_repeat() -> tokio::time::Interval {
-    let mut repeat = tokio::time::interval_at(
-        tokio::time::Instant::now() + INTERRUPT_REPEAT,
-        INTERRUPT_REPEAT,
-    );
-    repeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    repeat
-}
-
-/// SIGINT to a sandbox's supervisor, which passes it on to the runner (a failure is logged: the
-/// grace then ends in the processes' kill).
-async fn interrupt(backend: &dyn Backend, id: &SandboxId) {
-    if let Err(e) = backend.interrupt(id).await {
-        tracing::warn!(sandbox = %id, "interrupt failed: {e}");
-    }
-}
-
-/// After the first interrupt: the runner's next reply, or `None` once `grace` is over. Until then
-/// the interrupt is sent again at each tick of `repeat` ([`INTERRUPT_REPEAT`]).
-async fn reply_after_interrupt(
-    backend: &dyn Backend,
-    id: &SandboxId,
-    runner: &mut Runner,
-    mut grace: std::pin::Pin<&mut tokio::time::Sleep>,
-    repeat: &mut tokio::time::Interval,
-) -> Option<Result<Reply, RunnerFailure>> {
-    loop {
-        // next_reply is cancel-safe: a reply is never lost to a tick.
-        tokio::select! {
-            r = runner.next_reply() => return Some(r),
-            () = &mut grace => return None,
-            _ = repeat.tick() => {
-                tracing::debug!(sandbox = %id, "no answer yet: interrupting again");
-                interrupt(backend, id).await;
-            }
-        }
-    }
-}
-
-/// The grace after SIGINT for a sandbox under `runtime` (see [`INTERRUPT_GRACE`]).
-pub fn interrupt_grace(runtime: Option<&str>) -> Duration {
-    if runtime.is_some_and(super::platform::is_gvisor_name) {
-        INTERRUPT_GRACE_GVISOR
-    } else {
-        INTERRUPT_GRACE
-    }
-}
 /// How long the runner gets to answer a request that is not an execution.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a recycle may take to be reported (the supervisor's wipe is bounded at 2 s).
@@ -768,7 +706,7 @@ impl Sandbox {
     }
 
     /// Sends the request and waits for its result, interrupting the code when the time is up or
-    /// the caller cancels, and giving it its grace ([`interrupt_grace`]) to stop. The code's `pip` requests
+    /// the caller cancels, and giving it its grace ([`interrupt::grace`]) to stop. The code's `pip` requests
     /// on the way are answered ([`Sandbox::answer_pip`]); the time a handler takes counts within
     /// `timeout`, and once the code is being interrupted they are refused at once.
     ///
@@ -838,20 +776,9 @@ impl Sandbox {
             }
         };
         tracing::debug!(sandbox = %self.id, "{stop:?}: interrupting");
-        interrupt(self.backend.as_ref(), &self.id).await;
-        let grace = tokio::time::sleep(self.interrupt_grace());
-        tokio::pin!(grace);
-        let mut repeat = interrupt_repeat();
+        let mut interruption = self.interrupt().await;
         let waited = loop {
-            let Some(reply) = reply_after_interrupt(
-                self.backend.as_ref(),
-                &self.id,
-                runner,
-                grace.as_mut(),
-                &mut repeat,
-            )
-            .await
-            else {
+            let Some(reply) = interruption.within(runner.next_reply()).await else {
                 break Waited::Unresponsive;
             };
             match reply {
@@ -908,7 +835,17 @@ impl Sandbox {
 
     /// How long its code gets to answer an interrupt: longer under gVisor.
     fn interrupt_grace(&self) -> Duration {
-        interrupt_grace(self.spec.runtime.as_deref())
+        interrupt::grace(self.spec.runtime.as_deref())
+    }
+
+    /// Interrupts its code, with the grace of its runtime (the future holds no borrow of the
+    /// sandbox, which is not `Sync`).
+    fn interrupt(&self) -> impl std::future::Future<Output = Interruption> + Send + 'static {
+        Interruption::start(
+            self.backend.clone(),
+            self.id.clone(),
+            self.interrupt_grace(),
+        )
     }
 
     fn log_timing(&self, started: Instant, sent: Duration) {
@@ -1306,7 +1243,7 @@ impl Sandbox {
     /// pickling runs its values' `__reduce__`, a restore's unpickling theirs): bounded by the
     /// call's `timeout` as an execution is. When it is up the code is interrupted
     /// (KeyboardInterrupt, `interruptible` in python/runner/execute.py) and given
-    /// its grace ([`interrupt_grace`]); code that does not stop has its processes killed, as an execution's
+    /// its grace ([`interrupt::grace`]); code that does not stop has its processes killed, as an execution's
     /// has. Then [`EngineError::WorkTimedOut`] says what the session lost.
     async fn work_within<'a>(
         &mut self,
@@ -1340,17 +1277,7 @@ impl Sandbox {
     /// execution); returns what the session lost.
     async fn stop_work(&mut self, mut runner: Runner, id: u64) -> Result<WorkLost, EngineError> {
         tracing::info!(sandbox = %self.id, "a snapshot or restore ran past the timeout: interrupting");
-        interrupt(self.backend.as_ref(), &self.id).await;
-        let grace = tokio::time::sleep(self.interrupt_grace());
-        tokio::pin!(grace);
-        let reply = reply_after_interrupt(
-            self.backend.as_ref(),
-            &self.id,
-            &mut runner,
-            grace,
-            &mut interrupt_repeat(),
-        )
-        .await;
+        let reply = self.interrupt().await.within(runner.next_reply()).await;
         match reply {
             Some(Ok(reply)) if reply.id() == Some(id) => {
                 // The runner answered (with the interruption, or the work it just finished):
@@ -1655,20 +1582,6 @@ fn with_diagnostics(mut reason: String, diagnostics: &[u8]) -> String {
 mod tests {
     use super::*;
     use crate::engine::protocol::RawLiveOutput;
-
-    #[test]
-    fn the_interrupt_grace_is_longer_under_gvisor_and_outlasts_the_runners_clean_up() {
-        assert_eq!(interrupt_grace(None), INTERRUPT_GRACE);
-        assert_eq!(interrupt_grace(Some("runc")), INTERRUPT_GRACE);
-        assert_eq!(interrupt_grace(Some("runsc")), INTERRUPT_GRACE_GVISOR);
-        assert_eq!(
-            interrupt_grace(Some("runsc-ptrace")),
-            INTERRUPT_GRACE_GVISOR
-        );
-        // kill_strays in python/runner/execute.py spends up to 2 s after the interrupt.
-        assert!(INTERRUPT_GRACE > Duration::from_secs(2));
-        assert!(INTERRUPT_GRACE_GVISOR > INTERRUPT_GRACE);
-    }
 
     #[test]
     fn live_output_passes_only_for_its_execution_and_within_the_rate() {

@@ -128,7 +128,7 @@ class Executor:
     def kill_strays(self):
         """After an interrupt: stop every other process the code started, and wait, briefly, until
         they are gone (reaped by pid 1 or by us), so the next execution starts clean. The budget
-        stays under the host's grace (INTERRUPT_GRACE in sandbox.rs), so the answer comes in time."""
+        stays under the host's grace (GRACE in engine/interrupt.rs), so the answer comes in time."""
         kill_others(2.0, lambda children: not other_processes(self.pid))
 
     def hidden_names(self):
