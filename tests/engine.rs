@@ -847,6 +847,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
             maintenance: false,
             open_files: None,
             user: None,
+            roots: None,
         };
         let dead = backend.create(&spec).await.expect("create");
         // And an installer's egress network it left.

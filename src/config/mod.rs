@@ -37,7 +37,9 @@ pub use address::{normalize_origin, parse_host, parse_host_port, redact_url, url
 pub use egress::{EgressPolicy, EgressRules};
 pub use error::{ConfigError, ValueError};
 pub use parse::{glob_matches, parse_bytes, parse_duration};
-pub use roots::{RootMapping, RootsMode, RootsPolicy};
+pub use roots::{
+    parse_mapping as parse_root_mapping, RootMapping, RootsMode, RootsPolicy, PRINCIPAL_PLACEHOLDER,
+};
 pub use settings::{Setting, SETTINGS};
 
 use paths::{default_cache_dir, default_files_dir};

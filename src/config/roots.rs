@@ -64,7 +64,44 @@ impl RootsPolicy {
     }
 }
 
+/// In a `SANDBOX_ROOTS_MAP` directory, the principal's name (its saved-files directory name):
+/// each principal's paths map to a directory of its own.
+pub const PRINCIPAL_PLACEHOLDER: &str = "{principal}";
+
+impl RootMapping {
+    /// Whether its directory is a principal's own (it names [`PRINCIPAL_PLACEHOLDER`]).
+    pub fn per_principal(&self) -> bool {
+        self.host.to_string_lossy().contains(PRINCIPAL_PLACEHOLDER)
+    }
+}
+
 impl RootsPolicy {
+    /// The mapping an HTTP client's paths go through: a principal's own entries (`own`, its
+    /// tokens-file line's `roots_map=`) first, then `SANDBOX_ROOTS_MAP`'s with
+    /// [`PRINCIPAL_PLACEHOLDER`] made its name (`principal`: the name as a directory, `None`
+    /// without principals, when the entries without it apply instead). Start-up refuses
+    /// entries without it beside principals (`config::validate`), so no two principals share
+    /// a directory through it.
+    pub fn map_for(&self, principal: Option<&str>, own: &[RootMapping]) -> Vec<RootMapping> {
+        let mut map = own.to_vec();
+        for mapping in &self.map {
+            match (principal, mapping.per_principal()) {
+                (Some(name), true) => map.push(RootMapping {
+                    client: mapping.client.clone(),
+                    host: PathBuf::from(
+                        mapping
+                            .host
+                            .to_string_lossy()
+                            .replace(PRINCIPAL_PLACEHOLDER, name),
+                    ),
+                }),
+                (None, false) => map.push(mapping.clone()),
+                _ => {}
+            }
+        }
+        map
+    }
+
     /// One line on what is mounted, for `doctor` and the start-up log.
     pub fn summary(&self) -> String {
         match self.mode {
@@ -132,24 +169,32 @@ pub(super) fn parse_allow(var: &'static str, value: &str) -> Result<Vec<PathBuf>
     Ok(allow)
 }
 
+/// One `CLIENT_PATH=HOST_PATH` mapping, both absolute without `.` or `..` (`None` otherwise).
+pub fn parse_mapping(item: &str) -> Option<RootMapping> {
+    match item.split_once('=') {
+        Some((client, host)) if is_plain_absolute(client) && is_plain_absolute(host) => {
+            Some(RootMapping {
+                client: client.trim_end_matches('/').to_string(),
+                host: PathBuf::from(host),
+            })
+        }
+        _ => None,
+    }
+}
+
 pub(super) fn parse_map(var: &'static str, value: &str) -> Result<Vec<RootMapping>, ConfigError> {
     let mut map = Vec::new();
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        match item.split_once('=') {
-            Some((client, host)) if is_plain_absolute(client) && is_plain_absolute(host) => map
-                .push(RootMapping {
-                    client: client.trim_end_matches('/').to_string(),
-                    host: PathBuf::from(host),
-                }),
-            _ => {
-                return Err(ConfigError::new(
-                    var,
-                    value,
-                    "comma-separated CLIENT_PATH=HOST_PATH, both absolute, such as \
-                     /Users/me/src=/srv/share/me/src",
-                ))
-            }
-        }
+        let Some(mapping) = parse_mapping(item) else {
+            return Err(ConfigError::new(
+                var,
+                value,
+                "comma-separated CLIENT_PATH=HOST_PATH, both absolute, such as \
+                 /Users/me/src=/srv/share/me/src (with principals, HOST_PATH names \
+                 {principal}: /Users/me/src=/srv/share/{principal})",
+            ));
+        };
+        map.push(mapping);
     }
     Ok(map)
 }
@@ -177,6 +222,26 @@ mod tests {
         for bad in ["/a", "/a=b", "a=/b", "/a/..=/b"] {
             assert!(parse_map("V", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn each_principal_gets_its_own_mapping() {
+        let policy = RootsPolicy {
+            map: parse_map("V", "/Users=/srv/{principal}/home,/shared=/srv/all").unwrap(),
+            ..RootsPolicy::default()
+        };
+        let own = [parse_mapping("/work=/srv/alice-work").unwrap()];
+        let alice = policy.map_for(Some("alice"), &own);
+        let hosts: Vec<_> = alice.iter().map(|m| m.host.display().to_string()).collect();
+        // Its own first, then the per-principal entries; never the shared one.
+        assert_eq!(hosts, ["/srv/alice-work", "/srv/alice/home"]);
+        let bob = policy.map_for(Some("bob"), &[]);
+        assert_eq!(bob[0].host, PathBuf::from("/srv/bob/home"));
+        assert_eq!(bob.len(), 1);
+        // Without principals only the entries without the placeholder apply.
+        let anyone = policy.map_for(None, &[]);
+        assert_eq!(anyone.len(), 1);
+        assert_eq!(anyone[0].host, PathBuf::from("/srv/all"));
     }
 
     #[test]

@@ -164,6 +164,19 @@ pub(super) fn roots(config: &Config, env: &Env, euid: u32) -> Result<(), ConfigE
              server as the user whose files these are, or use SANDBOX_ROOTS=ro)",
         ));
     }
+    // One directory for every principal's paths would let each mount the others' files.
+    let principals = config.http.tokens_file.is_some() || config.http.oauth.issuer.is_some();
+    if principals && roots.map.iter().any(|m| !m.per_principal()) {
+        return Err(ConfigError::new(
+            SANDBOX_ROOTS_MAP.name,
+            env.get(&SANDBOX_ROOTS_MAP).unwrap_or_default(),
+            "entries whose HOST_PATH names {principal} while there are principals \
+             (SANDBOX_HTTP_TOKENS_FILE or OAuth): one mapping for every principal would let \
+             each list and mount the others' directories; write /Users=/srv/share/{principal}, \
+             or give each principal its own with roots_map=CLIENT_PATH=HOST_PATH on its \
+             tokens-file line",
+        ));
+    }
     if roots.allow.is_empty() {
         return Err(ConfigError::new(
             SANDBOX_ROOTS_ALLOW.name,

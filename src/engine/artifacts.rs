@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use super::files_dir::{self, Retention};
 use super::outcome::{Artifact, Changes};
 use super::protocol::is_safe_relative_path;
-use super::roots::RootSet;
+use super::roots::{self, RootSet};
 use super::sandbox::{Sandbox, WorkspacePath};
 use super::EngineError;
 use crate::config::FilePolicy;
@@ -162,6 +162,16 @@ pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
         return Vec::new();
     };
     let mut artifacts = Vec::new();
+    for root in roots.roots.iter().filter(|r| !r.read_only) {
+        let stripped = root.handle.tidy_itself();
+        if stripped != 0 {
+            artifacts.push(Artifact::notice(format!(
+                "the code gave the user's root {} set-id or world-write bits ({stripped:04o}); \
+                 the server removed them",
+                root.container_path()
+            )));
+        }
+    }
     for changed in &changes.roots {
         let (Some(root), entry) = (roots.named(&changed.root), &changed.entry) else {
             continue;
@@ -169,25 +179,66 @@ pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
         if root.read_only || !is_safe_relative_path(&entry.path) {
             continue;
         }
-        let note = match entry.kind.as_str() {
-            "file" => format!(
+        // The host names a file only where a walk from the root it holds, following no link,
+        // finds a regular file: the path is the code's, and so is what is on its way. What it
+        // finds loses the set-id and world-write bits the code gave it.
+        let found = match entry.kind.as_str() {
+            "file" | "directory" => root.handle.tidy(Path::new(&entry.path)),
+            _ => None,
+        };
+        let mut notes = Vec::new();
+        match (entry.kind.as_str(), found) {
+            // A directory is named only for what was removed from it.
+            ("directory", Some(found)) if found.stripped != 0 => {}
+            ("directory", _) => continue,
+            ("file", Some(found)) if found.file => notes.push(format!(
                 "written in place in the user's root {} (on the host: not copied)",
                 root.container_path()
+            )),
+            ("file", _) => notes.push(
+                "in the user's root, but not found at that path on the host (moved, or behind \
+                 a link)"
+                    .to_string(),
             ),
-            "symlink" => "a symbolic link, in the user's root".to_string(),
-            _ => "a special file (FIFO, socket or device), in the user's root".to_string(),
-        };
+            ("symlink", _) => notes.push("a symbolic link, in the user's root".to_string()),
+            _ => notes.push("a special file (FIFO, socket or device), in the user's root".into()),
+        }
+        if let Some(found) = found {
+            if found.executable {
+                notes.push(
+                    "EXECUTABLE, new or changed in the user's root: read it before running it"
+                        .to_string(),
+                );
+            }
+            if found.stripped != 0 {
+                notes.push(format!(
+                    "the code gave it set-uid, set-gid or world-write bits ({:04o}); the server \
+                     removed them",
+                    found.stripped
+                ));
+            }
+        }
+        if let Some(place) = Path::new(&entry.path)
+            .components()
+            .find_map(|c| c.as_os_str().to_str().filter(|n| roots::is_protected(n)))
+        {
+            notes.push(format!(
+                "in {place}, a place the user's tools run things from (hooks, settings): made \
+                 by the code, check it before they run it"
+            ));
+        }
+        let on_host = found.is_some_and(|f| f.file) || entry.kind == "directory";
         artifacts.push(Artifact {
             path: format!("{}/{}", root.container_path(), entry.path),
-            size: entry.size,
+            size: if entry.kind == "directory" { 0 } else { entry.size },
             mime_type: if entry.kind == "file" {
                 mime_from_name(&entry.path).to_string()
             } else {
                 String::new()
             },
             content: None,
-            saved_to: Some(root.host.join(&entry.path)),
-            note: Some(note),
+            saved_to: on_host.then(|| root.host.join(&entry.path)),
+            note: Some(notes.join("; ")),
             figure: false,
         });
     }

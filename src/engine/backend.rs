@@ -61,6 +61,9 @@ pub struct SandboxSpec {
     /// writable MCP roots (`SANDBOX_ROOTS=rw`), so what the code writes there is the user's.
     /// Its workspace belongs to that user too.
     pub user: Option<(u32, u32)>,
+    /// The client's roots its `mounts` hold: checked before every create of its container, and
+    /// verified in the container as it starts (see `engine::roots`).
+    pub roots: Option<std::sync::Arc<super::roots::Mounted>>,
 }
 
 /// A named volume mounted into a sandbox.

@@ -373,6 +373,7 @@ pub(super) fn maintenance_spec(
     spec.env = Vec::new();
     spec.volumes = volumes;
     spec.mounts = Vec::new();
+    spec.roots = None;
     spec.maintenance = true;
     // Only the project's own scripts run here: the engine's default runtime, which can change
     // any file's owner on the volume whatever the code's runtime is.

@@ -396,7 +396,7 @@ impl Sandbox {
         attachment: Option<super::egress::Attachment>,
     ) -> Result<Sandbox, EngineError> {
         let started = std::time::Instant::now();
-        let id = backend.create(spec).await?;
+        let id = Self::create(&backend, spec).await?;
         let mut sandbox = Sandbox {
             id: id.clone(),
             paths: Vec::new(),
@@ -435,6 +435,11 @@ impl Sandbox {
         &self.id
     }
 
+    /// The roots it mounts, when it mounts any.
+    pub(crate) fn mounted_roots(&self) -> Option<&Arc<super::roots::Mounted>> {
+        self.spec.roots.as_ref()
+    }
+
     /// Its container now, for those who hold no `&Sandbox`.
     pub(crate) fn container(&self) -> Container {
         self.container.clone()
@@ -464,6 +469,8 @@ impl Sandbox {
 
     async fn start_runner(&mut self) -> Result<(), EngineError> {
         let streams = self.backend.start(&self.id).await?;
+        // Its mounts, before any code runs (a start with the same spec goes through this too).
+        self.verify_mounts().await?;
         // Adopted on the egress network under its (possibly new) address before any code runs.
         self.adopt_on_egress().await?;
         match Runner::connect(streams).await {
@@ -590,9 +597,55 @@ impl Sandbox {
         if let Err(e) = self.backend.destroy(&self.id).await {
             tracing::warn!(sandbox = %self.id, "could not remove the container being replaced: {e}");
         }
-        self.id = self.backend.create(&self.spec).await?;
+        self.id = Self::create(&self.backend, &self.spec).await?;
         self.container.set(self.id.clone());
         self.start_runner().await
+    }
+
+    /// Creates a container of `spec`: its roots are checked first, every time (a restart too),
+    /// so that each mount's path still leads, without a link, to what the host judged.
+    async fn create(
+        backend: &Arc<dyn Backend>,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxId, EngineError> {
+        if let Some(roots) = &spec.roots {
+            roots.set.recheck().map_err(EngineError::RootChanged)?;
+        }
+        Ok(backend.create(spec).await?)
+    }
+
+    /// A new container's mounts of the client's roots, looked at from the host before any code
+    /// runs there: each must be the directory the host judged, else the container goes (a
+    /// restart's too: the sandbox is left down) and the error says which mount and why.
+    async fn verify_mounts(&mut self) -> Result<(), EngineError> {
+        let Some(roots) = &self.spec.roots else {
+            return Ok(());
+        };
+        let record = self.backend.limits_record(&self.id).await;
+        let outcome = match record {
+            Ok(record) => {
+                let gvisor = record
+                    .runtime
+                    .as_deref()
+                    .or(self.spec.runtime.as_deref())
+                    .is_some_and(super::platform::is_gvisor_name);
+                super::roots::mount_holder(record.host_pid, gvisor, &self.id.0)
+                    .and_then(|holder| roots.set.verify(holder))
+            }
+            Err(e) => Err(format!(
+                "the engine does not say which process holds the sandbox ({e}), so its mounts \
+                 cannot be checked"
+            )),
+        };
+        let Err(why) = outcome else {
+            return Ok(());
+        };
+        tracing::warn!(sandbox = %self.id, "{why}");
+        if let Err(e) = self.backend.destroy(&self.id).await {
+            tracing::warn!(sandbox = %self.id, "could not remove the sandbox whose mounts were refused: {e}");
+        }
+        self.state = State::Down(why.clone());
+        Err(EngineError::RootChanged(why))
     }
 
     /// The sandbox waited (in the pool) and may have died meanwhile: the next execution checks

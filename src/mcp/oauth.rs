@@ -333,6 +333,7 @@ impl OAuth {
                     .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                 cpu_seconds_per_day: quotas.cpu_seconds_per_day,
             },
+            roots_map: Vec::new(),
         })
     }
 }

@@ -40,6 +40,9 @@ pub struct Principal {
     /// `sandbox:admin` in an access token).
     pub admin: bool,
     pub quotas: QuotaOverrides,
+    /// Over HTTP, where its MCP roots' paths are on this machine (`roots_map=CLIENT=HOST` on
+    /// its tokens-file line; see `config::roots`).
+    pub roots_map: Vec<crate::config::RootMapping>,
 }
 
 impl Principal {
@@ -48,6 +51,7 @@ impl Principal {
             name: name.into(),
             admin: false,
             quotas: QuotaOverrides::default(),
+            roots_map: Vec::new(),
         }
     }
 
@@ -106,7 +110,7 @@ pub struct TokenTable {
 
 impl TokenTable {
     /// Parses a tokens file. Each line: `NAME sha256:HEX [admin] [sessions=N] [executions=N]
-    /// [cpu_seconds_per_day=N]`; blank lines and lines starting with `#` are skipped. An error
+    /// [cpu_seconds_per_day=N] [roots_map=CLIENT_PATH=HOST_PATH ...]`; blank lines and lines starting with `#` are skipped. An error
     /// names the line and what is wrong with it.
     pub fn parse(text: &str) -> Result<TokenTable, String> {
         let mut by_hash = HashMap::new();
@@ -182,7 +186,7 @@ fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
     }
     let Some((key, value)) = option.split_once('=') else {
         return Err(format!(
-            "unknown option `{option}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N)"
+            "unknown option `{option}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N, roots_map=CLIENT_PATH=HOST_PATH)"
         ));
     };
     let number = || {
@@ -197,9 +201,18 @@ fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
             quotas.executions = Some(usize::try_from(number()?).unwrap_or(usize::MAX))
         }
         "cpu_seconds_per_day" => quotas.cpu_seconds_per_day = Some(number()?),
+        "roots_map" => match crate::config::parse_root_mapping(value) {
+            Some(mapping) => principal.roots_map.push(mapping),
+            None => {
+                return Err(format!(
+                    "`roots_map` takes CLIENT_PATH=HOST_PATH, both absolute without . or .., \
+                     not `{value}`"
+                ))
+            }
+        },
         _ => {
             return Err(format!(
-                "unknown option `{key}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N)"
+                "unknown option `{key}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N, roots_map=CLIENT_PATH=HOST_PATH)"
             ))
         }
     }

@@ -20,6 +20,7 @@ use rmcp::service::Peer;
 use rmcp::RoleServer;
 use tokio::sync::watch;
 
+use crate::config::RootMapping;
 use crate::engine::roots::{shown, Listed, Refused, RootSet, UNMAPPED};
 use crate::engine::Engine;
 
@@ -40,6 +41,31 @@ const ROOT_TOOLS: &[&str] = &[
 
 /// The key of the roots listing among a call's `inputResponses`.
 const INPUT_KEY: &str = "roots";
+
+/// Where a client is, for its roots: on this machine (stdio), or over HTTP on another, whose
+/// paths name this machine's directories only through a mapping: its principal's own (a
+/// tokens-file line's `roots_map=`, or `SANDBOX_ROOTS_MAP`'s entries with `{principal}`), or
+/// without principals the operator's `SANDBOX_ROOTS_MAP` (see `config::roots`).
+#[derive(Debug, Clone)]
+pub(crate) enum Via {
+    Stdio,
+    Http(Arc<[RootMapping]>),
+}
+
+impl Via {
+    /// The mapping its paths go through (`None`: they are this machine's).
+    fn map(&self) -> Option<&[RootMapping]> {
+        match self {
+            Via::Stdio => None,
+            Via::Http(map) => Some(map),
+        }
+    }
+
+    /// An HTTP client with no mapping: its roots mean nothing here.
+    fn unmapped(&self) -> bool {
+        self.map().is_some_and(<[RootMapping]>::is_empty)
+    }
+}
 
 /// One client's roots as last listed, and what of them is still to be shown.
 pub(crate) struct ClientRoots {
@@ -70,25 +96,25 @@ impl ClientRoots {
     }
 
     /// The client is initialized (or said its roots changed): ask for its roots in the
-    /// background, when roots are on and it declares them.
+    /// background, when roots are on and it declares them. `map`: see [`Via`].
     pub(crate) fn refresh(
         self: &Arc<Self>,
         engine: &Arc<Engine>,
         peer: Peer<RoleServer>,
-        via_http: bool,
+        via: Via,
     ) {
-        match legacy(engine, &peer, via_http) {
+        match legacy(engine, &peer, &via) {
             Legacy::Asked => {}
             Legacy::Unmapped => {
                 self.replace(
                     engine,
-                    RootSet {
+                    Arc::new(RootSet {
                         roots: Vec::new(),
                         refused: vec![Refused {
                             uri: "(every root the client lists)".to_string(),
                             reason: UNMAPPED.to_string(),
                         }],
-                    },
+                    }),
                 );
                 return;
             }
@@ -108,12 +134,12 @@ impl ClientRoots {
         let engine = engine.clone();
         tokio::spawn(async move {
             let set = match tokio::time::timeout(LISTING_TIMEOUT, list(&peer)).await {
-                Ok(Ok(listed)) => engine.resolve_roots(&listed, via_http),
-                Ok(Err(reason)) => unanswered(reason),
-                Err(_) => unanswered(format!(
+                Ok(Ok(listed)) => engine.resolve_roots(&listed, via.map()),
+                Ok(Err(reason)) => Arc::new(unanswered(reason)),
+                Err(_) => Arc::new(unanswered(format!(
                     "the client did not answer roots/list within {} s",
                     LISTING_TIMEOUT.as_secs()
-                )),
+                ))),
             };
             roots.replace(&engine, set);
         });
@@ -128,7 +154,7 @@ impl ClientRoots {
         engine: &Engine,
         request: &mut rmcp::model::CallToolRequestParams,
         context: &rmcp::service::RequestContext<RoleServer>,
-        via_http: bool,
+        via: &Via,
     ) -> Option<rmcp::model::InputRequiredResult> {
         let policy = &engine.config().roots;
         let stateless = context
@@ -137,7 +163,7 @@ impl ClientRoots {
         if !policy.mode.is_on() || !stateless || !ROOT_TOOLS.contains(&request.name.as_ref()) {
             return None;
         }
-        if via_http && policy.map.is_empty() {
+        if via.unmapped() {
             return None;
         }
         let declared = context
@@ -161,22 +187,22 @@ impl ClientRoots {
             ));
         };
         let set = match listed_from(answer) {
-            Ok(listed) => engine.resolve_roots(&listed, via_http),
-            Err(reason) => unanswered(reason),
+            Ok(listed) => engine.resolve_roots(&listed, via.map()),
+            Err(reason) => Arc::new(unanswered(reason)),
         };
         self.replace(engine, set);
         None
     }
 
     /// Makes `set` the current listing; the engine prepares sandboxes with a new one.
-    fn replace(&self, engine: &Engine, set: RootSet) {
+    fn replace(&self, engine: &Engine, set: Arc<RootSet>) {
         if let Some((old, new)) = self.swap(set) {
             engine.roots_changed(old.as_deref(), &new);
         }
     }
 
     /// Makes `set` the current listing; returns the last one and the new one when they differ.
-    fn swap(&self, set: RootSet) -> Option<(Option<Arc<RootSet>>, Arc<RootSet>)> {
+    fn swap(&self, set: Arc<RootSet>) -> Option<(Option<Arc<RootSet>>, Arc<RootSet>)> {
         let changed = {
             let mut state = self.lock();
             // The same listing again (a client that lists with every call) is news to nobody.
@@ -187,7 +213,6 @@ impl ClientRoots {
             (!same).then(|| {
                 log(&set);
                 state.unshown = set.refused.clone();
-                let set = Arc::new(set);
                 (state.current.replace(set.clone()), set)
             })
         };
@@ -202,12 +227,12 @@ impl ClientRoots {
         &self,
         engine: &Engine,
         context: &rmcp::service::RequestContext<RoleServer>,
-        via_http: bool,
+        via: &Via,
     ) -> Option<Arc<RootSet>> {
         if !engine.config().roots.mode.is_on() {
             return None;
         }
-        if legacy(engine, &context.peer, via_http) == Legacy::Asked {
+        if legacy(engine, &context.peer, via) == Legacy::Asked {
             self.first_listing().await;
         }
         self.lock().current.clone()
@@ -237,7 +262,7 @@ enum Legacy {
     No,
 }
 
-fn legacy(engine: &Engine, peer: &Peer<RoleServer>, via_http: bool) -> Legacy {
+fn legacy(engine: &Engine, peer: &Peer<RoleServer>, via: &Via) -> Legacy {
     let policy = &engine.config().roots;
     let Some(info) = peer.peer_info() else {
         return Legacy::No;
@@ -248,7 +273,7 @@ fn legacy(engine: &Engine, peer: &Peer<RoleServer>, via_http: bool) -> Legacy {
     {
         return Legacy::No;
     }
-    if via_http && policy.map.is_empty() {
+    if via.unmapped() {
         return Legacy::Unmapped;
     }
     Legacy::Asked
@@ -374,15 +399,19 @@ mod tests {
                 roots.lock().current.clone()
             })
         };
-        roots.swap(unanswered("no answer".into()));
+        roots.swap(Arc::new(unanswered("no answer".into())));
         let set = waiting.await.unwrap().expect("the listing");
         assert!(set.roots.is_empty());
         assert_eq!(roots.take_refusals()[0].reason, "no answer");
         assert!(roots.take_refusals().is_empty());
         // The same listing again is not shown again; another one is.
-        assert!(roots.swap(unanswered("no answer".into())).is_none());
+        assert!(roots
+            .swap(Arc::new(unanswered("no answer".into())))
+            .is_none());
         assert!(roots.take_refusals().is_empty());
-        assert!(roots.swap(unanswered("still none".into())).is_some());
+        assert!(roots
+            .swap(Arc::new(unanswered("still none".into())))
+            .is_some());
         assert_eq!(roots.take_refusals().len(), 1);
     }
 }

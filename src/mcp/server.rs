@@ -186,6 +186,22 @@ impl SandboxServer {
         }
     }
 
+    /// Where its client's roots are (see [`super::roots::Via`]): over HTTP, mapped through its
+    /// principal's own mapping, or without principals the operator's.
+    pub(super) fn roots_via(&self) -> super::roots::Via {
+        let Some(client) = &self.client else {
+            return super::roots::Via::Stdio;
+        };
+        let policy = &self.engine.config().roots;
+        let map = match &client.principal {
+            Some(principal) => {
+                policy.map_for(Some(&principal.files_dir_name()), &principal.roots_map)
+            }
+            None => policy.map_for(None, &[]),
+        };
+        super::roots::Via::Http(map.into())
+    }
+
     /// The principal this server speaks for, when the caller is one.
     pub(super) fn principal(&self) -> Option<&Principal> {
         self.client.as_ref()?.principal.as_deref()
@@ -265,7 +281,7 @@ impl ServerHandler for SandboxServer {
         // Under 2026-07-28 a call that needs the client's roots asks for them first.
         if let Some(ask) =
             self.roots
-                .ask_within_call(&self.engine, &mut request, &context, self.client.is_some())
+                .ask_within_call(&self.engine, &mut request, &context, &self.roots_via())
         {
             return Ok(rmcp::model::CallToolResponse::InputRequired(ask));
         }
@@ -292,13 +308,13 @@ impl ServerHandler for SandboxServer {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         tracing::debug!("client initialized");
         self.roots
-            .refresh(&self.engine, context.peer, self.client.is_some());
+            .refresh(&self.engine, context.peer, self.roots_via());
     }
 
     /// The client's roots changed: asked for again; new sandboxes mount the new ones.
     async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
         self.roots
-            .refresh(&self.engine, context.peer, self.client.is_some());
+            .refresh(&self.engine, context.peer, self.roots_via());
     }
 
     fn get_info(&self) -> ServerConfig {

@@ -35,6 +35,7 @@ pub use egress::{HostRequest, HostStatus};
 pub use snapshots::{Forked, Restored};
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -164,6 +165,8 @@ pub struct Engine {
     /// The mounts of each client's roots the pool prepares for, under their set's key
     /// ([`RootSet::digest`]); pruned to the sets the pool still knows.
     prepared_roots: std::sync::Mutex<HashMap<String, Arc<RootSet>>>,
+    /// The roots of every sandbox that serves code (see [`Engine::claim_roots`]).
+    live_roots: std::sync::Mutex<Vec<std::sync::Weak<roots::Mounted>>>,
     prepared_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     prepared_wake: Arc<tokio::sync::Notify>,
     /// A preparation ended (kept, refused or failed): a call waiting for one looks again.
@@ -214,6 +217,7 @@ impl Engine {
                     .saturating_sub(plain_cap as u64 * prepared::PLAIN_ESTIMATE),
             ),
             prepared_roots: Default::default(),
+            live_roots: Default::default(),
             prepared_task: std::sync::Mutex::new(None),
             prepared_wake: Arc::new(tokio::sync::Notify::new()),
             prepared_done: tokio::sync::Notify::new(),
@@ -243,20 +247,81 @@ impl Engine {
         &self.backend
     }
 
-    /// What a client's listing of roots comes to under the operator's policy (`via_http`: the
-    /// client is on another machine).
-    pub fn resolve_roots(&self, listed: &[roots::Listed], via_http: bool) -> RootSet {
-        RootSet::resolve(listed, &self.config.roots, &self.protected, via_http)
+    /// What a client's listing of roots comes to under the operator's policy. `map`: over
+    /// HTTP, the mapping of the client's principal (its paths are another machine's); `None`
+    /// over stdio. Judged against what live sandboxes can write ([`Engine::claim_roots`]).
+    pub fn resolve_roots(
+        &self,
+        listed: &[roots::Listed],
+        map: Option<&[crate::config::RootMapping]>,
+    ) -> Arc<RootSet> {
+        let mut live = self.live_roots.lock().unwrap_or_else(|p| p.into_inner());
+        let writable = self.written_now(&mut live);
+        Arc::new(RootSet::resolve(
+            listed,
+            &self.config.roots,
+            &self.protected,
+            roots::Context {
+                map,
+                writable: &writable,
+            },
+        ))
+    }
+
+    /// What live sandboxes can write now: the writable roots of those that serve code, and the
+    /// writable `SANDBOX_MOUNTS` (forgets the sandboxes that went).
+    fn written_now(&self, live: &mut Vec<std::sync::Weak<roots::Mounted>>) -> Vec<PathBuf> {
+        live.retain(|mounted| mounted.strong_count() > 0);
+        let mut writable: Vec<PathBuf> = live
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .flat_map(|mounted| {
+                let dirs: Vec<PathBuf> =
+                    mounted.set.writable_dirs().map(Path::to_path_buf).collect();
+                dirs
+            })
+            .collect();
+        writable.extend(
+            self.config
+                .mounts
+                .iter()
+                .filter(|m| !m.read_only)
+                .map(|m| m.host.clone()),
+        );
+        writable
+    }
+
+    /// A sandbox with `mounted` is about to serve code: its roots must stay apart from what
+    /// other live sandboxes can write (judged under one lock, so two claims cannot nest in
+    /// each other), and from then on what it can write counts too.
+    pub(super) fn claim_roots(&self, mounted: &Arc<roots::Mounted>) -> Result<(), EngineError> {
+        let mut live = self.live_roots.lock().unwrap_or_else(|p| p.into_inner());
+        if live
+            .iter()
+            .any(|other| std::ptr::eq(other.as_ptr(), Arc::as_ptr(mounted)))
+        {
+            return Ok(());
+        }
+        let writable = self.written_now(&mut live);
+        mounted
+            .set
+            .apart_from(&writable)
+            .map_err(EngineError::RootChanged)?;
+        live.push(Arc::downgrade(mounted));
+        Ok(())
     }
 
     /// A code sandbox's spec with the call's roots mounted: checked again first (each must still
-    /// be the directory it was when listed). Mounted, the code runs as the server's user (unless
-    /// that is root, which only read-only roots allow; see `config::validate`), so it reads what
-    /// the user can and what it writes to a writable root is theirs.
-    fn with_roots(spec: &SandboxSpec, roots: &RootSet) -> Result<SandboxSpec, EngineError> {
+    /// be the directory it was when listed, and is again before each create of its container).
+    /// Mounted, the code runs as the server's user (unless that is root, which only read-only
+    /// roots allow; see `config::validate`), so it reads what the user can and what it writes
+    /// to a writable root is theirs. The caller claims the roots ([`Engine::claim_roots`])
+    /// before code runs there.
+    fn with_roots(spec: &SandboxSpec, roots: &Arc<RootSet>) -> Result<SandboxSpec, EngineError> {
         roots.recheck().map_err(EngineError::RootChanged)?;
         let mut spec = spec.clone();
         spec.mounts.extend(roots.mounts());
+        spec.roots = Some(Arc::new(roots::Mounted { set: roots.clone() }));
         // SAFETY: geteuid and getegid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         if uid != 0 {
@@ -558,6 +623,7 @@ impl Engine {
             maintenance: false,
             open_files: None,
             user: None,
+            roots: None,
         }
     }
 
@@ -603,6 +669,9 @@ impl Engine {
                     Some(roots) => Self::with_roots(&spec, roots)?,
                     None => spec.clone(),
                 };
+                if let Some(mounted) = &code_spec.roots {
+                    self.claim_roots(mounted)?;
+                }
                 options.report(&format!("preparing image {}", spec.image));
                 self.backend.ensure_image(&spec.image).await?;
                 options.report("starting the sandbox");

@@ -129,7 +129,10 @@ impl Engine {
                 self.prepared_wake.notify_one();
                 // As for a sandbox started now: a root moved or replaced since is not served
                 // (the start that follows refuses it by name).
-                if roots.recheck().is_err() {
+                let claimed = sandbox
+                    .mounted_roots()
+                    .map_or(Ok(()), |mounted| self.claim_roots(mounted));
+                if roots.recheck().is_err() || claimed.is_err() {
                     self.retire(sandbox);
                     return None;
                 }
@@ -304,7 +307,7 @@ impl Engine {
     /// estimate: it is a plain sandbox with mounts).
     async fn prepare_for_roots(
         &self,
-        roots: &RootSet,
+        roots: &Arc<RootSet>,
     ) -> Result<(PreparedSandbox, u64), EngineError> {
         let spec = self.base_spec(self.config.image.clone(), "pool").await?;
         let spec = Self::with_roots(&spec, roots)?;

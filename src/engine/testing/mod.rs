@@ -57,6 +57,7 @@ pub fn spec() -> SandboxSpec {
         maintenance: false,
         open_files: None,
         user: None,
+        roots: None,
     }
 }
 

@@ -131,7 +131,7 @@ impl SandboxServer {
             reuse: Some(self.reuse_key()),
             roots: self
                 .roots
-                .for_call(&self.engine, context, self.client.is_some())
+                .for_call(&self.engine, context, &self.roots_via())
                 .await,
             ..RunOptions::default()
         };

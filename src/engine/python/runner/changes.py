@@ -22,11 +22,12 @@ ROOTS_MOUNT = "/mnt/roots"
 WRITABLE_ROOTS = [name for name in os.environ.get("PCS_ROOTS_WRITABLE", "").split(",") if name]
 
 
-def snapshot(top=WORKSPACE):
+def snapshot(top=WORKSPACE, directories=False):
     """The entries under `top` (the workspace), without following links: path -> (kind, size,
-    mtime, inode, ctime). Directories are opened one component at a time like open_in_workspace,
-    so a directory the code swaps for a link while it is walked is skipped, never listed from
-    where the link points."""
+    mtime, inode, ctime); `directories`: the directories too, not only what is in them.
+    Directories are opened one component at a time like open_in_workspace, so a directory the
+    code swaps for a link while it is walked is skipped, never listed from where the link
+    points."""
     entries = {}
     stack = [""]
     while stack:
@@ -53,7 +54,8 @@ def snapshot(top=WORKSPACE):
                         continue
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(path)
-                        continue
+                        if not directories:
+                            continue
                     entries[path] = (kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         except OSError:
             pass
@@ -91,12 +93,13 @@ def bounded(changed):
 
 def changed_in_roots(since_ns):
     """What changed in the writable roots since `since_ns` (the wall clock as the code started):
-    [{"root", "path", "kind", "size"}], shallowest first, and whether a root had more entries than
-    are walked."""
+    [{"root", "path", "kind", "size"}], shallowest first, directories too (the host removes
+    world-write and set-id bits the code gave any of them), and whether a root had more entries
+    than are walked."""
     changed = []
     truncated = False
     for name in WRITABLE_ROOTS:
-        entries, cut = snapshot(ROOTS_MOUNT + "/" + name)
+        entries, cut = snapshot(ROOTS_MOUNT + "/" + name, directories=True)
         truncated = truncated or cut
         for path in sorted(entries, key=lambda p: (p.count("/"), p)):
             kind, size, mtime, _, ctime = entries[path]

@@ -15,9 +15,17 @@
 //! A [`RootSet`] is what one listing came to; a session keeps the mounts it started with and
 //! compares them ([`RootSet::key`]) with its client's current ones to know when they are stale.
 
+mod container;
+mod guards;
+mod identity;
+
 use std::path::{Component, Path, PathBuf};
 
 use crate::config::{OperatorMount, RootMapping, RootsMode, RootsPolicy};
+
+pub use container::mount_holder;
+pub use guards::{is_protected, PROTECTED_NAMES};
+pub use identity::Handle;
 
 /// Where roots appear in a sandbox.
 pub const MOUNT_DIR: &str = "/mnt/roots";
@@ -60,6 +68,19 @@ pub struct Root {
     /// The directory on the host, resolved (no symlink in it).
     pub host: PathBuf,
     pub read_only: bool,
+    /// The directory as the host judged it, held open (see [`identity`]).
+    pub handle: Handle,
+    /// In a writable root, the places that make the host run things (`.git`, `.envrc`, ...),
+    /// each mounted read-only over itself (see [`guards`]).
+    pub guards: Vec<Guard>,
+}
+
+/// A place inside a writable root that is mounted read-only over itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    /// Its path under the root (no link on the way).
+    pub relative: PathBuf,
+    pub handle: Handle,
 }
 
 impl Root {
@@ -67,6 +88,32 @@ impl Root {
     pub fn container_path(&self) -> String {
         format!("{MOUNT_DIR}/{}", self.name)
     }
+
+    /// Every mount it makes: (the host's directory, the mount point, read-only, its handle).
+    fn each_mount(&self) -> impl Iterator<Item = (PathBuf, String, bool, &Handle)> + '_ {
+        let own = std::iter::once((
+            self.host.clone(),
+            self.container_path(),
+            self.read_only,
+            &self.handle,
+        ));
+        own.chain(self.guards.iter().map(|guard| {
+            (
+                self.host.join(&guard.relative),
+                format!("{}/{}", self.container_path(), guard.relative.display()),
+                true,
+                &guard.handle,
+            )
+        }))
+    }
+}
+
+/// The roots one sandbox mounts. While it lives, and once it serves code (a prepared sandbox
+/// only once it is handed out), the directories it can write are "written by a live sandbox":
+/// a root judged then must stay apart from them (see [`Context::writable`]).
+#[derive(Debug)]
+pub struct Mounted {
+    pub set: std::sync::Arc<RootSet>,
 }
 
 /// A root that is not mounted, and why.
@@ -141,17 +188,29 @@ pub fn shown(text: &str) -> String {
     crate::text::one_line(text, MAX_SHOWN)
 }
 
+/// What a listing is judged against besides the operator's policy.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Context<'a> {
+    /// Over HTTP, the mapping through which the client's paths name this machine's directories
+    /// (its principal's own, see `config::roots`); `None` over stdio, where they are this
+    /// machine's.
+    pub map: Option<&'a [RootMapping]>,
+    /// Directories code in other sandboxes can write now: the writable roots of live listings
+    /// and the writable `SANDBOX_MOUNTS`. A root may be one of them, never inside one nor
+    /// holding one: code writing there could put a link where the root's path leads.
+    pub writable: &'a [PathBuf],
+}
+
 impl RootSet {
-    /// Resolves a listing with the operator's policy. `via_http`: the client is on another
-    /// machine, so its paths mean something here only through `SANDBOX_ROOTS_MAP`.
+    /// Resolves a listing with the operator's policy.
     pub fn resolve(
         listed: &[Listed],
         policy: &RootsPolicy,
         protected: &Protected,
-        via_http: bool,
+        context: Context<'_>,
     ) -> RootSet {
         let mut set = RootSet::default();
-        let read_only = policy.mode != RootsMode::ReadWrite;
+        let writable = policy.mode == RootsMode::ReadWrite;
         for item in listed {
             let refuse = |reason: String| Refused {
                 uri: shown(&item.uri),
@@ -164,8 +223,9 @@ impl RootSet {
                 continue;
             }
             let host = match path_of(&item.uri)
-                .and_then(|path| mapped(path, via_http, &policy.map))
+                .and_then(|path| mapped(path, context.map))
                 .and_then(|path| judge(&path, policy, protected))
+                .and_then(|host| apart(&host, &set, writable, context.writable).map(|()| host))
             {
                 Ok(host) => host,
                 Err(reason) => {
@@ -180,6 +240,27 @@ impl RootSet {
                 )));
                 continue;
             }
+            let handle = match Handle::open(&host) {
+                Ok(handle) => handle,
+                Err(e) => {
+                    set.refused.push(refuse(format!(
+                        "cannot be opened here without following a link ({e})"
+                    )));
+                    continue;
+                }
+            };
+            let (read_only, guards) = if writable {
+                match guards::find(&host, &handle) {
+                    Ok(guards) => (false, guards),
+                    Err(why) => {
+                        set.refused
+                            .push(refuse(format!("mounted read-only: {why}")));
+                        (true, Vec::new())
+                    }
+                }
+            } else {
+                (true, Vec::new())
+            };
             let wanted = item
                 .name
                 .as_deref()
@@ -192,9 +273,33 @@ impl RootSet {
                 name,
                 host,
                 read_only,
+                handle,
+                guards,
             });
         }
         set
+    }
+
+    /// Whether each of these roots stays apart from `writable` (what other live sandboxes can
+    /// write); else why not, naming the root.
+    pub fn apart_from(&self, writable: &[PathBuf]) -> Result<(), String> {
+        for root in &self.roots {
+            if let Err(why) = apart(&root.host, &RootSet::default(), false, writable) {
+                return Err(format!(
+                    "the root mounted at {}: {why}",
+                    root.container_path()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The writable directories these roots give sandboxes.
+    pub fn writable_dirs(&self) -> impl Iterator<Item = &Path> {
+        self.roots
+            .iter()
+            .filter(|r| !r.read_only)
+            .map(|r| r.host.as_path())
     }
 
     /// What the mounts are, as one string: equal for equal mounts (a session's own against its
@@ -204,6 +309,9 @@ impl RootSet {
         for root in &self.roots {
             let mode = if root.read_only { "ro" } else { "rw" };
             key.push_str(&format!("{}\0{}\0{mode}\0", root.name, root.host.display()));
+            for guard in &root.guards {
+                key.push_str(&format!("guard\0{}\0", guard.relative.display()));
+            }
         }
         key
     }
@@ -226,16 +334,33 @@ impl RootSet {
         self.roots.is_empty()
     }
 
-    /// The bind mounts a sandbox gets.
+    /// The bind mounts a sandbox gets: each root, and each of its guards read-only over itself.
     pub fn mounts(&self) -> Vec<OperatorMount> {
         self.roots
             .iter()
-            .map(|root| OperatorMount {
-                host: root.host.clone(),
-                container: root.container_path(),
-                read_only: root.read_only,
+            .flat_map(Root::each_mount)
+            .map(|(host, container, read_only, _)| OperatorMount {
+                host,
+                container,
+                read_only,
             })
             .collect()
+    }
+
+    /// Whether each mount shows, in the mount table of `holder` (a process in the started
+    /// container's mount namespace, see [`mount_holder`]), the directory the host judged; else
+    /// why not, naming the mount.
+    pub fn verify(&self, holder: u32) -> Result<(), String> {
+        for (host, container, _, handle) in self.roots.iter().flat_map(Root::each_mount) {
+            if let Err(why) = handle.is_mounted_at(holder, &container) {
+                return Err(format!(
+                    "the mount at {container} is not the directory that was judged ({}): {why}; \
+                     the sandbox was removed before any code ran",
+                    host.display()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The names of the writable roots, for [`WRITABLE_ENV`] (`None` when all are read-only).
@@ -249,20 +374,19 @@ impl RootSet {
         (!names.is_empty()).then(|| names.join(","))
     }
 
-    /// Just before a sandbox mounts them: every root must still resolve to itself (a directory,
-    /// no symlink on its way), else it is named in the error.
+    /// Just before each container create: every mount's path must still lead, without a link,
+    /// to the directory the host judged, else it is named in the error.
     pub fn recheck(&self) -> Result<(), String> {
         for root in &self.roots {
-            let now = std::fs::canonicalize(&root.host);
-            let still = matches!(&now, Ok(path) if *path == root.host) && root.host.is_dir();
-            if !still {
-                return Err(format!(
-                    "the root mounted at {} ({}) is no longer the directory it was when the \
-                     client listed it (moved, removed, or replaced by a link); the client's next \
-                     listing of roots decides again",
-                    root.container_path(),
-                    root.host.display()
-                ));
+            for (host, container, _, handle) in root.each_mount() {
+                if !handle.still_at(&host) {
+                    return Err(format!(
+                        "the directory mounted at {container} ({}) is no longer the one it was \
+                         when the client listed it (moved, removed, or replaced by a link); the \
+                         client's next listing of roots decides again",
+                        host.display()
+                    ));
+                }
             }
         }
         Ok(())
@@ -299,11 +423,11 @@ fn path_of(uri: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(std::ffi::OsString::from_vec(decoded)))
 }
 
-/// Over HTTP, the client's path through the operator's mapping; over stdio, itself.
-fn mapped(path: PathBuf, via_http: bool, map: &[RootMapping]) -> Result<PathBuf, String> {
-    if !via_http {
+/// Over HTTP, the client's path through its mapping; over stdio, itself.
+fn mapped(path: PathBuf, map: Option<&[RootMapping]>) -> Result<PathBuf, String> {
+    let Some(map) = map else {
         return Ok(path);
-    }
+    };
     for mapping in map {
         if let Ok(rest) = path.strip_prefix(&mapping.client) {
             if rest
@@ -316,6 +440,40 @@ fn mapped(path: PathBuf, via_http: bool, map: &[RootMapping]) -> Result<PathBuf,
         }
     }
     Err(UNMAPPED.into())
+}
+
+/// Whether `host` stays apart from what code can write: the writable roots accepted before it
+/// in this listing (when `writable`, its own mode) and `elsewhere`. Being one of them is fine
+/// (code cannot replace a mount point); being inside one, or holding one, is not: code writing
+/// there could put a link where the other's path leads, and the engine would mount what the
+/// link names.
+fn apart(host: &Path, set: &RootSet, writable: bool, elsewhere: &[PathBuf]) -> Result<(), String> {
+    let nested = |other: &Path| other != host && (within(host, other) || within(other, host));
+    if writable {
+        if let Some(root) = set.roots.iter().find(|r| nested(&r.host)) {
+            let how = if within(host, &root.host) {
+                "inside"
+            } else {
+                "holds"
+            };
+            return Err(format!(
+                "{how} the writable root mounted at {} ({}): with SANDBOX_ROOTS=rw roots may \
+                 not nest (code writing in one could replace the other with a link); list \
+                 either one",
+                root.container_path(),
+                root.host.display()
+            ));
+        }
+    }
+    if elsewhere.iter().any(|other| nested(other)) {
+        return Err(
+            "inside or holding a directory that another sandbox can write now (a \
+                    writable root of a live session, or a writable SANDBOX_MOUNTS entry): code \
+                    writing there could replace it with a link"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Whether `inner` is `outer` or inside it (component by component).
@@ -495,6 +653,14 @@ mod tests {
         }
     }
 
+    /// An HTTP client's context, through the policy's mapping.
+    fn http(policy: &RootsPolicy) -> Context<'_> {
+        Context {
+            map: Some(&policy.map),
+            writable: &[],
+        }
+    }
+
     fn reason(set: &RootSet) -> &str {
         assert!(set.roots.is_empty(), "{:?}", set.roots);
         &set.refused[0].reason
@@ -518,7 +684,7 @@ mod tests {
             },
         ];
         // The same directory twice is mounted once.
-        let set = RootSet::resolve(&listed, &tree.policy(), &other, false);
+        let set = RootSet::resolve(&listed, &tree.policy(), &other, Context::default());
         let names: Vec<&str> = set.roots.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["_._My_Project", "data"]);
         assert!(set.refused[0].reason.contains("same directory"));
@@ -529,13 +695,13 @@ mod tests {
 
         let mut rw = tree.policy();
         rw.mode = RootsMode::ReadWrite;
-        let set = RootSet::resolve(&listed[1..2], &rw, &other, false);
+        let set = RootSet::resolve(&listed[1..2], &rw, &other, Context::default());
         assert_eq!(set.writable_names().as_deref(), Some("data"));
-        let again = RootSet::resolve(&listed[1..2], &rw, &other, false);
+        let again = RootSet::resolve(&listed[1..2], &rw, &other, Context::default());
         assert_eq!(again.key(), set.key());
         assert_ne!(
             again.key(),
-            RootSet::resolve(&listed[..1], &rw, &other, false).key()
+            RootSet::resolve(&listed[..1], &rw, &other, Context::default()).key()
         );
         assert_eq!(RootSet::key_of(None), RootSet::default().key());
     }
@@ -552,6 +718,8 @@ mod tests {
                     name: n.to_string(),
                     host: "/".into(),
                     read_only: true,
+                    handle: Handle::open(Path::new("/")).unwrap(),
+                    guards: Vec::new(),
                 })
                 .collect()
         };
@@ -564,7 +732,12 @@ mod tests {
     fn what_a_user_would_not_mean_to_share_is_refused_with_its_reason() {
         let tree = Tree::new();
         let check = |rel: &str, expected: &str| {
-            let set = RootSet::resolve(&[tree.uri(rel)], &tree.policy(), &tree.protected(), false);
+            let set = RootSet::resolve(
+                &[tree.uri(rel)],
+                &tree.policy(),
+                &tree.protected(),
+                Context::default(),
+            );
             let why = reason(&set);
             assert!(why.contains(expected), "{rel}: {why}");
         };
@@ -591,7 +764,7 @@ mod tests {
             }],
             &tree.policy(),
             &tree.protected(),
-            false,
+            Context::default(),
         );
         assert!(reason(&set).contains("not UTF-8"), "{set:?}");
         let protected = tree.protected();
@@ -600,7 +773,7 @@ mod tests {
                 uri: uri.into(),
                 name: None,
             }];
-            RootSet::resolve(&listed, &tree.policy(), &protected, false)
+            RootSet::resolve(&listed, &tree.policy(), &protected, Context::default())
         };
         assert!(reason(&one("https://example.com/x")).contains("file://"));
         assert!(reason(&one("file://elsewhere/home")).contains("another host"));
@@ -628,21 +801,27 @@ mod tests {
             uri: "file:///Users/me/src/proj".into(),
             name: None,
         }];
-        assert!(
-            reason(&RootSet::resolve(&listed, &policy, &protected, true))
-                .contains("SANDBOX_ROOTS_MAP")
-        );
+        assert!(reason(&RootSet::resolve(
+            &listed,
+            &policy,
+            &protected,
+            http(&policy)
+        ))
+        .contains("SANDBOX_ROOTS_MAP"));
         policy.map = vec![RootMapping {
             client: "/Users/me/src".into(),
             host: tree.path("home/me"),
         }];
-        let set = RootSet::resolve(&listed, &policy, &protected, true);
+        let set = RootSet::resolve(&listed, &policy, &protected, http(&policy));
         assert_eq!(set.roots[0].host, tree.path("home/me/proj"));
         // Over stdio the same URI is this machine's path, which does not exist.
-        assert!(
-            reason(&RootSet::resolve(&listed, &policy, &protected, false))
-                .contains("does not exist")
-        );
+        assert!(reason(&RootSet::resolve(
+            &listed,
+            &policy,
+            &protected,
+            Context::default()
+        ))
+        .contains("does not exist"));
     }
 
     #[test]
@@ -654,11 +833,151 @@ mod tests {
             &[tree.uri("home/me/proj")],
             &tree.policy(),
             &protected,
-            false,
+            Context::default(),
         );
         set.recheck().unwrap();
         std::fs::rename(tree.path("home/me/proj"), tree.path("home/me/moved")).unwrap();
         std::os::unix::fs::symlink(tree.path("other"), tree.path("home/me/proj")).unwrap();
         assert!(set.recheck().unwrap_err().contains("no longer"));
+    }
+
+    #[test]
+    fn a_root_swapped_for_another_directory_is_not_mounted() {
+        let tree = Tree::new();
+        let mut protected = tree.protected();
+        protected.state.clear();
+        let set = RootSet::resolve(
+            &[tree.uri("home/me/proj")],
+            &tree.policy(),
+            &protected,
+            Context::default(),
+        );
+        // Same path, no link, another directory: the handle tells them apart.
+        std::fs::rename(tree.path("home/me/proj"), tree.path("home/me/moved")).unwrap();
+        std::fs::create_dir(tree.path("home/me/proj")).unwrap();
+        assert!(set.recheck().unwrap_err().contains("no longer"));
+    }
+
+    #[test]
+    fn writable_roots_never_nest_in_each_other_nor_in_what_others_write() {
+        let tree = Tree::new();
+        let mut protected = tree.protected();
+        protected.state.clear();
+        protected.sockets.clear();
+        std::fs::create_dir_all(tree.path("home/me/proj/sub")).unwrap();
+        let mut rw = tree.policy();
+        rw.mode = RootsMode::ReadWrite;
+        let listed = [
+            tree.uri("home/me/proj"),
+            tree.uri("home/me/proj/sub"),
+            tree.uri("home/me/data"),
+        ];
+        let set = RootSet::resolve(&listed, &rw, &protected, Context::default());
+        let names: Vec<&str> = set.roots.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["proj", "data"]);
+        assert!(
+            set.refused[0].reason.contains("inside the writable root"),
+            "{set:?}"
+        );
+        // Listed the other way round, the outer one is refused.
+        let set = RootSet::resolve(
+            &[listed[1].clone(), listed[0].clone()],
+            &rw,
+            &protected,
+            Context::default(),
+        );
+        assert!(
+            set.refused[0].reason.contains("holds the writable root"),
+            "{set:?}"
+        );
+        // Read-only roots may nest: no code writes there.
+        let set = RootSet::resolve(&listed, &tree.policy(), &protected, Context::default());
+        assert_eq!(set.roots.len(), 3);
+        // What other live sandboxes write: the same directory is fine, nested is not, in
+        // either mode.
+        let writable = [tree.path("home/me/proj")];
+        let context = Context {
+            map: None,
+            writable: &writable,
+        };
+        for policy in [&rw, &tree.policy()] {
+            let set = RootSet::resolve(&listed, policy, &protected, context);
+            let names: Vec<&str> = set.roots.iter().map(|r| r.name.as_str()).collect();
+            assert_eq!(names, ["proj", "data"]);
+            let set = RootSet::resolve(&listed[1..], policy, &protected, context);
+            let names: Vec<&str> = set.roots.iter().map(|r| r.name.as_str()).collect();
+            assert_eq!(names, ["data"]);
+            assert!(
+                set.refused[0].reason.contains("another sandbox can write"),
+                "{set:?}"
+            );
+        }
+        let set = RootSet::resolve(&listed[..1], &rw, &protected, Context::default());
+        assert!(set.apart_from(&writable).is_ok());
+        assert!(set
+            .apart_from(&[tree.path("home/me/proj/sub")])
+            .unwrap_err()
+            .contains("/mnt/roots/proj"));
+    }
+
+    #[test]
+    fn a_writable_root_mounts_the_places_the_host_runs_read_only() {
+        let tree = Tree::new();
+        let mut protected = tree.protected();
+        protected.state.clear();
+        std::fs::create_dir_all(tree.path("home/me/proj/.git/hooks")).unwrap();
+        std::fs::write(tree.path("home/me/proj/.envrc"), "").unwrap();
+        let mut rw = tree.policy();
+        rw.mode = RootsMode::ReadWrite;
+        let set = RootSet::resolve(
+            &[tree.uri("home/me/proj")],
+            &rw,
+            &protected,
+            Context::default(),
+        );
+        let mounts: Vec<(String, bool)> = set
+            .mounts()
+            .into_iter()
+            .map(|m| (m.container, m.read_only))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("/mnt/roots/proj".to_string(), false),
+                ("/mnt/roots/proj/.envrc".to_string(), true),
+                ("/mnt/roots/proj/.git".to_string(), true),
+            ]
+        );
+        set.recheck().unwrap();
+        // A guard replaced by a link is caught like the root.
+        std::fs::rename(
+            tree.path("home/me/proj/.git"),
+            tree.path("home/me/proj/git"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(tree.path("other"), tree.path("home/me/proj/.git")).unwrap();
+        assert!(set.recheck().unwrap_err().contains("/mnt/roots/proj/.git"));
+        // And a root with a place that is a link is mounted read-only, saying why.
+        let set = RootSet::resolve(
+            &[tree.uri("home/me/proj")],
+            &rw,
+            &protected,
+            Context::default(),
+        );
+        assert!(set.roots[0].read_only);
+        assert!(
+            set.refused[0]
+                .reason
+                .starts_with("mounted read-only: its .git is a link"),
+            "{set:?}"
+        );
+        // Read-only roots need no guards.
+        let set = RootSet::resolve(
+            &[tree.uri("home/me/proj")],
+            &tree.policy(),
+            &protected,
+            Context::default(),
+        );
+        assert_eq!(set.mounts().len(), 1);
     }
 }
