@@ -821,7 +821,7 @@ pub const SANDBOX_ROOTS_ALLOW: Setting = Setting {
 pub const SANDBOX_ROOTS_MAP: Setting = Setting {
     name: "SANDBOX_ROOTS_MAP",
     default: Shown::Prose("none"),
-    doc: "over HTTP, roots are the client machine's paths: comma-separated `CLIENT_PATH=HOST_PATH` names the directory of this machine a client prefix stands for; without it HTTP clients' roots are refused. With principals (a tokens file or OAuth) every `HOST_PATH` must name `{principal}` (the principal's name, as its saved-files directory), so that each principal's paths map to its own directory, or a principal's tokens-file line gives its own (`roots_map=CLIENT_PATH=HOST_PATH`); a mapping shared by several principals is refused at start-up",
+    doc: "over HTTP, roots are the client machine's paths: comma-separated `CLIENT_PATH=HOST_PATH` names the directory of this machine a client prefix stands for; without it HTTP clients' roots are refused. With principals (a tokens file or OAuth) every `HOST_PATH` must name `{principal}` (the principal's name; an OAuth principal's, which can hold anything, as its saved-files directory's name), so that each principal's paths map to its own directory, or a principal's tokens-file line gives its own (`roots_map=CLIENT_PATH=HOST_PATH`); a mapping shared by several principals is refused at start-up",
     read: Read::Value(|config, var, v| {
         config.roots.map = roots::parse_map(var, v)?;
         Ok(())

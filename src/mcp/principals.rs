@@ -55,6 +55,17 @@ impl Principal {
         }
     }
 
+    /// What `{principal}` stands for in `SANDBOX_ROOTS_MAP`: its name when that is a plain file
+    /// name (a tokens-file name always is), else its saved-files directory's name (an OAuth
+    /// subject can be anything).
+    pub fn roots_dir_name(&self) -> String {
+        if is_plain_name(&self.name) && self.name.len() <= 64 {
+            self.name.clone()
+        } else {
+            self.files_dir_name()
+        }
+    }
+
     /// The directory, under the files directory, of this principal's saved files.
     pub fn files_dir_name(&self) -> String {
         crate::engine::files_dir::owner_dir_name(&self.name)

@@ -195,7 +195,7 @@ impl SandboxServer {
         let policy = &self.engine.config().roots;
         let map = match &client.principal {
             Some(principal) => {
-                policy.map_for(Some(&principal.files_dir_name()), &principal.roots_map)
+                policy.map_for(Some(&principal.roots_dir_name()), &principal.roots_map)
             }
             None => policy.map_for(None, &[]),
         };

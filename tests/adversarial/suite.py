@@ -192,7 +192,10 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def server(binary, _client=None, **env):
+async def server(binary, _client=None, _as_user=None, **env):
+    """A server driven over stdio; `_client`: more arguments of the client (a roots callback);
+    `_as_user`: the uid (and gid) it runs as, with the engine socket's group (writable roots
+    refuse a server that runs as root)."""
     tag = uuid.uuid4().hex
     merged = dict(os.environ)
     merged.setdefault("LOG_LEVEL", "warn")
@@ -205,6 +208,15 @@ async def server(binary, _client=None, **env):
     merged["PCS_SUITE_TAG"] = tag
     merged[CANARY] = "the host's secret"
     params = StdioServerParameters(command=binary, args=[], env=merged)
+    if _as_user is not None:
+        # The tests' download cache belongs to another user.
+        merged.pop("PIP_CACHE_PATH", None)
+        socket_gid = os.stat("/var/run/docker.sock").st_gid
+        params = StdioServerParameters(
+            command="setpriv",
+            args=[f"--reuid={_as_user}", f"--regid={_as_user}", f"--groups={socket_gid}", binary],
+            env=merged,
+        )
     async with Client(params, read_timeout_seconds=240, **(_client or {})) as client:
         pid = find_server_pid(tag)
         if pid is None:
@@ -1414,6 +1426,286 @@ async def files_dir_retention(ctx):
             check(not any(n.startswith(".trash-") for n in listing(files_dir)), f"left over: {listing(files_dir)}")
             await s.answers_normally()
             await s.nothing_left()
+
+
+# --- Issue 44: the client's roots, attacked (items 1-3) -------------------------------------------
+
+# The uid of the servers with writable roots (rw refuses a server running as root): a user of no
+# account here, owner of the case's home.
+ROOTS_UID = 4242
+
+
+class RootsHome:
+    """A home of the case's own, owned by ROOTS_UID, with a secret directory (~/.ssh) holding the
+    canary; the server's HOME, so the default SANDBOX_ROOTS_ALLOW."""
+
+    def __init__(self):
+        self.base = tempfile.mkdtemp(prefix="pcs-suite-roots-")
+        os.chmod(self.base, 0o755)
+        self.home = self.mkdir("home")
+        self.secret = self.mkdir("home/.ssh")
+        self.write("home/.ssh/id_rsa", CANARY)
+
+    def path(self, rel):
+        return os.path.join(self.base, rel)
+
+    def own(self, path):
+        os.chown(path, ROOTS_UID, ROOTS_UID)
+        return path
+
+    def mkdir(self, rel, mode=0o755):
+        path = self.path(rel)
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, mode)
+        return self.own(path)
+
+    def write(self, rel, text):
+        path = self.path(rel)
+        with open(path, "w") as f:
+            f.write(text)
+        return self.own(path)
+
+    def env(self, mode, **extra):
+        self.mkdir("home/.local")
+        self.mkdir("home/.local/state")
+        return {**ATTACK_ENV, "HOME": self.home, "SANDBOX_ROOTS": mode,
+                "SANDBOX_SNAPSHOT_DIR": self.mkdir("home/.local/state/snapshots", 0o700),
+                "SANDBOX_CACHE_DIR": self.mkdir("home/.local/state/cache", 0o700), **extra}
+
+    def remove(self):
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class RootsListing:
+    """The client's roots: a list the case changes, handed out by the SDK's roots callback."""
+
+    def __init__(self, *paths):
+        self.paths = list(paths)
+
+    async def __call__(self, context):
+        from mcp import types
+        return types.ListRootsResult(roots=[types.Root(uri="file://" + p) for p in self.paths])
+
+    def client(self):
+        return {"list_roots_callback": self, "mode": "legacy"}
+
+
+async def relist(s, listing, *paths):
+    """The client lists `paths` now; returns once the server mounts exactly their names."""
+    listing.paths = list(paths)
+    await s.client.send_roots_list_changed()
+    want = sorted(os.path.basename(p) for p in paths)
+    seen = None
+    for _ in range(100):
+        run = await s.run("import os; print(sorted(os.listdir('/mnt/roots')) if os.path.isdir('/mnt/roots') else [])")
+        seen = run.structured_content["stdout"] if run.structured_content else text_of(run)
+        if seen == f"{want}\n":
+            return
+        await asyncio.sleep(0.2)
+    raise CaseFailed(f"the server did not take the new listing {want}: {seen}")
+
+
+def refused_roots(result):
+    return {r["uri"]: r["reason"] for r in (result.structured_content or {}).get("roots_refused", [])}
+
+
+BREAK_PROTOCOL = "import os, sandbox_runner.protocol as p; os.write(p.PROTO_OUT, b'\\xff\\xff\\xff\\x7fnot a frame')"
+SEES_SUB = "import os; print(sorted(os.listdir('/mnt/roots/sub')))"
+
+
+@case("roots rw: nested roots refused; a root swapped for a link never mounted, on restart nor while it flips (item 1)", kind="attack-own-server")
+async def roots_swapped(ctx):
+    home = RootsHome()
+    try:
+        proj, sub = home.mkdir("home/proj"), home.mkdir("home/proj/sub")
+        home.write("home/proj/sub/marker", "real\n")
+        listing = RootsListing(proj, sub)
+        env = home.env("rw", SANDBOX_POOL_SIZE="0", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            # 1. Nested in one listing: the inner one is refused (code in proj could replace sub).
+            started = await s.call("sandbox_initialize", {})
+            check([r["name"] for r in started.structured_content["roots"]] == ["proj"], text_of(started))
+            check("inside the writable root" in refused_roots(started).get("file://" + sub, ""), text_of(started))
+            await s.call("sandbox_stop", {"container_id": started.structured_content["container_id"]})
+            # 2. Nested across sandboxes: while a session mounts sub, no sandbox with proj starts
+            # (its code could replace sub); once that session is gone, one does.
+            await relist(s, listing, sub)
+            session = await s.session()
+            await relist(s, listing, sub, home.mkdir("home/other"))
+            listing.paths = [proj]
+            await s.client.send_roots_list_changed()
+            for _ in range(100):
+                other = await s.run("print(1)")
+                if "another sandbox can write" in text_of(other):
+                    break
+                await asyncio.sleep(0.2)
+            check(other.is_error is True and "/mnt/roots/proj" in text_of(other), f"proj started beside sub: {text_of(other)[:500]}")
+            # 3. The session's root swapped for a link to ~/.ssh on the host (by whoever writes
+            # there), then its protocol broken so that the next call restarts the sandbox: the
+            # restart must not mount what the path now names.
+            os.rename(sub, sub + ".moved")
+            os.symlink(home.secret, sub)
+            await s.in_session(session, BREAK_PROTOCOL)
+            after = await s.in_session(session, SEES_SUB + "\nprint(open('/mnt/roots/sub/id_rsa').read())")
+            check(CANARY not in text_of(after), f"the restart mounted ~/.ssh: {text_of(after)[:500]}")
+            check(after.is_error is True and "no longer" in text_of(after), f"not refused by name: {text_of(after)[:500]}")
+            check(os.listdir(home.secret) == ["id_rsa"], f"~/.ssh was written: {os.listdir(home.secret)}")
+            await s.call("sandbox_stop", {"container_id": session})
+            os.unlink(sub)
+            os.rename(sub + ".moved", sub)
+            # 4. The path flips between the directory and a link to ~/.ssh while sessions start:
+            # each either mounts the directory that was listed or is refused, naming the mount.
+            await relist(s, listing, sub)
+            stop = threading.Event()
+
+            def flip():
+                while not stop.is_set():
+                    os.rename(sub, sub + ".moved")
+                    os.symlink(home.secret, sub)
+                    time.sleep(0.003)
+                    os.unlink(sub)
+                    os.rename(sub + ".moved", sub)
+                    time.sleep(0.003)
+
+            flipper = threading.Thread(target=flip, daemon=True)
+            flipper.start()
+            outcomes = {"mounted the listed directory": 0, "refused": 0}
+            try:
+                for _ in range(8):
+                    started = await s.call("sandbox_initialize", {})
+                    text = text_of(started)
+                    check(CANARY not in text, "a start showed the canary")
+                    if started.is_error:
+                        check("no longer" in text or "not the directory that was judged" in text, f"refused without the reason: {text[:500]}")
+                        outcomes["refused"] += 1
+                        continue
+                    sid = started.structured_content["container_id"]
+                    seen = await s.in_session(sid, SEES_SUB)
+                    check(seen.structured_content["stdout"] == "['marker']\n", f"a start mounted another directory: {text_of(seen)[:500]}")
+                    outcomes["mounted the listed directory"] += 1
+                    await s.call("sandbox_stop", {"container_id": sid})
+            finally:
+                stop.set()
+                flipper.join()
+                if os.path.islink(sub):
+                    os.unlink(sub)
+                    os.rename(sub + ".moved", sub)
+            print(f"      8 starts while the root flipped: {outcomes}", flush=True)
+            check(os.listdir(home.secret) == ["id_rsa"], f"~/.ssh was written: {os.listdir(home.secret)}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        home.remove()
+
+
+PLANT = r"""
+import json, os, shutil
+r = '/mnt/roots/proj'
+out = {}
+def attempt(name, action):
+    try:
+        action()
+        out[name] = 'done'
+    except OSError as e:
+        out[name] = e.errno
+attempt('hook', lambda: open(r + '/.git/hooks/pre-commit', 'w').write('#!/bin/sh\nid\n'))
+attempt('tasks', lambda: open(r + '/.vscode/tasks.json', 'w').write('{}'))
+attempt('move .git', lambda: os.rename(r + '/.git', r + '/git-moved'))
+attempt('envrc', lambda: open(r + '/.envrc', 'w').write('echo planted\n'))
+shutil.copy('/bin/sh', r + '/sh')
+attempt('set-id', lambda: os.chmod(r + '/sh', 0o6755))
+os.chmod(r + '/sh', 0o755)
+os.mkdir(r + '/shared')
+attempt('set-gid dir', lambda: os.chmod(r + '/shared', 0o2777))
+os.chmod(r + '/shared', 0o777)
+os.chmod(r, 0o777)
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@case("roots rw: the code cannot plant what the host runs (hooks, settings, set-id, world-writable) (item 3)", kind="attack-own-server")
+async def roots_planting(ctx):
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        home.mkdir("home/proj/.git")
+        home.mkdir("home/proj/.git/hooks")
+        home.mkdir("home/proj/.vscode")
+        listing = RootsListing(proj)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            run = await s.run(PLANT)
+            check(run.is_error is False, text_of(run)[:1000])
+            out = json.loads(run.structured_content["stdout"])
+            check(out["hook"] != "done" and out["tasks"] != "done" and out["move .git"] != "done", f"a guarded place was written: {out}")
+            check(not os.path.exists(os.path.join(proj, ".git/hooks/pre-commit")), "a git hook reached the host")
+            check(not os.path.exists(os.path.join(proj, ".vscode/tasks.json")), "an editor task reached the host")
+            modes = {name: stat.S_IMODE(os.lstat(os.path.join(proj, name)).st_mode) for name in ("sh", "shared")}
+            check(modes["sh"] & 0o6000 == 0, f"a set-id program on the host: {modes['sh']:o}")
+            check(modes["shared"] & 0o2002 == 0, f"a world-writable or set-gid directory on the host: {modes['shared']:o}")
+            check(stat.S_IMODE(os.lstat(proj).st_mode) & 0o002 == 0, "the root was left world-writable")
+            notes = {f["path"]: f.get("note") or "" for f in run.structured_content["files"]}
+            check("EXECUTABLE" in notes.get("/mnt/roots/proj/sh", ""), f"a new program not flagged: {notes}")
+            check("run things from" in notes.get("/mnt/roots/proj/.envrc", ""), f"a new .envrc not flagged: {notes}")
+            print(f"      the code's attempts: {out}", flush=True)
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        home.remove()
+
+
+def tokens_line(binary, name, *options):
+    out = subprocess.run([binary, "token", name, *options], capture_output=True, text=True, check=True)
+    fields = dict(line.split(": ", 1) for line in out.stdout.strip().splitlines() if ": " in line)
+    return fields["token"], fields["line"]
+
+
+@case("roots over HTTP: one principal's client cannot mount another's directories (item 2)", kind="attack-own-server")
+async def roots_across_principals(ctx):
+    from mcp import types
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    home = RootsHome()
+    state = None
+    try:
+        alice_proj = home.mkdir("home/share/alice/proj")
+        home.write("home/share/alice/proj/private.txt", CANARY)
+        bob_proj = home.mkdir("home/share/bob/proj")
+        alice, alice_line = tokens_line(ctx.binary, "alice")
+        bob, bob_line = tokens_line(ctx.binary, "bob")
+        tokens = home.path("tokens")
+        with open(tokens, "w") as f:
+            f.write(alice_line + "\n" + bob_line + "\n")
+        os.chmod(tokens, 0o600)
+        # A server running as root: its state in directories root owns.
+        state = tempfile.mkdtemp(prefix="pcs-suite-roots-state-")
+        env = home.env("ro", SANDBOX_HTTP_TOKENS_FILE=tokens, SANDBOX_SNAPSHOT_DIR="",
+                       SANDBOX_CACHE_DIR=state, **ctx.runtime_env)
+        # One mapping for every principal: refused at start-up, naming the setting.
+        shared = {**os.environ, **env, "SANDBOX_ROOTS_MAP": "/Users=" + home.path("home/share")}
+        refused = subprocess.run([ctx.binary, "serve", "--http", "127.0.0.1:0"], env=shared, capture_output=True,
+                                 text=True, timeout=60, stdin=subprocess.DEVNULL)
+        check(refused.returncode == 2 and "SANDBOX_ROOTS_MAP" in refused.stderr and "{principal}" in refused.stderr,
+              f"a shared mapping was not refused: exit {refused.returncode}: {refused.stderr[-800:]}")
+        # Each principal's own: bob's client naming alice's path reaches nothing of hers.
+        with http_serving(ctx, **env, SANDBOX_ROOTS_MAP="/Users=" + home.path("home/share/{principal}")) as server_:
+            async def listed(uris):
+                return types.ListRootsResult(roots=[types.Root(uri=u) for u in uris])
+
+            async with create_mcp_http_client(headers={"Authorization": f"Bearer {bob}"}) as http:
+                async with Client(streamable_http_client(server_.url, http_client=http), read_timeout_seconds=120, mode="legacy",
+                                  list_roots_callback=lambda _: listed(["file:///Users/alice/proj", "file:///Users/proj",
+                                                                        "file:///Users/../alice/proj"])) as client:
+                    started = await client.call_tool("sandbox_initialize", {})
+                    mounted = [r["host_path"] for r in started.structured_content["roots"]]
+                    check(mounted == [os.path.realpath(bob_proj)], f"bob mounted {mounted}: {text_of(started)[:800]}")
+                    run = await client.call_tool("run_python_ephemeral", {"code": "import os\nfor t, d, f in os.walk('/mnt/roots'):\n    [print(open(os.path.join(t, n)).read()) for n in f]"})
+                    check(CANARY not in text_of(run), "bob read alice's file")
+                    await client.call_tool("sandbox_stop", {"container_id": started.structured_content["container_id"]})
+    finally:
+        home.remove()
+        if state:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 # --- Issue 13.1: a package's install cannot reach other clients' dependencies or the host -------

@@ -195,8 +195,9 @@ pub struct Context<'a> {
     /// (its principal's own, see `config::roots`); `None` over stdio, where they are this
     /// machine's.
     pub map: Option<&'a [RootMapping]>,
-    /// Directories code in other sandboxes can write now: the writable roots of live listings
-    /// and the writable `SANDBOX_MOUNTS`. A root may be one of them, never inside one nor
+    /// Directories code in sandboxes can write: the writable `SANDBOX_MOUNTS` when a listing is
+    /// judged, and with them the writable roots of live sandboxes when a sandbox is about to
+    /// serve code ([`RootSet::apart_from`]). A root may be one of them, never inside one nor
     /// holding one: code writing there could put a link where the root's path leads.
     pub writable: &'a [PathBuf],
 }

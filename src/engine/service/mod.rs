@@ -249,23 +249,32 @@ impl Engine {
 
     /// What a client's listing of roots comes to under the operator's policy. `map`: over
     /// HTTP, the mapping of the client's principal (its paths are another machine's); `None`
-    /// over stdio. Judged against what live sandboxes can write ([`Engine::claim_roots`]).
+    /// over stdio. What live sandboxes write is judged when a sandbox is about to serve code
+    /// with these roots ([`Engine::claim_roots`]): a listing outlives the sandboxes of its time.
     pub fn resolve_roots(
         &self,
         listed: &[roots::Listed],
         map: Option<&[crate::config::RootMapping]>,
     ) -> Arc<RootSet> {
-        let mut live = self.live_roots.lock().unwrap_or_else(|p| p.into_inner());
-        let writable = self.written_now(&mut live);
         Arc::new(RootSet::resolve(
             listed,
             &self.config.roots,
             &self.protected,
             roots::Context {
                 map,
-                writable: &writable,
+                writable: &self.operator_writable(),
             },
         ))
+    }
+
+    /// The writable `SANDBOX_MOUNTS`: every sandbox can write them.
+    fn operator_writable(&self) -> Vec<PathBuf> {
+        self.config
+            .mounts
+            .iter()
+            .filter(|m| !m.read_only)
+            .map(|m| m.host.clone())
+            .collect()
     }
 
     /// What live sandboxes can write now: the writable roots of those that serve code, and the
@@ -281,13 +290,7 @@ impl Engine {
                 dirs
             })
             .collect();
-        writable.extend(
-            self.config
-                .mounts
-                .iter()
-                .filter(|m| !m.read_only)
-                .map(|m| m.host.clone()),
-        );
+        writable.extend(self.operator_writable());
         writable
     }
 
