@@ -603,6 +603,139 @@ async fn code_that_kills_its_runner_is_reported_and_the_session_recovers() {
     assert_nothing_left(&engine).await;
 }
 
+/// The code's forgery of the host's signal: pid 1's /proc directory as a pidfd, and a siginfo of
+/// the caller's making (SI_QUEUE, sender pid 0), as issue 44's review found. `SIGNAME` is replaced.
+/// It prints what the call answered; a sent signal is waited for until pid 1 has taken it (its
+/// pending set, runc's /proc; gVisor never lets it through).
+const FORGED_PIDFD_SIGNAL: &str = r"
+import ctypes, errno, os, signal, struct
+libc = ctypes.CDLL(None, use_errno=True)
+info = ctypes.create_string_buffer(128)
+struct.pack_into('iii', info, 0, signal.SIGNAME, 0, -1)
+init = os.open('/proc/1', os.O_RDONLY | os.O_DIRECTORY)
+if libc.syscall(424, init, signal.SIGNAME, info, 0) == 0:
+    print('sent')
+    pending = lambda: [l for l in open('/proc/1/status') if l.startswith('ShdPnd:') and int(l.split()[1], 16)]
+    while pending():
+        pass
+else:
+    print(errno.errorcode[ctypes.get_errno()])
+";
+
+/// The same forgeries with rt_sigqueueinfo, run by `docker exec` (a process of the sandbox's user
+/// in its pid namespace, outside the runner's seccomp filter): only the supervisor's own check of
+/// the sender stands. It then orphans a process to pid 1 and waits until pid 1 has reaped it: pid
+/// 1 takes pending signals lowest first, so SIGUSR2 and SIGTERM were taken before that SIGCHLD.
+const FORGED_QUEUED_SIGNALS: &str = r"
+import ctypes, os, signal, struct
+libc = ctypes.CDLL(None, use_errno=True)
+number = {'x86_64': 129, 'aarch64': 138}[os.uname().machine]
+for signum in (signal.SIGUSR2, signal.SIGTERM):
+    info = ctypes.create_string_buffer(128)
+    struct.pack_into('iii', info, 0, signum, 0, -1)
+    assert libc.syscall(number, 1, signum, info) == 0, ctypes.get_errno()
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    orphan = os.fork()
+    if orphan == 0:
+        os._exit(0)
+    os.write(w, str(orphan).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+orphan = int(os.read(r, 16))
+while os.path.exists('/proc/%d' % orphan):
+    pass
+print('queued and reaped')
+";
+
+/// Set-ID bits refused (EPERM) however a file gets its mode; ordinary modes still given.
+const SET_ID_FILES: &str = r"
+import ctypes, errno, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+def outcome(call, *args):
+    try:
+        call(*args)
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def syscall(*args):
+    if libc.syscall(*args) < 0:
+        raise OSError(ctypes.get_errno(), 'syscall')
+def create(path, mode, flags=os.O_CREAT | os.O_WRONLY):
+    os.close(os.open(path, flags, mode))
+open('plain', 'w').close()
+print('chmod', *(outcome(os.chmod, 'plain', m) for m in (0o755, 0o777, 0o1777, 0o4755, 0o2755, 0o6711)))
+fd = os.open('plain', os.O_RDONLY)
+print('fchmod', outcome(os.fchmod, fd, 0o4755), outcome(os.fchmod, fd, 0o700), outcome(syscall, 452, -100, b'plain', 0o2755, 0))
+print('create', outcome(create, 'made', 0o4755), outcome(create, '.', 0o2700, os.O_TMPFILE | os.O_WRONLY),
+      outcome(os.mknod, 'node', stat.S_IFREG | 0o4755), outcome(create, 'made', 0o755), outcome(syscall, 437, -100, b'plain', None, 24))
+print(oct(os.stat('plain').st_mode), oct(os.stat('made').st_mode), sorted(os.listdir('.')))
+";
+
+/// Issue 44: the code cannot pass for the host (a forged signal to pid 1 ends nothing and wipes
+/// nothing), nor make a set-ID file; the host's own signals still work (SIGTERM: `docker stop`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_code_cannot_pass_for_the_host_or_make_set_id_files() {
+    if skip_without_engine() {
+        return;
+    }
+    let engine = engine();
+    no_hang(async {
+        let session = engine.create_session(Scope::Server, &RunOptions::default()).await.expect("session");
+        in_session(&engine, &session, "kept = 42\nopen('kept.txt', 'w').write('kept')").await;
+        for signum in ["SIGUSR2", "SIGTERM"] {
+            let forged = in_session(&engine, &session, &FORGED_PIDFD_SIGNAL.replace("SIGNAME", signum)).await;
+            assert_eq!(text(&forged.stdout), "ENOSYS\n", "{signum}: {forged:?}");
+            let after = in_session(&engine, &session, "print(kept, open('kept.txt').read())").await;
+            assert_eq!(text(&after.stdout), "42 kept\n", "after a forged {signum}: {after:?}");
+            assert!(!after.state_lost && !after.workspace_lost, "{after:?}");
+        }
+
+        let (containers, _) = labelled("io.python-code-sandbox.instance", &engine.owner().instance).await;
+        assert_eq!(containers.len(), 1, "{containers:?}");
+        // Bounded: under gVisor an exec whose container ends (a supervisor that obeyed) never
+        // returns (a guard against a hang, not a timing assertion).
+        let exec = tokio::process::Command::new("docker")
+            .args(["exec", &containers[0], "python3", "-c", FORGED_QUEUED_SIGNALS])
+            .kill_on_drop(true)
+            .output();
+        let exec = tokio::time::timeout(Duration::from_secs(60), exec)
+            .await
+            .expect("the forgeries end, and the sandbox with them only if the supervisor obeyed")
+            .expect("docker exec runs");
+        assert_eq!(text(&exec.stdout), "queued and reaped\n", "{}", text(&exec.stderr));
+        let after = in_session(&engine, &session, "print(kept, open('kept.txt').read())").await;
+        assert_eq!(text(&after.stdout), "42 kept\n", "after queued forgeries: {after:?}");
+        assert!(!after.state_lost && !after.workspace_lost, "{after:?}");
+
+        let set_id = in_session(&engine, &session, SET_ID_FILES).await;
+        assert_eq!(
+            text(&set_id.stdout),
+            "chmod ok ok ok EPERM EPERM EPERM\nfchmod EPERM ok EPERM\n\
+             create EPERM EPERM EPERM ok ENOSYS\n0o100700 0o100755 ['kept.txt', 'made', 'plain']\n",
+            "{set_id:?}"
+        );
+
+        // The host's SIGTERM still ends the sandbox at once, the supervisor's way (status 143).
+        let stopped = std::process::Command::new("docker")
+            .args(["stop", "-t", "60", &containers[0]])
+            .output()
+            .expect("docker stop runs");
+        assert!(stopped.status.success(), "{}", text(&stopped.stderr));
+        let ended = engine
+            .execute_in_session(Scope::Server, &session, Task::Python("print(1)"), &RunOptions::default())
+            .await;
+        assert!(
+            matches!(&ended, Err(EngineError::SandboxLost(reason) | EngineError::SessionEnded { reason, .. })
+                if reason.contains("exit status 143")),
+            "{ended:?}"
+        );
+    })
+    .await;
+    assert_nothing_left(&engine).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forked_children_cannot_speak_the_protocol() {
     if skip_without_engine() {

@@ -2385,6 +2385,71 @@ async def tool_surface(s, ctx):
     await s.nothing_left()
 
 
+# The code's forgery of the host's signal (issue 44): pid 1's /proc directory as a pidfd and a
+# siginfo of its own making (SI_QUEUE, sender pid 0). A sent signal is waited for until pid 1 has
+# taken it (its pending set, in runc's /proc).
+FORGED_SIGNAL = r"""
+import ctypes, errno, os, signal, struct
+libc = ctypes.CDLL(None, use_errno=True)
+info = ctypes.create_string_buffer(128)
+struct.pack_into('iii', info, 0, signal.SIGNAME, 0, -1)
+init = os.open('/proc/1', os.O_RDONLY | os.O_DIRECTORY)
+if libc.syscall(424, init, signal.SIGNAME, info, 0) == 0:
+    print('sent')
+    while any(l.startswith('ShdPnd:') and int(l.split()[1], 16) for l in open('/proc/1/status')):
+        pass
+else:
+    print(errno.errorcode[ctypes.get_errno()])
+"""
+
+
+@case("forged host signals to pid 1 (pidfd_send_signal on /proc/1, sender pid 0): refused, the session lives")
+async def forged_host_signals(s, ctx):
+    sid = await s.session()
+    await s.in_session(sid, "kept = 42\nopen('kept.txt', 'w').write('kept')")
+    for signum in ("SIGUSR2", "SIGTERM"):
+        forged = await s.in_session(sid, FORGED_SIGNAL.replace("SIGNAME", signum))
+        check(forged.is_error is False and forged.structured_content["stdout"] == "ENOSYS\n", f"{signum}: {text_of(forged)}")
+        after = await s.in_session(sid, "print(kept, open('kept.txt').read())")
+        sc = after.structured_content or {}
+        check(after.is_error is False and sc.get("stdout") == "42 kept\n" and not sc.get("state_lost"),
+              f"after a forged {signum}: {text_of(after)}")
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
+# A set-uid or set-gid shell, however a file gets its mode: each refused (under SANDBOX_ROOTS=rw
+# it would be the server's user's on the host); ordinary modes still given.
+SET_ID = r"""
+import errno, os, shutil, stat, subprocess
+def outcome(call, *args):
+    try:
+        call(*args)
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def create(path, mode):
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+for d in ('/workspace', '/tmp', '/dev/shm'):
+    shell = os.path.join(d, 'sh')
+    shutil.copy('/bin/sh', shell)
+    print(d, outcome(os.chmod, shell, 0o4755), outcome(os.chmod, shell, 0o2755), outcome(create, shell + '-made', 0o6755),
+          outcome(os.mknod, shell + '-node', stat.S_IFREG | 0o4755), subprocess.run(['chmod', 'u+s', shell]).returncode != 0,
+          outcome(os.chmod, shell, 0o777), [n for n in os.listdir(d) if os.stat(os.path.join(d, n)).st_mode & 0o6000])
+"""
+
+
+@case("set-uid and set-gid files: refused in /workspace, /tmp and /dev/shm (chmod, open, mknod, chmod u+s)")
+async def set_id_files(s, ctx):
+    result = await s.run(SET_ID)
+    check(result.is_error is False, text_of(result))
+    expected = "".join(f"{d} EPERM EPERM EPERM EPERM True ok []\n" for d in ("/workspace", "/tmp", "/dev/shm"))
+    check(result.structured_content["stdout"] == expected, text_of(result))
+    await s.answers_normally()
+    await s.nothing_left()
+
+
 @case("invalid JSON-RPC: errors, and the server keeps serving", kind="attack-own-server")
 async def invalid_jsonrpc(ctx):
     env = {**os.environ, "LOG_LEVEL": "warn", **ATTACK_ENV, **ctx.runtime_env}

@@ -661,3 +661,48 @@ async fn the_codes_pip_requests_reach_the_handler_within_their_bound_and_its_set
     );
     let _ = std::fs::remove_dir_all(&set);
 }
+
+/// The runner's seccomp filter (python/runner/seccomp.py) is in force in the host runner too:
+/// set-ID bits are refused however a file gets its mode (ordinary modes are given), and
+/// pidfd_send_signal and openat2 are unavailable (here at the runner's own /proc directory and
+/// signal 0: the host's pid 1 is no target for a test).
+#[tokio::test]
+async fn the_filter_refuses_set_id_modes_and_queued_signals_through_a_pidfd() {
+    let (mut sandbox, _fake) = launch().await;
+    let code = r"
+import ctypes, errno, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+def outcome(call, *args):
+    try:
+        call(*args)
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def syscall(*args):
+    if libc.syscall(*args) < 0:
+        raise OSError(ctypes.get_errno(), 'syscall')
+def create(path, mode, flags=os.O_CREAT | os.O_WRONLY):
+    os.close(os.open(path, flags, mode))
+open('plain', 'w').close()
+print('chmod', *(outcome(os.chmod, 'plain', m) for m in (0o755, 0o777, 0o1777, 0o4755, 0o2755, 0o6711)))
+fd = os.open('plain', os.O_RDONLY)
+print('fchmod', outcome(os.fchmod, fd, 0o4755), outcome(os.fchmod, fd, 0o700), outcome(syscall, 452, -100, b'plain', 0o2755, 0))
+print('create', outcome(create, 'made', 0o4755), outcome(create, '.', 0o2700, os.O_TMPFILE | os.O_WRONLY),
+      outcome(os.mknod, 'node', stat.S_IFREG | 0o4755), outcome(create, 'made', 0o755), outcome(syscall, 437, -100, b'plain', None, 24))
+own = os.open('/proc/self', os.O_RDONLY | os.O_DIRECTORY)
+print('pidfd_send_signal', outcome(syscall, 424, own, 0, None, 0), 'kill', outcome(os.kill, os.getpid(), 0))
+print(oct(os.stat('plain').st_mode & 0o7777), sorted(os.listdir('.')))
+";
+    let execution = sandbox
+        .execute(Task::Python(code), Duration::from_secs(20), OUTPUT, None)
+        .await
+        .expect("execute");
+    assert_eq!(
+        String::from_utf8_lossy(&execution.stdout),
+        "chmod ok ok ok EPERM EPERM EPERM\nfchmod EPERM ok EPERM\n\
+         create EPERM EPERM EPERM ok ENOSYS\npidfd_send_signal ENOSYS kill ok\n\
+         0o700 ['made', 'plain']\n",
+        "{execution:?}"
+    );
+    sandbox.destroy().await;
+}

@@ -10,7 +10,7 @@
 # process. SIGUSR2 recycles the sandbox for another call: every other process killed, everything
 # the code could write removed (recycle.py), then a new runner. SIGTERM (`docker stop`, an engine
 # shutting down) ends the sandbox. The supervisor obeys only signals sent from outside the sandbox
-# (the host's): the code can signal pid 1 too, and is ignored.
+# with kill (the host's: sender pid 0, SI_USER): the code can signal pid 1 too, and is ignored.
 #
 # The sandbox ends itself when the host hangs up (its server exited or was killed: the engine
 # closes the container's stdin when the one attached client goes, and removes the container when
@@ -28,6 +28,9 @@ from .protocol import write_frame
 
 # How often the supervisor looks whether the host hung up.
 HANGUP_LOOK = 0.25
+
+# The si_code of a signal sent with kill (the host's); Python's signal module does not name it.
+SI_USER = 0
 
 
 def oom_kill_count():
@@ -88,9 +91,13 @@ def supervise():
 
     The signals it acts on are blocked and taken with sigwaitinfo, which says who sent each: the
     host's (`docker kill`, an engine stopping the container) come from outside the sandbox's pid
-    namespace, with sender pid 0. The code runs as the same user and can signal pid 1 too; its
-    signals carry its pid and are ignored, so the code cannot end its sandbox, or pass for the
-    host asking for an interrupt."""
+    namespace, with sender pid 0, and are sent with kill (runc's, or gVisor's sentry for runsc),
+    si_code SI_USER. The code runs as the same user and can signal pid 1 too; its signals carry
+    its pid and are ignored, so the code cannot end its sandbox, or pass for the host asking for an
+    interrupt. A sender pid is the caller's to write only in a queued signal (rt_sigqueueinfo,
+    pidfd_send_signal), whose si_code the kernel keeps negative, and a signal the kernel makes (a
+    descriptor's F_SETSIG, a child's death) has a code of its own: only SI_USER is the host's.
+    (seccomp.py keeps the code from queueing any signal to pid 1 at all.)"""
     watched = {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGCHLD}
     for signum in watched:
         # A handler, so the kernel delivers these to pid 1 at all; blocked, so sigwaitinfo takes them.
@@ -136,7 +143,7 @@ def supervise():
                 except ChildProcessError:
                     status = 0 if status is None else status
                 continue
-            if info.si_pid != 0:
+            if info.si_pid != 0 or info.si_code != SI_USER:
                 continue  # sent from inside the sandbox: the code's, not the host's
             if info.si_signo == signal.SIGINT:
                 try:
