@@ -690,7 +690,8 @@ print('fchmod', outcome(os.fchmod, fd, 0o4755), outcome(os.fchmod, fd, 0o700), o
 print('create', outcome(create, 'made', 0o4755), outcome(create, '.', 0o2700, os.O_TMPFILE | os.O_WRONLY),
       outcome(os.mknod, 'node', stat.S_IFREG | 0o4755), outcome(create, 'made', 0o755), outcome(syscall, 437, -100, b'plain', None, 24))
 own = os.open('/proc/self', os.O_RDONLY | os.O_DIRECTORY)
-print('pidfd_send_signal', outcome(syscall, 424, own, 0, None, 0), 'kill', outcome(os.kill, os.getpid(), 0))
+print('pidfd_send_signal', outcome(syscall, 424, own, 0, None, 0), 'kill', outcome(os.kill, os.getpid(), 0),
+      'io_uring_setup', outcome(syscall, 425, 1, None))
 print(oct(os.stat('plain').st_mode & 0o7777), sorted(os.listdir('.')))
 ";
     let execution = sandbox
@@ -700,7 +701,7 @@ print(oct(os.stat('plain').st_mode & 0o7777), sorted(os.listdir('.')))
     assert_eq!(
         String::from_utf8_lossy(&execution.stdout),
         "chmod ok ok ok EPERM EPERM EPERM\nfchmod EPERM ok EPERM\n\
-         create EPERM EPERM EPERM ok ENOSYS\npidfd_send_signal ENOSYS kill ok\n\
+         create EPERM EPERM EPERM ok ENOSYS\npidfd_send_signal ENOSYS kill ok io_uring_setup ENOSYS\n\
          0o700 ['made', 'plain']\n",
         "{execution:?}"
     );
