@@ -1683,8 +1683,11 @@ async def roots_across_principals(ctx):
                        SANDBOX_CACHE_DIR=state, **ctx.runtime_env)
         # One mapping for every principal: refused at start-up, naming the setting.
         shared = {**os.environ, **env, "SANDBOX_ROOTS_MAP": "/Users=" + home.path("home/share")}
-        refused = subprocess.run([ctx.binary, "serve", "--http", "127.0.0.1:0"], env=shared, capture_output=True,
-                                 text=True, timeout=60, stdin=subprocess.DEVNULL)
+        try:
+            refused = subprocess.run([ctx.binary, "serve", "--http", "127.0.0.1:0"], env=shared, capture_output=True,
+                                     text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise CaseFailed("a mapping shared by every principal was not refused: the server kept running")
         check(refused.returncode == 2 and "SANDBOX_ROOTS_MAP" in refused.stderr and "{principal}" in refused.stderr,
               f"a shared mapping was not refused: exit {refused.returncode}: {refused.stderr[-800:]}")
         # Each principal's own: bob's client naming alice's path reaches nothing of hers.
