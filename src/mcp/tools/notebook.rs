@@ -39,8 +39,9 @@ impl SandboxServer {
                        applied). The notebook comes back as a resource (application/x-ipynb+json) \
                        and is saved in the session's /workspace (`path`, by default \
                        notebook-<n>.ipynb), where sandbox_read_file and resources/read serve it. \
-                       A session keeps its latest 500 cells (4 MiB of code and outputs); older ones \
-                       are left out with a note.",
+                       A session keeps its latest 500 cells (4 MiB of code and outputs, as the \
+                       server's memory holds them: display ids, metadata and structure count); \
+                       older ones are left out with a note.",
         output_schema = schema_for_output::<ExportNotebookOutput>(),
         annotations(read_only_hint = false, open_world_hint = false)
     )]
