@@ -233,7 +233,26 @@ impl History {
         }
     }
 
-    /// The cells now, oldest first.
+    /// The cells now, oldest first, in place (a notebook is written from them without a copy).
+    pub fn iter(&self) -> impl Iterator<Item = &Cell> {
+        self.cells.iter().map(|(cell, _)| cell)
+    }
+
+    /// Cells kept now.
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Cells dropped over the bounds, before the first one kept.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The cells now, oldest first: a copy of them all.
     pub fn cells(&self) -> Cells {
         Cells {
             cells: self.cells.iter().map(|(cell, _)| cell.clone()).collect(),

@@ -49,16 +49,18 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<ExportNotebookParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let (id, cells) = self
-            .engine
-            .session_cells(self.scope(), &params.container_id)?;
-        let json = ipynb::from_cells(&cells).to_json();
-        let latest = cells
-            .cells
-            .iter()
-            .rev()
-            .find_map(|c| c.execution_count)
-            .unwrap_or(0);
+        // Written from the history in place: the text is the one copy of the cells it makes.
+        let (id, (json, kept, dropped, latest)) =
+            self.engine
+                .with_session_cells(self.scope(), &params.container_id, |history| {
+                    let latest = history.iter().filter_map(|c| c.execution_count).last();
+                    (
+                        ipynb::session_json(history.iter(), history.dropped()),
+                        history.len(),
+                        history.dropped(),
+                        latest.unwrap_or(0),
+                    )
+                })?;
         let path = params
             .path
             .filter(|p| !p.trim().is_empty())
@@ -72,21 +74,21 @@ impl SandboxServer {
         let size = json.len() as u64;
         let mut text = format!(
             "Exported {} as a notebook: {saved} ({}), resource {uri}.",
-            text::count(cells.cells.len() as u64, "cell"),
+            text::count(kept as u64, "cell"),
             bytes(size)
         );
-        if cells.dropped > 0 {
+        if dropped > 0 {
             text.push_str(&format!(
                 " {} the session no longer keeps {} left out (a note in the notebook says so).",
-                text::count(cells.dropped, "earlier cell"),
-                if cells.dropped == 1 { "is" } else { "are" }
+                text::count(dropped, "earlier cell"),
+                if dropped == 1 { "is" } else { "are" }
             ));
         }
         let output = ExportNotebookOutput {
             path: saved,
             resource_uri: uri.clone(),
-            cells: cells.cells.len(),
-            dropped_cells: cells.dropped,
+            cells: kept,
+            dropped_cells: dropped,
             size_bytes: size,
         };
         let blocks = vec![
