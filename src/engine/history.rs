@@ -8,11 +8,12 @@
 
 use std::collections::VecDeque;
 
-use super::outcome::{Execution, Output};
+use super::outcome::{Execution, Metadata, MimeBundle, Output};
 
 /// Cells a session keeps, at most.
 pub const MAX_CELLS: usize = 500;
-/// Bytes of code and outputs a session keeps, at most.
+/// Bytes of memory a session's cells take, at most: their code and outputs as the heap holds them
+/// (every string, display ids and metadata included, and the structure around them; [`size_of`]).
 pub const MAX_BYTES: usize = 4 << 20;
 
 /// One executed cell.
@@ -46,33 +47,118 @@ pub struct History {
     counter: u64,
 }
 
-/// Bytes a cell takes: its code and its outputs' text.
+/// Bytes of memory a cell takes, as the heap holds it: its slot in the history, the blocks of its
+/// code and of its outputs' list, and for each output every string it keeps (stream text, MIME
+/// types and values, display ids, metadata keys and values, traceback lines), its lists and its
+/// metadata's map nodes, each block counted as the allocator gives it ([`block`]). An estimate
+/// from above of what the cell costs, not a measurement: the history's bound holds for what a
+/// session really keeps.
 fn size_of(cell: &Cell) -> usize {
-    cell.code.len() + cell.outputs.iter().map(output_bytes).sum::<usize>()
+    std::mem::size_of::<(Cell, usize)>()
+        + string(&cell.code)
+        + list(&cell.outputs)
+        + cell.outputs.iter().map(output_bytes).sum::<usize>()
 }
 
+/// The heap an output holds beyond its own slot (which its cell's list counts).
 fn output_bytes(output: &Output) -> usize {
-    // A fixed part per output stands for its keys and structure.
-    64 + match output {
-        Output::Stream { text, .. } => text.len(),
+    match output {
+        Output::Stream { text, .. } => string(text),
         Output::Error {
             ename,
             evalue,
             traceback,
-        } => ename.len() + evalue.len() + traceback.iter().map(String::len).sum::<usize>(),
-        Output::DisplayData { data, metadata, .. }
-        | Output::ExecuteResult { data, metadata, .. }
-        | Output::UpdateDisplayData { data, metadata, .. } => {
-            data.iter().map(|(m, v)| m.len() + v.len()).sum::<usize>()
-                + serde_json::to_string(metadata).map_or(0, |s| s.len())
+        } => {
+            string(ename)
+                + string(evalue)
+                + list(traceback)
+                + traceback.iter().map(string).sum::<usize>()
         }
+        Output::DisplayData {
+            data,
+            metadata,
+            display_id,
+        }
+        | Output::ExecuteResult {
+            data,
+            metadata,
+            display_id,
+            ..
+        } => bundle_bytes(data) + map_bytes(metadata) + display_id.as_ref().map_or(0, string),
+        Output::UpdateDisplayData {
+            data,
+            metadata,
+            display_id,
+        } => bundle_bytes(data) + map_bytes(metadata) + string(display_id),
+    }
+}
+
+fn bundle_bytes(bundle: &MimeBundle) -> usize {
+    list(bundle)
+        + bundle
+            .iter()
+            .map(|(m, v)| string(m) + string(v))
+            .sum::<usize>()
+}
+
+/// Entries of a map node (`std`'s B-tree: 11 at most, 5 at least but in the root) and the size of
+/// an inner node (its entries, the links to its children and its own fields): every node is
+/// counted as an inner one.
+const NODE_ENTRIES: usize = 11;
+const NODE_BYTES: usize = NODE_ENTRIES
+    * (std::mem::size_of::<String>() + std::mem::size_of::<serde_json::Value>())
+    + (NODE_ENTRIES + 1) * std::mem::size_of::<usize>()
+    + 16;
+
+/// A JSON object's heap (metadata): its nodes, and its keys' and values' own heap.
+fn map_bytes(map: &Metadata) -> usize {
+    let nodes = if map.is_empty() {
+        0
+    } else {
+        1 + map.len() / (NODE_ENTRIES / 2)
+    };
+    nodes * block(NODE_BYTES)
+        + map
+            .iter()
+            .map(|(k, v)| string(k) + value_bytes(v))
+            .sum::<usize>()
+}
+
+fn value_bytes(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::String(s) => string(s),
+        serde_json::Value::Array(items) => {
+            list(items) + items.iter().map(value_bytes).sum::<usize>()
+        }
+        serde_json::Value::Object(map) => map_bytes(map),
+        serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => 0,
+    }
+}
+
+/// A string's block (its capacity, not its length).
+fn string(s: &String) -> usize {
+    block(s.capacity())
+}
+
+/// A list's block (its capacity in slots).
+fn list<T>(items: &Vec<T>) -> usize {
+    block(items.capacity() * std::mem::size_of::<T>())
+}
+
+/// What the allocator takes for a block of `n` bytes, as glibc's malloc does: a header of 8 bytes,
+/// rounded up to 16, at least 32; no block for none.
+fn block(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        (n.saturating_add(8 + 15) / 16 * 16).max(32)
     }
 }
 
 impl History {
     /// Records one Python execution of `code`; returns its execution count.
     pub fn record(&mut self, code: &str, execution: &Execution) -> Option<u64> {
-        let outputs = super::displays::own_outputs(&execution.outputs, |id, data, metadata| {
+        let mut outputs = super::displays::own_outputs(&execution.outputs, |id, data, metadata| {
             self.update_display(id, data, metadata)
         });
         let value_count = outputs.iter().find_map(|o| match o {
@@ -97,6 +183,7 @@ impl History {
             // A new interpreter counts from the start.
             self.counter = 0;
         }
+        outputs.shrink_to_fit();
         let mut cell = Cell {
             code: code.to_string(),
             outputs,
@@ -105,7 +192,8 @@ impl History {
         };
         let mut size = size_of(&cell);
         if size > MAX_BYTES {
-            cell.outputs.clear();
+            // Dropped with their block: a cleared list would keep it.
+            cell.outputs = Vec::new();
             cell.outputs_left_out = true;
             if cell.code.len() > MAX_BYTES / 2 {
                 cell.code = crate::text::truncate_chars(&cell.code, MAX_BYTES / 8);
@@ -125,12 +213,7 @@ impl History {
     }
 
     /// Applies an update to every earlier display with the id (the byte count follows).
-    fn update_display(
-        &mut self,
-        id: &str,
-        data: &super::outcome::MimeBundle,
-        metadata: &super::outcome::Metadata,
-    ) {
+    fn update_display(&mut self, id: &str, data: &MimeBundle, metadata: &Metadata) {
         for (cell, size) in self.cells.iter_mut() {
             let mut changed = false;
             for output in cell.outputs.iter_mut() {
@@ -150,7 +233,26 @@ impl History {
         }
     }
 
-    /// The cells now, oldest first.
+    /// The cells now, oldest first, in place (a notebook is written from them without a copy).
+    pub fn iter(&self) -> impl Iterator<Item = &Cell> {
+        self.cells.iter().map(|(cell, _)| cell)
+    }
+
+    /// Cells kept now.
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Cells dropped over the bounds, before the first one kept.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The cells now, oldest first: a copy of them all.
     pub fn cells(&self) -> Cells {
         Cells {
             cells: self.cells.iter().map(|(cell, _)| cell.clone()).collect(),
@@ -296,5 +398,156 @@ mod tests {
         let last = history.cells().cells.pop().unwrap();
         assert!(last.outputs_left_out && last.outputs.is_empty());
         assert_eq!(last.code, "print(huge)");
+    }
+
+    /// Bytes a cell surely holds on the heap: the capacities of its strings and lists, a metadata
+    /// entry's key and value slots; no allocator's overhead, no map nodes beyond their entries.
+    fn held_at_least(cell: &Cell) -> usize {
+        use std::mem::size_of;
+        let strings = |v: &[String]| v.iter().map(String::capacity).sum::<usize>();
+        let metadata = |m: &Metadata| {
+            m.iter()
+                .map(|(k, v)| {
+                    size_of::<String>()
+                        + size_of::<serde_json::Value>()
+                        + k.capacity()
+                        + v.as_str().map_or(0, str::len)
+                })
+                .sum::<usize>()
+        };
+        let bundle = |b: &MimeBundle| {
+            b.capacity() * size_of::<(String, String)>()
+                + b.iter()
+                    .map(|(m, v)| m.capacity() + v.capacity())
+                    .sum::<usize>()
+        };
+        cell.code.capacity()
+            + cell.outputs.capacity() * size_of::<Output>()
+            + cell
+                .outputs
+                .iter()
+                .map(|o| match o {
+                    Output::Stream { text, .. } => text.capacity(),
+                    Output::Error {
+                        ename,
+                        evalue,
+                        traceback,
+                    } => {
+                        ename.capacity()
+                            + evalue.capacity()
+                            + traceback.capacity() * size_of::<String>()
+                            + strings(traceback)
+                    }
+                    Output::DisplayData {
+                        data,
+                        metadata: m,
+                        display_id,
+                    }
+                    | Output::ExecuteResult {
+                        data,
+                        metadata: m,
+                        display_id,
+                        ..
+                    } => {
+                        bundle(data) + metadata(m) + display_id.as_ref().map_or(0, String::capacity)
+                    }
+                    Output::UpdateDisplayData {
+                        data,
+                        metadata: m,
+                        display_id,
+                    } => bundle(data) + metadata(m) + display_id.capacity(),
+                })
+                .sum::<usize>()
+    }
+
+    /// What the history says it holds is what its cells add up to, and no less than they hold.
+    fn check_accounting(history: &History) {
+        let mut total = 0;
+        for (cell, size) in &history.cells {
+            assert_eq!(*size, size_of(cell));
+            let held = held_at_least(cell);
+            assert!(
+                *size >= held,
+                "{size} bytes counted for a cell holding {held} or more"
+            );
+            total += size;
+        }
+        assert_eq!(total, history.bytes);
+        assert!(history.bytes <= MAX_BYTES, "{} bytes kept", history.bytes);
+    }
+
+    fn long_id(call: usize, i: usize) -> String {
+        format!("{call:04}-{i:03}-{}", "d".repeat(180))
+    }
+
+    #[test]
+    fn small_displays_with_long_ids_are_counted_as_held_and_stay_within_the_bound() {
+        let mut history = History::default();
+        for call in 0..100 {
+            let outputs = (0..200)
+                .map(|i| display(&i.to_string(), &long_id(call, i)))
+                .collect();
+            history.record(
+                "for i in range(200): display(i, display_id=...)",
+                &shown(outputs),
+            );
+        }
+        check_accounting(&history);
+        // The ids and the structure are most of what a display costs: far fewer than the 60,000
+        // displays fit, and the oldest cells went.
+        let kept: usize = history.cells.iter().map(|(c, _)| c.outputs.len()).sum();
+        let held: usize = history.cells.iter().map(|(c, _)| held_at_least(c)).sum();
+        assert!(kept < 20_000, "{kept} displays kept");
+        assert!(held > MAX_BYTES / 2, "{held} bytes held by the kept cells");
+        let cells = history.cells();
+        assert_eq!(cells.dropped as usize + cells.cells.len(), 100);
+        assert!(cells.dropped > 0);
+    }
+
+    #[test]
+    fn metadata_errors_streams_and_updated_displays_are_counted_as_held() {
+        let mut history = History::default();
+        let mut metadata = Metadata::new();
+        for i in 0..30 {
+            metadata.insert(
+                format!("key-{i}-{}", "k".repeat(40)),
+                "v".repeat(100).into(),
+            );
+        }
+        metadata.insert(
+            "nested".into(),
+            serde_json::json!({"list": ["a".repeat(300), {"deep": "b".repeat(300)}]}),
+        );
+        let rich = Output::DisplayData {
+            data: vec![
+                ("text/plain".into(), "p".repeat(10)),
+                ("text/html".into(), "<b>".repeat(100)),
+            ],
+            metadata: metadata.clone(),
+            display_id: Some(long_id(0, 0)),
+        };
+        let error = Output::Error {
+            ename: "ValueError".into(),
+            evalue: "e".repeat(500),
+            traceback: (0..100).map(|i| format!("line {i}")).collect(),
+        };
+        let stream = Output::Stream {
+            name: StreamName::Stderr,
+            text: "s".repeat(1000),
+        };
+        history.record("show()", &shown(vec![stream, rich, error]));
+        // An update with a larger bundle and metadata, applied in place.
+        history.record(
+            "update()",
+            &shown(vec![Output::UpdateDisplayData {
+                data: vec![("text/plain".into(), "q".repeat(5000))],
+                metadata,
+                display_id: long_id(0, 0),
+            }]),
+        );
+        check_accounting(&history);
+        assert_eq!(plain_of(&history.cells().cells[0].outputs[1]).len(), 5000);
+        let held = held_at_least(&history.cells[0].0);
+        assert!(held > 10_000, "{held}");
     }
 }

@@ -7,9 +7,12 @@
 //! a code cell's outputs and execution count are replaced when it runs. Parameters are JSON
 //! values written as Python literals (never evaluated here).
 
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::engine::history::{self, Cells};
+use crate::engine::displays::is_json_mime;
+use crate::engine::history::{self, Cell};
 use crate::engine::outcome::Output;
 use crate::mcp::notebook::bundle_json;
 use crate::text::{bytes, count};
@@ -288,21 +291,32 @@ impl Notebook {
         Ok(parameters.keys().cloned().collect())
     }
 
-    /// The notebook as JSON text (one space of indent, as Jupyter writes it).
+    /// The notebook as JSON text (one space of indent, as Jupyter writes it), written from the
+    /// notebook in place (no copy of its cells).
     pub fn to_json(&self) -> String {
-        let mut root = self.root.clone();
-        root.insert(
-            "cells".into(),
-            self.cells.iter().cloned().map(Value::Object).collect(),
-        );
-        let value = Value::Object(root);
-        let mut out = Vec::new();
-        let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
-        let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
-        match serde::Serialize::serialize(&value, &mut serializer) {
-            Ok(()) => String::from_utf8(out).unwrap_or_default() + "\n",
-            Err(_) => value.to_string(),
+        pretty(self)
+    }
+}
+
+impl Serialize for Notebook {
+    /// The top level's fields with `cells` among them, in order, as one map of them would be.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.root.len() + 1))?;
+        let mut cells = Some(&self.cells);
+        for (key, value) in &self.root {
+            if key.as_str() > "cells" {
+                if let Some(cells) = cells.take() {
+                    map.serialize_entry("cells", cells)?;
+                }
+            }
+            if key != "cells" {
+                map.serialize_entry(key, value)?;
+            }
         }
+        if let Some(cells) = cells {
+            map.serialize_entry("cells", cells)?;
+        }
+        map.end()
     }
 }
 
@@ -324,57 +338,214 @@ fn python_metadata() -> Map<String, Value> {
     }
 }
 
-/// A markdown cell of this server's own (a note about what a notebook leaves out).
-fn note_cell(text: String) -> Map<String, Value> {
-    let mut cell = Map::new();
-    cell.insert("cell_type".into(), "markdown".into());
-    cell.insert("metadata".into(), Map::new().into());
-    cell.insert("source".into(), text.into());
-    cell
+/// A session's cells as a notebook's JSON text: one code cell per execution, in order, with its
+/// count and outputs; a note first when older cells are no longer kept, and before a cell whose
+/// outputs were too large to keep. Written as it is read from the cells, with nothing of them
+/// copied into a tree of JSON values first: the text is the only thing of their size it makes
+/// (what one JSON output's value parses to aside). The same text, to the byte, as a [`Notebook`]
+/// built from the cells writes (`to_json`).
+pub fn session_json<'a>(cells: impl IntoIterator<Item = &'a Cell>, dropped: u64) -> String {
+    let notebook = SessionNotebook {
+        cells: cells.into_iter().collect(),
+        dropped,
+    };
+    pretty(&notebook)
 }
 
-/// A session's cells as a notebook: one code cell per execution, in order, with its count and
-/// outputs; a note first when older cells are no longer kept, and before a cell whose outputs
-/// were too large to keep.
-pub fn from_cells(cells: &Cells) -> Notebook {
-    let mut out = Vec::with_capacity(cells.cells.len() + 1);
-    if cells.dropped > 0 {
-        out.push(note_cell(format!(
-            "*{} of this session {} not in this notebook: a session keeps its latest {} cells and \
-             {} of their code and outputs.*",
-            count(cells.dropped, "earlier cell"),
-            if cells.dropped == 1 { "is" } else { "are" },
-            history::MAX_CELLS,
-            bytes(history::MAX_BYTES as u64)
-        )));
+/// JSON text as Jupyter writes it: one space of indent, a line break at the end.
+fn pretty(value: &impl Serialize) -> String {
+    let mut out = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+    match value.serialize(&mut serializer) {
+        // serde_json writes UTF-8.
+        Ok(()) => String::from_utf8(out).unwrap_or_default() + "\n",
+        Err(_) => String::new(),
     }
-    for cell in &cells.cells {
-        if cell.outputs_left_out {
-            out.push(note_cell(format!(
-                "*The outputs of the next cell are not kept: alone they were more than the {} a \
-                 session keeps.*",
-                bytes(history::MAX_BYTES as u64)
-            )));
+}
+
+/// A session's cells, to be written as a notebook ([`session_json`]). Maps are written with
+/// their keys in order, as a `serde_json::Map` keeps them.
+struct SessionNotebook<'a> {
+    cells: Vec<&'a Cell>,
+    dropped: u64,
+}
+
+impl Serialize for SessionNotebook<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry("cells", &SessionCells(self))?;
+        map.serialize_entry("metadata", &python_metadata())?;
+        map.serialize_entry("nbformat", &4)?;
+        map.serialize_entry("nbformat_minor", &MINOR)?;
+        map.end()
+    }
+}
+
+struct SessionCells<'a>(&'a SessionNotebook<'a>);
+
+/// A markdown cell of this server's own (a note about what a notebook leaves out).
+#[derive(Serialize)]
+struct NoteCell {
+    cell_type: &'static str,
+    id: String,
+    metadata: Map<String, Value>,
+    source: String,
+}
+
+#[derive(Serialize)]
+struct CodeCell<'a> {
+    cell_type: &'static str,
+    execution_count: Option<u64>,
+    id: String,
+    metadata: Map<String, Value>,
+    outputs: Outputs<'a>,
+    source: &'a str,
+}
+
+impl Serialize for SessionCells<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let SessionNotebook { cells, dropped } = self.0;
+        let notes = usize::from(*dropped > 0) + cells.iter().filter(|c| c.outputs_left_out).count();
+        let mut seq = serializer.serialize_seq(Some(cells.len() + notes))?;
+        // Ids as `Notebook::give_ids` gives them to cells that have none.
+        let mut next = 0usize;
+        let mut id = || {
+            next += 1;
+            format!("cell-{next}")
+        };
+        let note = |id: String, source: String| NoteCell {
+            cell_type: "markdown",
+            id,
+            metadata: Map::new(),
+            source,
+        };
+        if *dropped > 0 {
+            seq.serialize_element(&note(id(), dropped_note(*dropped)))?;
         }
-        let mut code = Map::new();
-        code.insert("cell_type".into(), "code".into());
-        code.insert("metadata".into(), Map::new().into());
-        code.insert("source".into(), cell.code.clone().into());
-        out.push(code);
+        for cell in cells {
+            if cell.outputs_left_out {
+                seq.serialize_element(&note(id(), left_out_note()))?;
+            }
+            seq.serialize_element(&CodeCell {
+                cell_type: "code",
+                execution_count: cell.execution_count,
+                id: id(),
+                metadata: Map::new(),
+                outputs: Outputs(&cell.outputs),
+                source: &cell.code,
+            })?;
+        }
+        seq.end()
     }
-    let mut root = Map::new();
-    root.insert("metadata".into(), python_metadata().into());
-    root.insert("nbformat".into(), 4.into());
-    root.insert("nbformat_minor".into(), MINOR.into());
-    let mut notebook = Notebook { root, cells: out };
-    notebook.give_ids();
-    let code_cells: Vec<usize> = (0..notebook.len())
-        .filter(|&i| notebook.cell_type(i) == CellType::Code)
-        .collect();
-    for (index, cell) in code_cells.into_iter().zip(&cells.cells) {
-        notebook.set_outputs(index, &cell.outputs, cell.execution_count);
+}
+
+/// A cell's outputs as a saved notebook keeps them ([`output_json`]), written in place.
+struct Outputs<'a>(&'a [Output]);
+
+impl Serialize for Outputs<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            self.0
+                .iter()
+                .filter(|o| !matches!(o, Output::UpdateDisplayData { .. }))
+                .map(OutputRef),
+        )
     }
-    notebook
+}
+
+struct OutputRef<'a>(&'a Output);
+
+impl Serialize for OutputRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Output::Stream { name, text } => {
+                let mut map = serializer.serialize_map(Some(3))?;
+                map.serialize_entry("name", name.as_str())?;
+                map.serialize_entry("output_type", "stream")?;
+                map.serialize_entry("text", text)?;
+                map.end()
+            }
+            Output::DisplayData { data, metadata, .. } => {
+                let mut map = serializer.serialize_map(Some(3))?;
+                map.serialize_entry("data", &BundleRef(data))?;
+                map.serialize_entry("metadata", metadata)?;
+                map.serialize_entry("output_type", "display_data")?;
+                map.end()
+            }
+            Output::ExecuteResult {
+                data,
+                metadata,
+                execution_count,
+                ..
+            } => {
+                let mut map = serializer.serialize_map(Some(4))?;
+                map.serialize_entry("data", &BundleRef(data))?;
+                map.serialize_entry("execution_count", execution_count)?;
+                map.serialize_entry("metadata", metadata)?;
+                map.serialize_entry("output_type", "execute_result")?;
+                map.end()
+            }
+            Output::Error {
+                ename,
+                evalue,
+                traceback,
+            } => {
+                let mut map = serializer.serialize_map(Some(4))?;
+                map.serialize_entry("ename", ename)?;
+                map.serialize_entry("evalue", evalue)?;
+                map.serialize_entry("output_type", "error")?;
+                map.serialize_entry("traceback", traceback)?;
+                map.end()
+            }
+            // Not an output of its own: filtered out before.
+            Output::UpdateDisplayData { .. } => serializer.serialize_unit(),
+        }
+    }
+}
+
+/// A MIME bundle as nbformat's `data` ([`bundle_json`]), written in place: by MIME type in order
+/// (the last value of a type given twice), JSON types as JSON.
+struct BundleRef<'a>(&'a [(String, String)]);
+
+impl Serialize for BundleRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut entries: Vec<&(String, String)> = self.0.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut map = serializer.serialize_map(None)?;
+        for (i, (mime, value)) in entries.iter().map(|e| (&e.0, &e.1)).enumerate() {
+            if entries.get(i + 1).is_some_and(|next| next.0 == *mime) {
+                continue;
+            }
+            match is_json_mime(mime)
+                .then(|| serde_json::from_str::<Value>(value).ok())
+                .flatten()
+            {
+                Some(json) => map.serialize_entry(mime, &json)?,
+                None => map.serialize_entry(mime, value)?,
+            }
+        }
+        map.end()
+    }
+}
+
+fn dropped_note(dropped: u64) -> String {
+    format!(
+        "*{} of this session {} not in this notebook: a session keeps its latest {} cells and \
+         {} of their code and outputs.*",
+        count(dropped, "earlier cell"),
+        if dropped == 1 { "is" } else { "are" },
+        history::MAX_CELLS,
+        bytes(history::MAX_BYTES as u64)
+    )
+}
+
+fn left_out_note() -> String {
+    format!(
+        "*The outputs of the next cell are not kept: alone they were more than the {} a \
+         session keeps.*",
+        bytes(history::MAX_BYTES as u64)
+    )
 }
 
 /// One output as a saved notebook keeps it: without `transient` (a display's id is not saved);
@@ -506,8 +677,173 @@ fn python_string(s: &str, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::history::Cell;
+    use crate::engine::history::Cells;
     use crate::engine::outcome::{Metadata, StreamName};
+
+    /// JSON text of a tree of values, as the notebooks were written before they were streamed.
+    fn pretty_value(value: &Value) -> String {
+        let mut out = Vec::new();
+        let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
+        let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+        value.serialize(&mut serializer).unwrap();
+        String::from_utf8(out).unwrap() + "\n"
+    }
+
+    fn note_cell(text: String) -> Map<String, Value> {
+        let mut cell = Map::new();
+        cell.insert("cell_type".into(), "markdown".into());
+        cell.insert("metadata".into(), Map::new().into());
+        cell.insert("source".into(), text.into());
+        cell
+    }
+
+    /// A session's notebook as a tree of JSON values: a `Notebook` built from the cells, as the
+    /// export made it before it was written in place. The reference for [`session_json`].
+    fn from_cells(cells: &Cells) -> Notebook {
+        let mut out = Vec::new();
+        if cells.dropped > 0 {
+            out.push(note_cell(dropped_note(cells.dropped)));
+        }
+        for cell in &cells.cells {
+            if cell.outputs_left_out {
+                out.push(note_cell(left_out_note()));
+            }
+            let mut code = Map::new();
+            code.insert("cell_type".into(), "code".into());
+            code.insert("metadata".into(), Map::new().into());
+            code.insert("source".into(), cell.code.clone().into());
+            out.push(code);
+        }
+        let mut root = Map::new();
+        root.insert("metadata".into(), python_metadata().into());
+        root.insert("nbformat".into(), 4.into());
+        root.insert("nbformat_minor".into(), MINOR.into());
+        let mut notebook = Notebook { root, cells: out };
+        notebook.give_ids();
+        let code_cells: Vec<usize> = (0..notebook.len())
+            .filter(|&i| notebook.cell_type(i) == CellType::Code)
+            .collect();
+        for (index, cell) in code_cells.into_iter().zip(&cells.cells) {
+            notebook.set_outputs(index, &cell.outputs, cell.execution_count);
+        }
+        notebook
+    }
+
+    /// The tree of a notebook, as `to_json` wrote it before it wrote the notebook in place.
+    fn tree_json(notebook: &Notebook) -> String {
+        let mut root = notebook.root.clone();
+        root.insert(
+            "cells".into(),
+            notebook.cells.iter().cloned().map(Value::Object).collect(),
+        );
+        pretty_value(&Value::Object(root))
+    }
+
+    fn bundle(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(m, v)| (m.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_session_is_written_in_place_to_the_byte_as_its_tree_of_values_was() {
+        let metadata =
+            serde_json::json!({"zeta": [1, 2.5, {"b": null, "a": "é\u{1}"}], "alpha": {"w": 3}});
+        let outputs = vec![
+            Output::Stream {
+                name: StreamName::Stdout,
+                text: "line \"quoted\"\n\ttab\n".into(),
+            },
+            Output::DisplayData {
+                data: bundle(&[
+                    ("text/plain", "<obj>"),
+                    ("text/html", "<b>x</b>"),
+                    (
+                        "application/vnd.x+json",
+                        "{\"k\": [1, {\"z\": 1, \"a\": 2}], \"f\": 1.0}",
+                    ),
+                    ("application/json", "not json after all"),
+                    ("image/png", "iVBORw0KGgo="),
+                ]),
+                metadata: metadata.as_object().unwrap().clone(),
+                display_id: Some("shown".into()),
+            },
+            Output::UpdateDisplayData {
+                data: bundle(&[("text/plain", "gone")]),
+                metadata: Metadata::new(),
+                display_id: "earlier".into(),
+            },
+            Output::ExecuteResult {
+                data: bundle(&[("text/plain", "42"), ("text/markdown", "**42**")]),
+                metadata: Metadata::new(),
+                execution_count: 7,
+                display_id: None,
+            },
+            Output::Stream {
+                name: StreamName::Stderr,
+                text: String::new(),
+            },
+            Output::Error {
+                ename: "ValueError".into(),
+                evalue: "bad".into(),
+                traceback: vec![
+                    "Traceback".into(),
+                    "\u{1b}[31mValueError\u{1b}[0m: bad".into(),
+                ],
+            },
+        ];
+        let cell = |code: &str, outputs: Vec<Output>, count, left_out| Cell {
+            code: code.into(),
+            outputs,
+            execution_count: count,
+            outputs_left_out: left_out,
+        };
+        for dropped in [0, 1, 12] {
+            let cells = Cells {
+                cells: vec![
+                    cell("x = 1\nx", outputs.clone(), Some(7), false),
+                    cell("   ", vec![], None, false),
+                    cell("big()", vec![], Some(8), true),
+                    cell("", outputs[3..4].to_vec(), Some(9), false),
+                ],
+                dropped,
+            };
+            let streamed = session_json(&cells.cells, cells.dropped);
+            assert_eq!(
+                streamed,
+                tree_json(&from_cells(&cells)),
+                "dropped: {dropped}"
+            );
+            assert_eq!(streamed, from_cells(&cells).to_json());
+        }
+        let empty = Cells::default();
+        assert_eq!(
+            session_json(&empty.cells, 0),
+            tree_json(&from_cells(&empty))
+        );
+        assert!(session_json(&empty.cells, 0).contains("\"cells\": [],"));
+    }
+
+    #[test]
+    fn a_notebook_read_is_written_in_place_with_its_own_fields_in_order() {
+        let text = r#"{"nbformat": 4, "nbformat_minor": 4, "a_first": [1], "metadata": {"m": 1},
+            "zz_last": {"y": true}, "cells": [{"cell_type": "code", "source": "1", "metadata": {}},
+            {"cell_type": "markdown", "source": ["a", "b"], "id": "mine", "attachments": {}}]}"#;
+        let mut notebook = Notebook::parse(text).unwrap();
+        notebook.set_outputs(
+            0,
+            &[Output::Stream {
+                name: StreamName::Stdout,
+                text: "1\n".into(),
+            }],
+            Some(1),
+        );
+        assert_eq!(notebook.to_json(), tree_json(&notebook));
+        let json: Value = serde_json::from_str(&notebook.to_json()).unwrap();
+        assert_eq!(json["zz_last"]["y"], true);
+        assert_eq!(json["cells"][1]["id"], "mine");
+    }
 
     fn problem(text: &str) -> String {
         Notebook::parse(text).unwrap_err().to_string()
@@ -652,7 +988,7 @@ mod tests {
             ],
             dropped: 3,
         };
-        let json: Value = serde_json::from_str(&from_cells(&cells).to_json()).unwrap();
+        let json: Value = serde_json::from_str(&session_json(&cells.cells, cells.dropped)).unwrap();
         let kinds: Vec<&str> = json["cells"]
             .as_array()
             .unwrap()

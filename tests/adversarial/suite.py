@@ -2453,6 +2453,58 @@ async def set_id_files(s, ctx):
     await s.nothing_left()
 
 
+# 200 displays (the most one execution returns), each with its own long display id: small outputs
+# whose ids and structure are most of what the history keeps of them.
+MANY_DISPLAYS = r"""
+from IPython.display import display
+for i in range(200):
+    display(i, display_id=f"{CALL:04d}-{i:03d}-" + "d" * 180)
+"""
+# The server's peak growth for one session's history (documented: 4 MiB, counted as the heap holds
+# it) and one export of it: the history, the allocator's slack and a call's own transient memory
+# (about 3 MiB more here), and the export's notebook text held a few times at its peak (its text,
+# the reply's escaped copy: about 5 MiB for the 1.2 MB notebook of this case). Measured: 12 MiB.
+# Before the history counted ids and structure, and while the export copied the cells into a tree
+# of JSON values, the same case grew it by 23 MiB before the export and 203 MiB with it.
+HISTORY_GROWTH_MIB = 16
+
+
+def rss_mib(pid):
+    """The server process's resident memory now (VmRSS), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@case("history: 300 calls of 200 displays with long ids, then an export, keep the server near its bound", kind="attack-own-server")
+async def history_memory(ctx):
+    async with server(ctx.binary, **{**ATTACK_ENV, **ctx.runtime_env}) as s:
+        await s.answers_normally()
+        before = peak_rss_mib(s.pid)
+        sid = await s.session()
+        for call in range(300):
+            shown = await s.in_session(sid, MANY_DISPLAYS.replace("CALL", str(call)))
+            check(shown.is_error is False, f"call {call}: {text_of(shown)[:300]}")
+        fed, fed_now = peak_rss_mib(s.pid), rss_mib(s.pid)
+        exported = await s.call("sandbox_export_notebook", {"container_id": sid})
+        check(exported.is_error is False, text_of(exported)[:500])
+        out = exported.structured_content
+        check(0 < out["cells"] <= 300 and out["cells"] + out["dropped_cells"] == 300, f"export: {out}")
+        after, after_now = peak_rss_mib(s.pid), rss_mib(s.pid)
+        print(f"      server peak RSS: {before:.1f} MiB before, {fed:.1f} MiB after 300 calls "
+              f"({fed_now:.1f} now), {after:.1f} MiB after the export ({after_now:.1f} now); "
+              f"{out['cells']} cells kept, {out['dropped_cells']} dropped, {out['size_bytes']} bytes of notebook",
+              flush=True)
+        check(after - before < HISTORY_GROWTH_MIB,
+              f"the server's peak RSS grew by {after - before:.1f} MiB for one session's history and export "
+              f"(bound {HISTORY_GROWTH_MIB} MiB)")
+        await s.call("sandbox_stop", {"container_id": sid})
+        await s.answers_normally()
+        await s.nothing_left()
+
+
 @case("invalid JSON-RPC: errors, and the server keeps serving", kind="attack-own-server")
 async def invalid_jsonrpc(ctx):
     env = {**os.environ, "LOG_LEVEL": "warn", **ATTACK_ENV, **ctx.runtime_env}

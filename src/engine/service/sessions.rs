@@ -344,19 +344,22 @@ impl Engine {
         Ok(full)
     }
 
-    /// A session's executed cells (its Python executions), oldest first.
-    pub fn session_cells(
+    /// Reads a session's executed cells (its Python executions, oldest first) where they are:
+    /// `read` gets the session's history under its lock, so that what it makes of them (a
+    /// notebook) needs no copy of them all.
+    pub fn with_session_cells<R>(
         &self,
         scope: Scope<'_>,
         id: &str,
-    ) -> Result<(String, crate::engine::history::Cells), EngineError> {
+        read: impl FnOnce(&crate::engine::history::History) -> R,
+    ) -> Result<(String, R), EngineError> {
         let (full_id, session) = self.session(scope, id)?;
-        let cells = session
-            .history
-            .lock()
-            .map(|history| history.cells())
-            .unwrap_or_default();
-        Ok((full_id, cells))
+        // Held while `read` runs (a recording waits for it); a history a panic left is not read.
+        let read = match session.history.lock() {
+            Ok(history) => read(&history),
+            Err(_) => read(&crate::engine::history::History::default()),
+        };
+        Ok((full_id, read))
     }
 
     /// The live sessions of the scope.

@@ -39,8 +39,9 @@ impl SandboxServer {
                        applied). The notebook comes back as a resource (application/x-ipynb+json) \
                        and is saved in the session's /workspace (`path`, by default \
                        notebook-<n>.ipynb), where sandbox_read_file and resources/read serve it. \
-                       A session keeps its latest 500 cells (4 MiB of code and outputs); older ones \
-                       are left out with a note.",
+                       A session keeps its latest 500 cells (4 MiB of code and outputs, as the \
+                       server's memory holds them: display ids, metadata and structure count); \
+                       older ones are left out with a note.",
         output_schema = schema_for_output::<ExportNotebookOutput>(),
         annotations(read_only_hint = false, open_world_hint = false)
     )]
@@ -48,16 +49,18 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<ExportNotebookParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let (id, cells) = self
-            .engine
-            .session_cells(self.scope(), &params.container_id)?;
-        let json = ipynb::from_cells(&cells).to_json();
-        let latest = cells
-            .cells
-            .iter()
-            .rev()
-            .find_map(|c| c.execution_count)
-            .unwrap_or(0);
+        // Written from the history in place: the text is the one copy of the cells it makes.
+        let (id, (json, kept, dropped, latest)) =
+            self.engine
+                .with_session_cells(self.scope(), &params.container_id, |history| {
+                    let latest = history.iter().filter_map(|c| c.execution_count).last();
+                    (
+                        ipynb::session_json(history.iter(), history.dropped()),
+                        history.len(),
+                        history.dropped(),
+                        latest.unwrap_or(0),
+                    )
+                })?;
         let path = params
             .path
             .filter(|p| !p.trim().is_empty())
@@ -71,21 +74,21 @@ impl SandboxServer {
         let size = json.len() as u64;
         let mut text = format!(
             "Exported {} as a notebook: {saved} ({}), resource {uri}.",
-            text::count(cells.cells.len() as u64, "cell"),
+            text::count(kept as u64, "cell"),
             bytes(size)
         );
-        if cells.dropped > 0 {
+        if dropped > 0 {
             text.push_str(&format!(
                 " {} the session no longer keeps {} left out (a note in the notebook says so).",
-                text::count(cells.dropped, "earlier cell"),
-                if cells.dropped == 1 { "is" } else { "are" }
+                text::count(dropped, "earlier cell"),
+                if dropped == 1 { "is" } else { "are" }
             ));
         }
         let output = ExportNotebookOutput {
             path: saved,
             resource_uri: uri.clone(),
-            cells: cells.cells.len(),
-            dropped_cells: cells.dropped,
+            cells: kept,
+            dropped_cells: dropped,
             size_bytes: size,
         };
         let blocks = vec![
