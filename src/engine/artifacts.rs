@@ -230,7 +230,11 @@ pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
         let on_host = found.is_some_and(|f| f.file) || entry.kind == "directory";
         artifacts.push(Artifact {
             path: format!("{}/{}", root.container_path(), entry.path),
-            size: if entry.kind == "directory" { 0 } else { entry.size },
+            size: if entry.kind == "directory" {
+                0
+            } else {
+                entry.size
+            },
             mime_type: if entry.kind == "file" {
                 mime_from_name(&entry.path).to_string()
             } else {
