@@ -18,7 +18,7 @@ use super::identity::Handle;
 use super::Guard;
 
 /// Names of the places the host runs things from (documented in docs/security.md).
-pub const PROTECTED_NAMES: &[&str] = &[
+const PROTECTED_NAMES: &[&str] = &[
     ".git",
     ".hg",
     ".svn",

@@ -24,7 +24,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::config::{OperatorMount, RootMapping, RootsMode, RootsPolicy};
 
 pub use container::mount_holder;
-pub use guards::{is_protected, PROTECTED_NAMES};
+pub use guards::is_protected;
 pub use identity::Handle;
 
 /// Where roots appear in a sandbox.
