@@ -638,15 +638,28 @@ fn listing(files: &[&str]) -> String {
 /// Installs `dependency` from `url`, which must fail; its failure. The installer's whole output
 /// must be saved under the files directory and named in the message.
 async fn failed_install(url: &str, private: bool, dependency: &str) -> InstallFailure {
+    let hosts = if private {
+        vec![bridge_address().to_string()]
+    } else {
+        Vec::new()
+    };
+    failed_install_allowing(url, hosts, dependency).await
+}
+
+/// [`failed_install`], with `private` the hosts allowed to be non-public.
+async fn failed_install_allowing(
+    url: &str,
+    private: Vec<String>,
+    dependency: &str,
+) -> InstallFailure {
     let volume = fresh_deps_volume();
     let files = std::env::temp_dir().join(format!("pcs-deps-files-{}", uuid::Uuid::new_v4()));
-    let host = bridge_address().to_string();
     // The runner's IPython comes from PyPI first: the fake index serves only the request.
     seed_runner_set(&volume).await;
     let engine = engine_with(|c| {
         c.deps.volume = volume.to_string();
         c.deps.index_url = Some(url.to_string());
-        c.deps.egress_allow_private = if private { vec![host] } else { Vec::new() };
+        c.deps.egress_allow_private = private;
         c.files.persist_dir = Some(files.clone());
     });
     let failed =
@@ -731,6 +744,86 @@ async fn an_index_refused_as_non_public_is_named_with_its_address_and_the_settin
         listener.accept().is_err(),
         "nothing was sent to the refused index"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_in_a_container_on_the_bridge_is_refused_for_where_it_is() {
+    if skip_without_engine() {
+        return;
+    }
+    use bollard::models::{ContainerCreateBody, HostConfig};
+    // An index in a container on the engine's default bridge: the proxy's uplink neighbour,
+    // which no sandbox may reach, even with its address allowed to be non-public.
+    let docker = docker().await;
+    let body = ContainerCreateBody {
+        image: Some(python_code_sandbox::config::DEFAULT_IMAGE.to_string()),
+        cmd: Some(
+            ["python3", "-m", "http.server", "8765"]
+                .map(String::from)
+                .to_vec(),
+        ),
+        host_config: Some(HostConfig {
+            network_mode: Some("bridge".into()),
+            auto_remove: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = docker
+        .create_container(
+            None::<bollard::query_parameters::CreateContainerOptions>,
+            body,
+        )
+        .await
+        .expect("the index's container");
+    let id = created.id;
+    docker
+        .start_container(
+            &id,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .expect("it starts");
+    let address = docker
+        .inspect_container(
+            &id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .ok()
+        .and_then(|c| {
+            c.network_settings?
+                .networks?
+                .get("bridge")?
+                .ip_address
+                .clone()
+        })
+        .filter(|a| !a.is_empty())
+        .expect("its address on the bridge");
+    let url = format!("http://{address}:8765/simple/");
+    let failure = failed_install_allowing(&url, vec![address.clone()], "pcs-fake").await;
+    let _ = docker
+        .remove_container(
+            &id,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    let text = said(
+        &failure,
+        FailureKind::Refused {
+            host: address.clone(),
+            port: 8765,
+            stopped: Stopped::OffLimits,
+        },
+        &format!(
+            "the egress proxy refused {address}:8765 (the index {url}): that address is on the \
+             sandboxes' own networks or next to the proxy on its uplink network"
+        ),
+    );
+    assert!(text.contains("publish its port on the host"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

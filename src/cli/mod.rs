@@ -542,17 +542,11 @@ async fn build_tagged(
     mode: image::BuildMode,
     progress: &crate::engine::ProgressSink,
 ) -> Result<(), image::ImageError> {
+    let index = image::Index::from_config(config);
     match flavour {
-        Some(flavour) => {
-            let index = image::flavour::Index {
-                index_url: config.deps.index_url.as_deref(),
-                extra_index_urls: &config.deps.extra_index_urls,
-                ca_bundle: config.ca_bundle.as_deref(),
-            };
-            image::flavour::build(docker, flavour, tag, mode, index, progress).await
-        }
+        Some(flavour) => image::flavour::build(docker, flavour, tag, mode, &index, progress).await,
         None => {
-            image::build(docker, tag, mode, config.ca_bundle.as_deref(), progress).await?;
+            image::build(docker, tag, mode, &index, progress).await?;
             // The egress proxy's image goes with the sandbox image (made once, offline).
             image::ensure_proxy(docker, progress).await
         }

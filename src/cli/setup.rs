@@ -85,6 +85,7 @@ async fn first_result(config: &Config, gvisor: bool) -> Result<(), ExitCode> {
     runtime(&backend, config, gvisor).await?;
 
     println!("3. sandbox image {}", config.image);
+    println!("   CA bundle: {}", config.ca_bundle_summary());
     if docker.inspect_image(&config.image).await.is_ok() {
         println!("   ok: present");
     } else {

@@ -319,8 +319,11 @@ pub struct Config {
     pub network: NetworkPolicy,
     /// Who the code may reach with `SANDBOX_NETWORK=allowlist` (`SANDBOX_EGRESS_*`).
     pub egress: EgressPolicy,
-    /// Host CA bundle made available inside sandboxes that have a network.
+    /// Host CA bundle trusted by the containers that reach a package index (the image build,
+    /// flavours, installers) and made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
+    /// Where [`Config::ca_bundle`] comes from.
+    pub ca_bundle_source: CaBundleSource,
     /// The engine is on another machine (`DOCKER_HOST` is not a local socket): host paths in
     /// settings are that machine's, checked by the engine rather than here.
     pub remote_engine: bool,
@@ -389,6 +392,7 @@ impl Default for Config {
             network: NetworkPolicy::None,
             egress: EgressPolicy::default(),
             ca_bundle: None,
+            ca_bundle_source: CaBundleSource::NotFound,
             runtime: None,
             remote_engine: false,
             files: FilePolicy {
@@ -505,9 +509,66 @@ impl Config {
         for setting in SETTINGS {
             setting.apply(&mut config, &env)?;
         }
+        if config.ca_bundle_source == CaBundleSource::NotFound && !config.remote_engine {
+            let usable = |path: &std::path::Path| {
+                std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
+            };
+            if let Some((path, via)) = paths::host_ca_bundle(lookup("SSL_CERT_FILE"), usable) {
+                config.ca_bundle = Some(path);
+                config.ca_bundle_source = CaBundleSource::Host { via };
+            }
+        }
         validate::relations(&mut config, &env)?;
         Ok(config)
     }
+
+    /// The CA bundle in use and where it comes from, in words (for `setup`, `doctor` and the
+    /// start-up log).
+    pub fn ca_bundle_summary(&self) -> String {
+        let path = self
+            .ca_bundle
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        match &self.ca_bundle_source {
+            CaBundleSource::Setting => format!("{path} ({})", settings::SANDBOX_CA_BUNDLE.name),
+            CaBundleSource::Host { via } => format!(
+                "{path}, the host's own ({via}), trusted by the image build and the installers; \
+                 {}=none turns it off",
+                settings::SANDBOX_CA_BUNDLE.name
+            ),
+            CaBundleSource::Off => format!(
+                "none ({}=none): containers trust only their own CA bundle",
+                settings::SANDBOX_CA_BUNDLE.name
+            ),
+            CaBundleSource::NotFound if self.remote_engine => format!(
+                "none: the engine is on another machine, so the host's bundle is not assumed \
+                 there; {} names a bundle on that machine",
+                settings::SANDBOX_CA_BUNDLE.name
+            ),
+            CaBundleSource::NotFound => format!(
+                "none: no CA bundle found on the host (SSL_CERT_FILE, {}); {} names one",
+                paths::SYSTEM_CA_BUNDLES.join(", "),
+                settings::SANDBOX_CA_BUNDLE.name
+            ),
+        }
+    }
+}
+
+/// Where the CA bundle of the containers that reach a package index comes from. By default they
+/// trust what the host trusts, the way pip's truststore and uv's native TLS use the system store:
+/// where TLS is intercepted by a CA the host trusts, the build and the installers work unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaBundleSource {
+    /// `SANDBOX_CA_BUNDLE` names it.
+    Setting,
+    /// The host's own trust store: `SSL_CERT_FILE`, else the first of the distributions' usual
+    /// bundle paths that is a non-empty file (`via` says which).
+    Host { via: &'static str },
+    /// `SANDBOX_CA_BUNDLE=none`: the containers trust only their own bundle.
+    Off,
+    /// Unset, and none found on the host (or the engine is remote: host paths are its machine's).
+    NotFound,
 }
 
 #[cfg(test)]

@@ -52,3 +52,59 @@ pub(super) fn default_roots() -> super::RootsPolicy {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     super::RootsPolicy::from_home(home.as_deref())
 }
+
+/// The distributions' usual system CA bundles, in the order they are tried (Debian and Ubuntu,
+/// Fedora and RHEL, openSUSE, RHEL 7's extracted store, Alpine).
+pub const SYSTEM_CA_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The host's CA bundle and how it was found: `SSL_CERT_FILE` when it is an absolute path that
+/// is `usable`, else the first usable of [`SYSTEM_CA_BUNDLES`].
+pub(super) fn host_ca_bundle(
+    ssl_cert_file: Option<String>,
+    usable: impl Fn(&std::path::Path) -> bool,
+) -> Option<(PathBuf, &'static str)> {
+    let from_env = ssl_cert_file
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && usable(p));
+    if let Some(path) = from_env {
+        return Some((path, "SSL_CERT_FILE"));
+    }
+    SYSTEM_CA_BUNDLES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| usable(p))
+        .map(|p| (p, "the system bundle"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssl_cert_file_wins_when_usable_else_the_first_usable_system_bundle() {
+        let all = |_: &std::path::Path| true;
+        assert_eq!(
+            host_ca_bundle(Some("/opt/corp/ca.pem".into()), all),
+            Some((PathBuf::from("/opt/corp/ca.pem"), "SSL_CERT_FILE"))
+        );
+        // Relative or unusable: the system's.
+        for given in [Some("ca.pem".to_string()), None] {
+            assert_eq!(
+                host_ca_bundle(given, all),
+                Some((PathBuf::from(SYSTEM_CA_BUNDLES[0]), "the system bundle"))
+            );
+        }
+        let fedora = |p: &std::path::Path| p == std::path::Path::new(SYSTEM_CA_BUNDLES[1]);
+        assert_eq!(
+            host_ca_bundle(Some("/missing.pem".into()), fedora),
+            Some((PathBuf::from(SYSTEM_CA_BUNDLES[1]), "the system bundle"))
+        );
+        assert_eq!(host_ca_bundle(None, |_| false), None);
+    }
+}

@@ -432,19 +432,25 @@ pub const SANDBOX_RUNTIME: Setting = Setting {
 
 pub const SANDBOX_CA_BUNDLE: Setting = Setting {
     name: "SANDBOX_CA_BUNDLE",
-    default: Shown::Prose("unset"),
-    doc: "absolute path of a host CA bundle, mounted read-only into sandboxes that have a network, with `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` and `CURL_CA_BUNDLE` pointing at it",
+    default: Shown::Prose("the host's own: `SSL_CERT_FILE`, else the system bundle (`/etc/ssl/certs/ca-certificates.crt`, `/etc/pki/tls/certs/ca-bundle.crt`, …); none with a remote engine"),
+    doc: "absolute path of a host CA bundle (PEM) trusted by every container that reaches a package index (the image build, flavours, installers) and mounted read-only into sandboxes that have a network, with `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `PIP_CERT` and `CURL_CA_BUNDLE` pointing at it; `none`: they trust only their own bundle",
     read: Read::Value(|config, var, v| {
+        if v.eq_ignore_ascii_case("none") {
+            config.ca_bundle = None;
+            config.ca_bundle_source = super::CaBundleSource::Off;
+            return Ok(());
+        }
         let path = PathBuf::from(v);
         // On a remote engine the file is that machine's: the engine checks it at start-up.
         if !path.is_absolute() || !(config.remote_engine || path.is_file()) {
             return Err(ConfigError::new(
                 var,
                 v,
-                "the absolute path of an existing CA bundle file on the host",
+                "the absolute path of an existing CA bundle file on the host, or none",
             ));
         }
         config.ca_bundle = Some(path);
+        config.ca_bundle_source = super::CaBundleSource::Setting;
         Ok(())
     }),
 };

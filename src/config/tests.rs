@@ -48,7 +48,32 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.limits.memory_bytes, 2 * 1024 * 1024 * 1024);
     assert_eq!(c.limits.cpus, 0.5);
     assert_eq!(c.network, NetworkPolicy::None);
-    assert_eq!(c.ca_bundle, None);
+    // The host's own bundle, where it has one.
+    match c.ca_bundle_source {
+        CaBundleSource::Host { .. } => assert!(c.ca_bundle.as_deref().is_some_and(|p| p.is_file())),
+        CaBundleSource::NotFound => assert_eq!(c.ca_bundle, None),
+        other => panic!("unset, the bundle is the host's or none: {other:?}"),
+    }
+}
+
+#[test]
+fn the_ca_bundle_is_the_setting_or_none_when_set() {
+    let c = config(&[("SANDBOX_CA_BUNDLE", "none")]).unwrap();
+    assert_eq!(
+        (c.ca_bundle, c.ca_bundle_source),
+        (None, CaBundleSource::Off)
+    );
+    assert!(c_summary_names("none", "SANDBOX_CA_BUNDLE=none"));
+    let remote = config(&[("DOCKER_HOST", "tcp://engine.example:2376")]).unwrap();
+    assert_eq!(remote.ca_bundle_source, CaBundleSource::NotFound);
+    assert!(remote.ca_bundle_summary().contains("another machine"));
+}
+
+fn c_summary_names(value: &str, words: &str) -> bool {
+    config(&[("SANDBOX_CA_BUNDLE", value)])
+        .unwrap()
+        .ca_bundle_summary()
+        .contains(words)
 }
 
 #[test]

@@ -183,6 +183,9 @@ pub struct NetworkEntry {
 pub enum Stopped {
     /// The host and port are not among those the sandbox may reach.
     NotAllowed,
+    /// The address is on the sandboxes' own networks or next to the proxy on its uplink, which
+    /// no sandbox may reach whatever the settings (a container on the engine's default bridge).
+    OffLimits,
     /// The name resolved to an address that is not public, which no setting allows.
     NonPublic(std::net::IpAddr),
     /// The name does not resolve.

@@ -133,9 +133,21 @@ pub fn engine() -> Engine {
 }
 
 pub fn engine_with(adjust: impl FnOnce(&mut Config)) -> Engine {
+    show_warnings();
     let mut config = test_config();
     adjust(&mut config);
     Engine::new(Arc::new(DockerBackend::new()), config)
+}
+
+/// The engine's warnings (and `RUST_LOG`'s choice) go to the test's captured output, so that a
+/// failed test shows what the engine said on the way (a volume it could not remove, say).
+pub fn show_warnings() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 pub async fn docker() -> Docker {

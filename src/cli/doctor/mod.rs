@@ -74,6 +74,7 @@ pub async fn doctor(mut config: Config) -> ExitCode {
         ),
     );
     report.line(true, "roots", config.roots.summary());
+    report.line(true, "CA bundle", config.ca_bundle_summary());
     if platform.installer != platform.code {
         report.line(
             true,

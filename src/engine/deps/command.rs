@@ -124,7 +124,7 @@ fn options_argv(
 }
 
 /// The hosts (`host[:port]`, as pip's `--trusted-host` takes them) of the plain-http indexes.
-fn plain_http_hosts(index: &IndexConfig) -> Vec<String> {
+pub fn plain_http_hosts(index: &IndexConfig) -> Vec<String> {
     let mut hosts: Vec<String> = index
         .index_url
         .iter()

@@ -68,9 +68,30 @@ pub enum FailureKind {
     Other,
 }
 
+/// Who asked the index: an installer through the egress proxy, or the first stage of an image
+/// build directly, on the engine's default network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Route {
+    #[default]
+    EgressProxy,
+    ImageBuild,
+}
+
+impl Route {
+    /// Who it is, in words.
+    fn who(self) -> &'static str {
+        match self {
+            Route::EgressProxy => "the installer",
+            Route::ImageBuild => "the image build",
+        }
+    }
+}
+
 /// What the classifier reads of one failed install.
 #[derive(Debug, Clone, Copy)]
 pub struct Evidence<'a> {
+    /// Who asked the index (what the connections below, and the words, are about).
+    pub route: Route,
     /// What pip or uv printed (the installer's stdout before [`DIAGNOSIS_MARK`], and its stderr).
     pub output: &'a str,
     /// What the installer script added after the mark: pip's dry run, pip's log lines.
@@ -102,6 +123,8 @@ pub struct InstallFailure {
     /// Where the installer's whole output was saved on the host (`SANDBOX_FILES_DIR`), when it
     /// was.
     pub saved_to: Option<std::path::PathBuf>,
+    /// Who asked the index.
+    pub route: Route,
 }
 
 /// Splits the installer's stdout into what pip or uv printed and what the script added.
@@ -126,6 +149,7 @@ pub fn classify(evidence: &Evidence<'_>, setting: &Setting<'_>) -> InstallFailur
         index: index_of(setting.index, host),
         summary: clean_lines(&installer_error_summary(evidence.output)),
         saved_to: None,
+        route: evidence.route,
         kind,
     }
 }
@@ -140,9 +164,12 @@ fn kind_of(evidence: &Evidence<'_>, setting: &Setting<'_>) -> FailureKind {
     };
     // What the proxy refused or could not reach is the cause, whatever the installer made of it
     // (pip reads a refusal as "no versions", uv as "not found").
-    if let Some((host, port, stopped)) = stopped(NetworkOutcome::Refused)
-        .find(|(_, _, s)| matches!(s, Stopped::NotAllowed | Stopped::NonPublic(_)))
-    {
+    if let Some((host, port, stopped)) = stopped(NetworkOutcome::Refused).find(|(_, _, s)| {
+        matches!(
+            s,
+            Stopped::NotAllowed | Stopped::OffLimits | Stopped::NonPublic(_)
+        )
+    }) {
         return FailureKind::Refused {
             host,
             port,
@@ -154,7 +181,7 @@ fn kind_of(evidence: &Evidence<'_>, setting: &Setting<'_>) -> FailureKind {
         match stopped {
             Stopped::NoAnswer(how) => return FailureKind::NoAnswer { host, port, how },
             Stopped::Unresolved => return FailureKind::Unresolved { host, port },
-            Stopped::NotAllowed | Stopped::NonPublic(_) => {}
+            Stopped::NotAllowed | Stopped::OffLimits | Stopped::NonPublic(_) => {}
         }
     }
     if evidence.timed_out {
@@ -174,6 +201,13 @@ fn kind_of(evidence: &Evidence<'_>, setting: &Setting<'_>) -> FailureKind {
         "UnknownIssuer",
     ]) {
         return FailureKind::UntrustedCertificate;
+    }
+    // A build asks the index itself: pip's words are all there is about its connections (an
+    // installer's go through the proxy, whose record above is the truth about them).
+    if evidence.route == Route::ImageBuild {
+        if let Some(kind) = direct_connection_failure(&said, setting.index) {
+            return kind;
+        }
     }
     if said(&["No space left on device"]) {
         return FailureKind::TooLarge {
@@ -220,6 +254,38 @@ fn kind_of(evidence: &Evidence<'_>, setting: &Setting<'_>) -> FailureKind {
         return FailureKind::NoWheel;
     }
     FailureKind::Other
+}
+
+/// A connection pip made itself that failed, from its words, named by the first index's host.
+fn direct_connection_failure(
+    said: &dyn Fn(&[&str]) -> bool,
+    index: &IndexConfig,
+) -> Option<FailureKind> {
+    let primary = index.index_url.as_deref().unwrap_or(DEFAULT_INDEX);
+    let (host, port) = crate::engine::egress::host_port(primary)?;
+    let host = clean(&host);
+    if said(&[
+        "Name or service not known",
+        "Temporary failure in name resolution",
+        "No address associated with hostname",
+        "nodename nor servname",
+    ]) {
+        return Some(FailureKind::Unresolved { host, port });
+    }
+    let how = if said(&["Connection refused", "[Errno 111]"]) {
+        NoAnswer::Refused
+    } else if said(&["ConnectTimeoutError", "timed out", "Read timed out"]) {
+        NoAnswer::TimedOut
+    } else if said(&[
+        "Network is unreachable",
+        "No route to host",
+        "NewConnectionError",
+    ]) {
+        NoAnswer::Unreachable
+    } else {
+        return None;
+    };
+    Some(FailureKind::NoAnswer { host, port, how })
 }
 
 /// pip's "Could not find a version that satisfies the requirement R (from versions: A, B)", when
@@ -327,6 +393,23 @@ impl fmt::Display for InstallFailure {
                     private = SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE.name,
                 )?;
             }
+            FailureKind::Refused {
+                host,
+                port,
+                stopped: Stopped::OffLimits,
+            } => write!(
+                f,
+                "the egress proxy refused {host}:{port} (the index {index}): that address is on \
+                 the sandboxes' own networks or next to the proxy on its uplink network \
+                 ({uplink}), which no sandbox may reach whatever the settings (a container on \
+                 the engine's default bridge is there). Nothing was sent to it. Serve the index \
+                 from an address outside those networks: publish its port on the host (`docker \
+                 run -p`) and set {url} to the host's address, with {private}=HOST where that \
+                 address is not public.",
+                uplink = SANDBOX_EGRESS_UPLINK.name,
+                url = PIP_INDEX_URL.name,
+                private = SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE.name,
+            )?,
             FailureKind::Refused { host, port, .. } => write!(
                 f,
                 "the egress proxy refused {host}:{port}: the installer may reach only the index \
@@ -334,6 +417,24 @@ impl fmt::Display for InstallFailure {
                  to it. If the install needs it, the operator adds it to {allow} \
                  ({allow}={host}:{port}), or makes it the index with {url} / {extra}.",
                 allow = SANDBOX_DEPS_EGRESS_ALLOW.name,
+                url = PIP_INDEX_URL.name,
+                extra = PIP_EXTRA_INDEX_URL.name,
+            )?,
+            FailureKind::Unresolved { host, port } if self.route == Route::ImageBuild => write!(
+                f,
+                "the index {index} did not answer: {host} does not resolve in the image build \
+                 (port {port}; the engine's build containers use its DNS). Check the host in \
+                 {url} (and {extra}).",
+                url = PIP_INDEX_URL.name,
+                extra = PIP_EXTRA_INDEX_URL.name,
+            )?,
+            FailureKind::NoAnswer { host, port, how } if self.route == Route::ImageBuild => write!(
+                f,
+                "the index {index} did not answer the image build: it could not connect to \
+                 {host}:{port} ({how}). Check {url} (and {extra}): that the index runs at that \
+                 host and port and is reachable from the engine's build containers (on its \
+                 default network; 127.0.0.1 there is the build container itself).",
+                how = how.as_str(),
                 url = PIP_INDEX_URL.name,
                 extra = PIP_EXTRA_INDEX_URL.name,
             )?,
@@ -360,9 +461,10 @@ impl fmt::Display for InstallFailure {
             )?,
             FailureKind::UntrustedCertificate => write!(
                 f,
-                "the index {index} presented a TLS certificate the installer does not trust (as \
+                "the index {index} presented a TLS certificate {who} does not trust (as \
                  where TLS is intercepted): the operator sets {ca} to the CA bundle (PEM) that \
                  signs it, or {url} to another index.",
+                who = self.route.who(),
                 ca = SANDBOX_CA_BUNDLE.name,
                 url = PIP_INDEX_URL.name,
             )?,
@@ -454,7 +556,11 @@ impl fmt::Display for InstallFailure {
             FailureKind::Other => return f.write_str(&self.summary),
         }
         if !self.summary.is_empty() {
-            write!(f, "\nThe installer said:\n{}", self.summary)?;
+            let who = match self.route {
+                Route::EgressProxy => "The installer said",
+                Route::ImageBuild => "pip said",
+            };
+            write!(f, "\n{who}:\n{}", self.summary)?;
         }
         if let Some(path) = &self.saved_to {
             write!(f, "\nIts whole output: {}", path.display())?;
@@ -466,6 +572,45 @@ impl fmt::Display for InstallFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_index_host_off_limits_is_not_called_a_host_that_is_not_allowed() {
+        let index = IndexConfig {
+            index_url: Some("http://172.17.0.2:8765/simple/".into()),
+            ..IndexConfig::default()
+        };
+        let connections = [entry(
+            "172.17.0.2",
+            8765,
+            NetworkOutcome::Refused,
+            Stopped::OffLimits,
+        )];
+        let failure = classify(
+            &Evidence {
+                route: Route::EgressProxy,
+                output: "ERROR: No matching distribution found for pcs-fake",
+                diagnosis: "",
+                connections: &connections,
+                timed_out: false,
+            },
+            &Setting {
+                index: &index,
+                projects: &["pcs-fake".to_string()],
+                timeout: Duration::from_secs(60),
+                install_max_bytes: 1 << 30,
+            },
+        );
+        let text = failure.to_string();
+        assert!(
+            text.starts_with(
+                "the egress proxy refused 172.17.0.2:8765 (the index \
+                 http://172.17.0.2:8765/simple/): that address is on the sandboxes' own networks"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("is not one"), "{text}");
+        assert!(text.contains("publish its port on the host"), "{text}");
+    }
 
     fn entry(host: &str, port: u16, outcome: NetworkOutcome, stopped: Stopped) -> NetworkEntry {
         NetworkEntry {
@@ -487,6 +632,7 @@ mod tests {
         };
         classify(
             &Evidence {
+                route: Route::EgressProxy,
                 output,
                 diagnosis,
                 connections,
@@ -729,6 +875,7 @@ mod tests {
         let index = IndexConfig::default();
         let timed_out = classify(
             &Evidence {
+                route: Route::EgressProxy,
                 output: "Collecting six",
                 diagnosis: "",
                 connections: &[],

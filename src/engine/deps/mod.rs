@@ -27,11 +27,13 @@ mod summary;
 
 pub use cache_key::cache_key;
 pub use command::{
-    installer_argv, locked_installer_argv, pip_with_options, IndexConfig, Installer,
+    installer_argv, locked_installer_argv, pip_with_options, plain_http_hosts, IndexConfig,
+    Installer,
 };
 pub use eviction::{select_evictions, CacheEntry};
 pub use failure::{
-    classify, split_diagnosis, Evidence, FailureKind, InstallFailure, Setting, DIAGNOSIS_MARK,
+    classify, split_diagnosis, Evidence, FailureKind, InstallFailure, Route, Setting,
+    DIAGNOSIS_MARK,
 };
 pub use marker::MARKER_VARIABLES;
 pub use pip_line::{parse_pip_line, PipCommand, PipRefusal, MAX_LINE_BYTES as MAX_PIP_LINE_BYTES};
@@ -39,7 +41,7 @@ pub use requirement::{
     normalize_name, parse_requirement, parse_requirements, DependencyError, Requirement,
     MAX_DEPENDENCIES, MAX_ENTRY_LEN,
 };
-pub use summary::installer_error_summary;
+pub use summary::{installer_error_summary, strip_ansi};
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -41,6 +41,9 @@ fn is_relevant_error_line(line: &str) -> bool {
         "╰─▶",
         "Because ",
         "hint:",
+        // pip's words about the connection itself (a certificate, a refused connection).
+        "Could not fetch URL",
+        "after connection broken by",
     ];
     let trimmed = line.trim_start();
     trimmed.starts_with("ERROR:")
@@ -49,7 +52,7 @@ fn is_relevant_error_line(line: &str) -> bool {
 }
 
 /// Removes ANSI escape sequences (CSI `ESC [ ... final`, and lone `ESC x`).
-fn strip_ansi(text: &str) -> String {
+pub fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {

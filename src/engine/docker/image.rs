@@ -8,6 +8,7 @@
 //! image ([`PROXY_IMAGE`]) is a rootfs of its own, Debian's Squid and Python, made the same way
 //! ([`ensure_proxy`]): no registry is needed for it either.
 
+pub mod fetch;
 pub mod flavour;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use crate::config::DEFAULT_IMAGE;
 use crate::engine::backend::BackendError;
 use crate::engine::egress::PROXY_IMAGE;
 use crate::engine::progress::{self, ProgressSink};
+pub use fetch::Index;
 
 /// The recipe applied on top of either base.
 pub const RECIPE: &str = include_str!("Dockerfile");
@@ -74,6 +76,14 @@ pub enum ImageError {
     },
     #[error("tar of the rootfs failed ({0})")]
     Tar(std::process::ExitStatus),
+    /// The first stage could not install from the package index: why, as the installers'
+    /// failures are classified, with pip's own last lines.
+    #[error("the image build could not install {what} from the package index: {failure}")]
+    Index {
+        what: &'static str,
+        #[source]
+        failure: Box<crate::engine::deps::InstallFailure>,
+    },
     /// A flavour's build could not reach a package index; the URL is redacted.
     #[error("the package index {url} cannot be reached from the image build ({detail}): {hint}")]
     IndexUnreachable {
@@ -131,11 +141,7 @@ pub fn missing_hint(image: &str) -> String {
 }
 
 /// Makes `image` available: present already, else built (the default image) or pulled.
-pub async fn ensure(
-    docker: &Docker,
-    image: &str,
-    ca_bundle: Option<&Path>,
-) -> Result<(), BackendError> {
+pub async fn ensure(docker: &Docker, image: &str, index: &Index) -> Result<(), BackendError> {
     if docker.inspect_image(image).await.is_ok() {
         return Ok(());
     }
@@ -153,7 +159,7 @@ pub async fn ensure(
     if image == DEFAULT_IMAGE {
         tracing::info!(image, "sandbox image missing: building it (one time)");
         let progress = progress::logged("image build");
-        return build(docker, image, BuildMode::Auto, ca_bundle, &progress)
+        return build(docker, image, BuildMode::Auto, index, &progress)
             .await
             .map_err(|e| BackendError::ImageMissing {
                 image: image.to_string(),
@@ -201,7 +207,7 @@ pub async fn build(
     docker: &Docker,
     tag: &str,
     mode: BuildMode,
-    ca_bundle: Option<&Path>,
+    index: &Index,
     progress: &ProgressSink,
 ) -> Result<(), ImageError> {
     let base = match mode {
@@ -220,7 +226,7 @@ pub async fn build(
         }
         BuildMode::Offline => offline_base(docker, progress).await?,
     };
-    build_recipe(docker, &base, tag, ca_bundle, progress).await
+    build_recipe(docker, &base, tag, index, progress).await
 }
 
 /// The imported debootstrap rootfs, made when it does not exist yet.
@@ -406,27 +412,31 @@ async fn build_recipe(
     docker: &Docker,
     base: &str,
     tag: &str,
-    ca_bundle: Option<&Path>,
+    index: &Index,
     progress: &ProgressSink,
 ) -> Result<(), ImageError> {
     progress(&format!("building {tag} from {base}"));
-    // The CA bundle lets the build reach PyPI for uv where TLS is intercepted; empty otherwise.
-    let ca = match ca_bundle {
-        Some(path) => std::fs::read(path)
-            .map_err(ImageError::io(format!("cannot read {}", path.display())))?,
-        None => Vec::new(),
-    };
+    // The first stage reaches the index with this bundle (the host's own by default), which is
+    // what lets the build through where TLS is intercepted.
+    const BUNDLE_AT: &str = "/tmp/pcs-fetch/ca-bundle.crt";
+    let bundle = index.bundle()?;
+    let pip_conf = index.pip_conf((!bundle.is_empty()).then_some(BUNDLE_AT));
     let context = pack_context(&[
         ("Dockerfile", RECIPE.as_bytes()),
-        ("ca-bundle.crt", ca.as_slice()),
-        ("ipython-set.txt", IPYTHON_SET.as_bytes()),
+        ("fetch/pip.conf", pip_conf.as_bytes()),
+        ("fetch/ca-bundle.crt", bundle.as_slice()),
+        ("fetch/ipython-set.txt", IPYTHON_SET.as_bytes()),
     ])?;
+    let build_id = fetch::build_id();
     let options = BuildImageOptions {
         t: Some(tag.to_string()),
         dockerfile: "Dockerfile".to_string(),
         rm: true,
         forcerm: true,
-        buildargs: Some(HashMap::from([("BASE".to_string(), base.to_string())])),
+        buildargs: Some(HashMap::from([
+            ("BASE".to_string(), base.to_string()),
+            ("BUILD_ID".to_string(), build_id.clone()),
+        ])),
         labels: Some(HashMap::from([
             (RECIPE_LABEL.to_string(), recipe_hash()),
             (
@@ -437,9 +447,39 @@ async fn build_recipe(
         ..Default::default()
     };
     let stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
-    follow_build(stream, progress)
-        .await
-        .map_err(|failure| failure.error)
+    let built = follow_build(stream, progress).await;
+    fetch::remove_first_stage(docker, &build_id).await;
+    built.map_err(|failure| match failure.marked.as_deref() {
+        Some(RUNNER_IPYTHON) => index_failure(index, "the runner's IPython", &failure.step_output),
+        _ => failure.error,
+    })
+}
+
+/// The mark the recipe writes when the runner's IPython could not be installed.
+const RUNNER_IPYTHON: &str = "runner-ipython";
+
+/// Why pip could not install `what` in a build's first stage, from pip's own lines: the
+/// installers' classification (there is no egress proxy in a build: what pip said is all).
+fn index_failure(index: &Index, what: &'static str, pip_output: &str) -> ImageError {
+    use crate::engine::deps::{classify, Evidence, Route, Setting};
+    let config = index.as_index_config();
+    let evidence = Evidence {
+        route: Route::ImageBuild,
+        output: pip_output,
+        diagnosis: "",
+        connections: &[],
+        timed_out: false,
+    };
+    let setting = Setting {
+        index: &config,
+        projects: &[],
+        timeout: std::time::Duration::ZERO,
+        install_max_bytes: 0,
+    };
+    ImageError::Index {
+        what,
+        failure: Box::new(classify(&evidence, &setting)),
+    }
 }
 
 /// A build context: a tar of `(path, content)` files, each readable by all.
@@ -469,51 +509,63 @@ const TAIL_LINES: usize = 12;
 /// Why a build failed: the error, and the recipe's own account of it when it gave one.
 struct BuildFailure {
     error: ImageError,
+    /// What the recipe said failed (after [`ERROR_MARK`]).
     marked: Option<String>,
+    /// The output of the step that failed (since the last step line), bounded.
+    step_output: String,
 }
 
+/// The most of one step's output kept to explain its failure.
+const STEP_OUTPUT_MAX: usize = 64 << 10;
+
 /// Follows the engine's build output: each `Step N/M : …` line and each line the recipe marks
-/// with [`STEP_MARK`] is a step, the rest is logged; the last lines explain a failure.
+/// with [`STEP_MARK`] is a step, the rest is logged; the last lines explain a failure, never the
+/// recipe's shell script (which the engine's own error message quotes).
 async fn follow_build(
     mut stream: impl Stream<Item = Result<BuildInfo, bollard::errors::Error>> + Unpin,
     progress: &ProgressSink,
 ) -> Result<(), BuildFailure> {
     let mut pending = String::new();
     let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut step_output = String::new();
     let mut marked = None;
-    while let Some(step) = stream.next().await {
-        let step = step.map_err(|source| BuildFailure {
-            error: ImageError::Step {
-                what: "build failed",
-                source,
-            },
-            marked: marked.clone(),
-        })?;
+    let failed = loop {
+        let Some(step) = stream.next().await else {
+            return Ok(());
+        };
+        let step = match step {
+            Ok(step) => step,
+            Err(e) => break e.to_string(),
+        };
         if let Some(message) = step.error_detail.and_then(|d| d.message) {
-            let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
-            return Err(BuildFailure {
-                error: ImageError::Refused {
-                    what: "build failed",
-                    message: format!("{message}; its last lines:\n{}", lines.join("\n")),
-                },
-                marked,
-            });
+            break message;
         }
         let Some(chunk) = step.stream else { continue };
         // The engine sends output in chunks that need not end at a line's end.
         pending.push_str(&chunk);
         while let Some(end) = pending.find('\n') {
-            let line: String = pending.drain(..=end).collect();
+            let raw: String = pending.drain(..=end).collect();
+            // The engine colours stderr; what the build printed is shown, so it goes without
+            // escapes or other control characters.
+            let line: String = crate::engine::deps::strip_ansi(&raw)
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect();
             let line = line.trim();
             if line.is_empty() {
                 continue;
             }
             if line.starts_with("Step ") {
                 progress(line);
+                step_output.clear();
             } else if let Some(step) = line.strip_prefix(STEP_MARK) {
                 progress(step);
+                step_output.clear();
             } else if let Some(reason) = line.strip_prefix(ERROR_MARK) {
                 marked = Some(reason.to_string());
+            } else if step_output.len() < STEP_OUTPUT_MAX {
+                step_output.push_str(line);
+                step_output.push('\n');
             }
             tracing::debug!("build: {line}");
             if tail.len() == TAIL_LINES {
@@ -521,6 +573,32 @@ async fn follow_build(
             }
             tail.push_back(line.to_string());
         }
+    };
+    let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
+    Err(BuildFailure {
+        error: ImageError::Refused {
+            what: "build failed",
+            message: format!(
+                "{}; its last lines:\n{}",
+                without_script(&failed),
+                lines.join("\n")
+            ),
+        },
+        marked,
+        step_output,
+    })
+}
+
+/// The engine's words for a failed step without the step's command: the classic builder says
+/// "The command '/bin/sh -c …' returned a non-zero code: N" (bollard adds its own prefix).
+fn without_script(message: &str) -> String {
+    const QUOTED: &str = "The command '";
+    const RETURNED: &str = "' returned a non-zero code: ";
+    match (message.find(QUOTED), message.rfind(RETURNED)) {
+        (Some(_), Some(end)) => {
+            let code = message[end + RETURNED.len()..].trim();
+            format!("a step of the recipe failed (exit code {code})")
+        }
+        _ => message.to_string(),
     }
-    Ok(())
 }

@@ -38,7 +38,7 @@ use crate::config::NetworkPolicy;
 pub struct DockerBackend {
     client: Mutex<Option<Docker>>,
     /// CA bundle given to an image build that has to reach PyPI (see `image`).
-    build_ca_bundle: Option<std::path::PathBuf>,
+    build_index: image::Index,
     /// Images already checked, so `ensure_image` costs one lookup per image per process.
     ready_images: Mutex<Vec<String>>,
     /// The engine is Podman (asked once): its Docker-compatible API needs a few detours.
@@ -77,7 +77,7 @@ impl DockerBackend {
     pub fn new() -> Self {
         DockerBackend {
             client: Mutex::new(None),
-            build_ca_bundle: None,
+            build_index: image::Index::default(),
             ready_images: Mutex::new(Vec::new()),
             podman: tokio::sync::OnceCell::new(),
             deaths: Default::default(),
@@ -88,7 +88,7 @@ impl DockerBackend {
     /// A backend set up from the configuration (the CA bundle for image builds).
     pub fn for_config(config: &crate::config::Config) -> Self {
         DockerBackend {
-            build_ca_bundle: config.ca_bundle.clone(),
+            build_index: image::Index::from_config(config),
             ..Self::new()
         }
     }
@@ -467,11 +467,14 @@ async fn podman_own_volumes(docker: &Docker, id: &SandboxId) -> Vec<String> {
         .collect()
 }
 
-/// Removes volumes this backend created for a sandbox; one still in use stays (the sweep of
-/// orphaned storage finds it later by its labels).
+/// Removes volumes this backend created for a sandbox, once its container is gone. Each is named
+/// after that one container and mounted by no other, so it is removed with force: Podman can
+/// still count a tmpfs volume as in use for a moment after its container's removal returned
+/// (its cleanup process unmounts it), which a removal without force refuses (409 or 500). A
+/// failure is logged; the sweep of orphaned storage finds a volume left by its labels.
 async fn remove_volumes(docker: &Docker, names: &[String]) {
     for name in names {
-        let options = RemoveVolumeOptions { force: false };
+        let options = RemoveVolumeOptions { force: true };
         if let Err(e) = docker.remove_volume(name, Some(options)).await {
             if status_of(&e) != Some(404) {
                 tracing::warn!(volume = %name, "a sandbox's volume was not removed: {e}");
@@ -759,7 +762,7 @@ impl Backend for DockerBackend {
             return Ok(());
         }
         let docker = self.client().await?;
-        image::ensure(&docker, image, self.build_ca_bundle.as_deref()).await?;
+        image::ensure(&docker, image, &self.build_index).await?;
         self.ready_images.lock().await.push(image.to_string());
         Ok(())
     }
@@ -1038,6 +1041,12 @@ impl Backend for DockerBackend {
         let removed = self.remove_container(&docker, id).await;
         if removed.is_ok() || matches!(removed, Err(BackendError::NotFound(_))) {
             remove_volumes(&docker, &own_volumes).await;
+        } else if !own_volumes.is_empty() {
+            // Still there: a later removal (or the sweep) needs the names again.
+            self.podman_volumes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.0.clone(), own_volumes);
         }
         removed
     }

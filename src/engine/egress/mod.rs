@@ -88,6 +88,10 @@ impl IndexPolicy {
 pub fn stopped_reason(host: &str, port: u16, stopped: &Stopped) -> String {
     match stopped {
         Stopped::NotAllowed => format!("{host}:{port} is not an allowed index host"),
+        Stopped::OffLimits => format!(
+            "{host} is on the sandboxes' own networks or next to the proxy on its uplink, which \
+             no sandbox may reach"
+        ),
         Stopped::NonPublic(address) => {
             format!("{host} resolves to the non-public address {address}")
         }

@@ -551,7 +551,7 @@ impl Sources {
             conn,
             NetworkOutcome::Refused,
             why,
-            Some(Stopped::NotAllowed),
+            Some(Stopped::OffLimits),
         );
     }
 

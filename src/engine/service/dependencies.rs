@@ -329,6 +329,7 @@ impl Engine {
                 let output = format!("{said}\n{stderr}");
                 let failure = deps::classify(
                     &deps::Evidence {
+                        route: deps::Route::EgressProxy,
                         output: &output,
                         diagnosis,
                         connections: &connections,

@@ -424,6 +424,12 @@ impl Engine {
                         Err(e) => return Err(e),
                     }
                 }
+                if decided.is_ok() {
+                    tracing::info!(
+                        "CA bundle of the containers that reach a package index: {}",
+                        self.config.ca_bundle_summary()
+                    );
+                }
                 match &decided {
                     Ok(platform) => tracing::info!(
                         engine = %platform.engine.name,

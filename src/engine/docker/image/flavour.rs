@@ -14,11 +14,11 @@
 //! image or its history: the first stage's images are removed after the build.
 
 use std::collections::HashMap;
-use std::path::Path;
 
-use bollard::query_parameters::{BuildImageOptions, ListImagesOptions, RemoveImageOptions};
+use bollard::query_parameters::BuildImageOptions;
 use bollard::Docker;
 
+use super::fetch::{self, Index};
 use super::{BuildMode, ImageError, RECIPE_LABEL};
 use crate::config::{redact_url, DEFAULT_IMAGE};
 use crate::engine::progress::ProgressSink;
@@ -33,12 +33,6 @@ const STARTUP_HOOK: &str = include_str!("flavour_startup.py");
 pub const FLAVOUR_LABEL: &str = "io.python-code-sandbox.flavour";
 /// Label listing the pinned packages people import (`name==version`, space-separated).
 pub const PACKAGES_LABEL: &str = "io.python-code-sandbox.flavour.packages";
-/// Label of the first stage's images, so they can be found and removed after the build.
-const BUILD_LABEL: &str = "io.python-code-sandbox.flavour-build";
-/// The index pip uses when `PIP_INDEX_URL` is not set.
-const PYPI: &str = "https://pypi.org/simple";
-/// Seconds pip and the probe wait for the index before giving up on a connection.
-const INDEX_TIMEOUT_SECS: u32 = 15;
 
 /// A pinned set of packages baked into a derived sandbox image.
 #[derive(Debug, PartialEq, Eq)]
@@ -162,73 +156,37 @@ fn fnv1a(bytes: impl Iterator<Item = u8>) -> String {
     format!("{hash:016x}")
 }
 
-/// Where packages come from, as configured (`PIP_INDEX_URL`, `PIP_EXTRA_INDEX_URL`,
-/// `SANDBOX_CA_BUNDLE`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Index<'a> {
-    pub index_url: Option<&'a str>,
-    pub extra_index_urls: &'a [String],
-    pub ca_bundle: Option<&'a Path>,
-}
-
-impl Index<'_> {
-    /// The index pip asks first, then the extra ones, in the probe's numbering.
-    fn urls(&self) -> Vec<&str> {
-        std::iter::once(self.index_url.unwrap_or(PYPI))
-            .chain(self.extra_index_urls.iter().map(String::as_str))
-            .collect()
-    }
-
-    /// pip's configuration file for the build (never in the image: the first stage's only).
-    fn pip_conf(&self, with_bundle: bool) -> String {
-        let mut conf = format!(
-            "[global]\nindex-url = {}\ntimeout = {INDEX_TIMEOUT_SECS}\n",
-            self.index_url.unwrap_or(PYPI)
-        );
-        if !self.extra_index_urls.is_empty() {
-            conf.push_str(&format!(
-                "extra-index-url = {}\n",
-                self.extra_index_urls.join(" ")
-            ));
+/// The error for the probe's line `N KIND DETAIL` (index number, `tls`, `unreachable`,
+/// `refused`).
+fn unreachable(index: &Index, line: &str) -> ImageError {
+    let mut words = line.splitn(3, ' ');
+    let number: usize = words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let kind = words.next().unwrap_or("unreachable");
+    let detail = words.next().unwrap_or("").to_string();
+    let url = index
+        .urls()
+        .get(number)
+        .map_or_else(|| "(unknown)".to_string(), |url| redact_url(url));
+    let hint = match kind {
+        "tls" => {
+            "its TLS certificate is not trusted: set SANDBOX_CA_BUNDLE to the CA bundle \
+             (PEM) that signs it (where TLS is intercepted, the proxy's), or PIP_INDEX_URL \
+             to another index"
         }
-        if with_bundle {
-            conf.push_str("cert = /tmp/pcs-flavour/ca-bundle.crt\n");
+        "refused" => {
+            "it refused the request: check the credentials in PIP_INDEX_URL / \
+             PIP_EXTRA_INDEX_URL"
         }
-        conf
-    }
-
-    /// The error for the probe's line `N KIND DETAIL` (index number, `tls`, `unreachable`,
-    /// `refused`).
-    fn unreachable(&self, line: &str) -> ImageError {
-        let mut words = line.splitn(3, ' ');
-        let number: usize = words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
-        let kind = words.next().unwrap_or("unreachable");
-        let detail = words.next().unwrap_or("").to_string();
-        let url = self
-            .urls()
-            .get(number)
-            .map_or_else(|| "(unknown)".to_string(), |url| redact_url(url));
-        let hint = match kind {
-            "tls" => {
-                "its TLS certificate is not trusted: set SANDBOX_CA_BUNDLE to the CA bundle \
-                 (PEM) that signs it (where TLS is intercepted, the proxy's), or PIP_INDEX_URL \
-                 to another index"
-            }
-            "refused" => {
-                "it refused the request: check the credentials in PIP_INDEX_URL / \
-                 PIP_EXTRA_INDEX_URL"
-            }
-            _ => {
-                "set PIP_INDEX_URL (and PIP_EXTRA_INDEX_URL) to an index the engine's build \
-                 containers can reach (they use the engine's default network; 127.0.0.1 is the \
-                 build container itself), and SANDBOX_CA_BUNDLE where TLS is intercepted"
-            }
-        };
-        ImageError::IndexUnreachable {
-            url,
-            detail,
-            hint: hint.to_string(),
+        _ => {
+            "set PIP_INDEX_URL (and PIP_EXTRA_INDEX_URL) to an index the engine's build \
+             containers can reach (they use the engine's default network; 127.0.0.1 is the \
+             build container itself), and SANDBOX_CA_BUNDLE where TLS is intercepted"
         }
+    };
+    ImageError::IndexUnreachable {
+        url,
+        detail,
+        hint: hint.to_string(),
     }
 }
 
@@ -239,7 +197,7 @@ pub async fn build(
     flavour: &Flavour,
     tag: &str,
     mode: BuildMode,
-    index: Index<'_>,
+    index: &Index,
     progress: &ProgressSink,
 ) -> Result<(), ImageError> {
     let base = DEFAULT_IMAGE;
@@ -263,7 +221,7 @@ pub async fn build(
             progress(&format!(
                 "the sandbox image {base} is missing: building it first"
             ));
-            super::build(docker, base, mode, index.ca_bundle, progress).await?;
+            super::build(docker, base, mode, index, progress).await?;
         }
     }
     progress(&format!(
@@ -272,15 +230,9 @@ pub async fn build(
         flavour.pinned(),
         flavour.packages.len() + flavour.dependencies.len()
     ));
-    let bundle = match index.ca_bundle {
-        Some(path) => std::fs::read(path).map_err(ImageError::io(format!(
-            "cannot read the CA bundle {}",
-            path.display()
-        )))?,
-        None => Vec::new(),
-    };
+    let bundle = index.bundle()?;
     let manifest = flavour.manifest();
-    let pip_conf = index.pip_conf(!bundle.is_empty());
+    let pip_conf = index.pip_conf((!bundle.is_empty()).then_some("/tmp/pcs-flavour/ca-bundle.crt"));
     let context = super::pack_context(&[
         ("Dockerfile", RECIPE.as_bytes()),
         ("fetch/flavour_build.py", BUILD_SCRIPT.as_bytes()),
@@ -291,7 +243,7 @@ pub async fn build(
         ("keep/flavour_startup.py", STARTUP_HOOK.as_bytes()),
         ("keep/flavour.json", manifest.as_bytes()),
     ])?;
-    let build_id = uuid::Uuid::new_v4().simple().to_string();
+    let build_id = fetch::build_id();
     let options = BuildImageOptions {
         t: Some(tag.to_string()),
         dockerfile: "Dockerfile".to_string(),
@@ -307,11 +259,11 @@ pub async fn build(
     progress(&format!("building {tag}"));
     let stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
     let built = super::follow_build(stream, progress).await;
-    remove_first_stage(docker, &build_id).await;
+    fetch::remove_first_stage(docker, &build_id).await;
     match built {
         Ok(()) => Ok(()),
-        Err(super::BuildFailure { error, marked }) => Err(match marked {
-            Some(line) if line.starts_with("index ") => index.unreachable(&line["index ".len()..]),
+        Err(super::BuildFailure { error, marked, .. }) => Err(match marked {
+            Some(line) if line.starts_with("index ") => unreachable(index, &line["index ".len()..]),
             Some(line) => ImageError::Refused {
                 what: "the flavour's build failed",
                 message: line,
@@ -319,54 +271,6 @@ pub async fn build(
             None => error,
         }),
     }
-}
-
-/// Removes the first stage's images (they hold the index configuration and the bundle); the
-/// engine drops their untagged parents with them.
-async fn remove_first_stage(docker: &Docker, build_id: &str) {
-    let filters = HashMap::from([(
-        "label".to_string(),
-        vec![format!("{BUILD_LABEL}={build_id}")],
-    )]);
-    // A child goes before its parent: a few rounds remove a chain whatever the listing's order.
-    for _ in 0..8 {
-        let images = match docker
-            .list_images(Some(ListImagesOptions {
-                all: true,
-                filters: Some(filters.clone()),
-                ..Default::default()
-            }))
-            .await
-        {
-            Ok(images) => images,
-            Err(e) => {
-                tracing::warn!("cannot list the flavour build's intermediate images: {e}");
-                return;
-            }
-        };
-        if images.is_empty() {
-            return;
-        }
-        for image in images {
-            let removed = docker
-                .remove_image(
-                    &image.id,
-                    Some(RemoveImageOptions {
-                        force: true,
-                        ..Default::default()
-                    }),
-                    None,
-                )
-                .await;
-            if let Err(e) = removed {
-                tracing::debug!(image = image.id, "not removed yet: {e}");
-            }
-        }
-    }
-    tracing::warn!(
-        "intermediate images labelled {BUILD_LABEL}={build_id} are left: remove them with \
-         `docker image prune --filter label={BUILD_LABEL}={build_id}`"
-    );
 }
 
 #[cfg(test)]
@@ -423,44 +327,18 @@ mod tests {
     }
 
     #[test]
-    fn pip_is_configured_from_the_settings() {
-        let extra = vec![
-            "https://a/simple".to_string(),
-            "https://b/simple".to_string(),
-        ];
-        let index = Index {
-            index_url: Some("https://mirror/simple"),
-            extra_index_urls: &extra,
-            ca_bundle: None,
-        };
-        assert_eq!(
-            index.pip_conf(true),
-            "[global]\nindex-url = https://mirror/simple\ntimeout = 15\n\
-             extra-index-url = https://a/simple https://b/simple\n\
-             cert = /tmp/pcs-flavour/ca-bundle.crt\n"
-        );
-        assert!(Index::default()
-            .pip_conf(false)
-            .contains("index-url = https://pypi.org/simple\n"));
-    }
-
-    #[test]
     fn an_unreachable_index_is_named_redacted_with_what_to_set() {
-        let extra = vec!["https://user:secret@private/simple".to_string()];
         let index = Index {
-            index_url: Some("http://127.0.0.1:9/simple"),
-            extra_index_urls: &extra,
+            index_url: Some("http://127.0.0.1:9/simple".into()),
+            extra_index_urls: vec!["https://user:secret@private/simple".into()],
             ca_bundle: None,
         };
-        let message = index
-            .unreachable("0 unreachable [Errno 111] Connection refused")
-            .to_string();
+        let message =
+            unreachable(&index, "0 unreachable [Errno 111] Connection refused").to_string();
         assert!(message.contains("http://127.0.0.1:9/simple"), "{message}");
         assert!(message.contains("Connection refused"), "{message}");
         assert!(message.contains("PIP_INDEX_URL"), "{message}");
-        let message = index
-            .unreachable("1 tls certificate verify failed")
-            .to_string();
+        let message = unreachable(&index, "1 tls certificate verify failed").to_string();
         assert!(message.contains("https://***@private/simple"), "{message}");
         assert!(!message.contains("secret"), "{message}");
         assert!(message.contains("SANDBOX_CA_BUNDLE"), "{message}");
