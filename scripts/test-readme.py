@@ -13,6 +13,14 @@ itself, never copied here, so the README cannot drift from what is tested.
     python3 scripts/test-readme.py            # every marked block
     python3 scripts/test-readme.py quickstart # the blocks named
     python3 scripts/test-readme.py --list     # the blocks and their commands, nothing run
+    python3 scripts/test-readme.py --clean-env quickstart
+                                              # as a newcomer types them: each line in a login
+                                              # shell started from an empty environment
+
+With ``--clean-env`` each line runs as ``env -i HOME=… PATH=… TERM=… bash -l -c LINE``: only
+what a login shell sets (its profile files) besides those three, so nothing this script's caller
+exported (``SANDBOX_*``, ``DOCKER_HOST``, ``SSL_CERT_FILE``, ...) reaches the commands, as in a
+newcomer's shell.
 
 Each command's time is printed. Exit 1 when a command fails or an expected text is missing,
 2 when the README has no marked block (or not the one named).
@@ -62,14 +70,24 @@ def blocks(readme):
     return found
 
 
-def run(name, expect, commands):
+def argv(command, clean):
+    """How a line runs: in bash, or in a login shell from an empty environment."""
+    if not clean:
+        return ["bash", "-c", command]
+    import os
+
+    kept = [f"{name}={os.environ[name]}" for name in ("HOME", "PATH", "TERM") if name in os.environ]
+    return ["env", "-i", *kept, "bash", "-l", "-c", command]
+
+
+def run(name, expect, commands, clean=False):
     printed = []
     for command in commands:
         print(f"readme-test {name}: $ {command}", file=sys.stderr, flush=True)
         started = time.monotonic()
         try:
             done = subprocess.run(
-                ["bash", "-c", command],
+                argv(command, clean),
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -100,7 +118,8 @@ def run(name, expect, commands):
 def main():
     args = sys.argv[1:]
     listing = "--list" in args
-    names = [a for a in args if a != "--list"]
+    clean = "--clean-env" in args
+    names = [a for a in args if a not in ("--list", "--clean-env")]
     found = blocks((ROOT / "README.md").read_text())
     chosen = [b for b in found if not names or b[0] in names]
     if not chosen or (names and {b[0] for b in chosen} != set(names)):
@@ -112,7 +131,7 @@ def main():
             for command in commands:
                 print(f"  {command}")
         return 0
-    failed = [name for name, expect, commands in chosen if not run(name, expect, commands)]
+    failed = [name for name, expect, commands in chosen if not run(name, expect, commands, clean)]
     passed = len(chosen) - len(failed)
     print(f"{passed} passed, {len(failed)} failed")
     return 1 if failed else 0

@@ -112,10 +112,14 @@ fi
 release_build=""
 bash scripts/server-image.sh --offline
 
-stage "README quick start, as written (scripts/test-readme.py)"
+stage "README quick start, as a newcomer types it (scripts/test-readme.py --clean-env)"
 # The README's own lines, read from it: dev-env.sh (engine and gVisor, both already there),
 # `cargo run --release` (the release build above is reused) running the example, then setup.
-python3 scripts/test-readme.py quickstart
+# As on a newcomer's machine: no sandbox or proxy image (the first run builds them, through this
+# network's TLS interception with the host's CA bundle), and each line in a login shell started
+# from an empty environment (none of the SANDBOX_* settings exported above).
+docker image rm -f python-code-sandbox:py3.11 python-code-sandbox-proxy:bookworm >/dev/null
+python3 scripts/test-readme.py --clean-env quickstart
 
 stage "MCP integration tests (official Python SDK)"
 venv=.cache/venv-mcp

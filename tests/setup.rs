@@ -222,6 +222,155 @@ fn setup_says_which_runtime_runs_the_code_and_registers_gvisor_only_when_asked()
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// The addresses `host` resolves to on this machine (getaddrinfo), none when it does not.
+fn addresses(host: &str) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    (host, 443)
+        .to_socket_addrs()
+        .map(|found| found.map(|a| a.ip()).collect())
+        .unwrap_or_default()
+}
+
+/// PyPI's names resolve here only to non-public addresses (behind an intercepting proxy), which
+/// the installer's egress proxy refuses unless SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE names them.
+fn pypi_resolves_to_non_public_addresses() -> Result<(), String> {
+    let found = addresses("pypi.org");
+    if found.is_empty() {
+        return Err("pypi.org does not resolve here".into());
+    }
+    match found
+        .iter()
+        .find(|a| python_code_sandbox::config::egress::is_public(**a))
+    {
+        Some(public) => Err(format!(
+            "pypi.org resolves to the public address {public} here"
+        )),
+        None => Ok(()),
+    }
+}
+
+#[tokio::test]
+async fn setup_installs_a_dependency_through_the_installer_and_names_the_setting_that_fixes_a_refusal(
+) {
+    if skip_without_engine() {
+        return;
+    }
+    let _image = DEFAULT_IMAGE_USE.lock().await;
+    const FIX: &str = "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE=pypi.org,files.pythonhosted.org";
+    let private = pypi_resolves_to_non_public_addresses();
+    // The runtime of the code does not matter here (installers get their own): the suite's.
+    let runtime = common::suite_runtime();
+    let mut env: Vec<(&str, &str)> = vec![("LOG_LEVEL", "warn")];
+    if let Some(runtime) = runtime.as_deref() {
+        env.push(("SANDBOX_RUNTIME", runtime));
+    }
+    // (a) With this machine's settings (scripts/test.sh's: the CA bundle, and PyPI's names
+    // allowed to resolve privately where they do), into a cache of its own: an install for real.
+    let allowed = std::env::var("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE").unwrap_or_default();
+    let allowed = if allowed.is_empty() && private.is_ok() {
+        "pypi.org,files.pythonhosted.org".to_string()
+    } else {
+        allowed
+    };
+    let volume = common::fresh_deps_volume();
+    let ok_home = home("deps-ok");
+    let mut with = env.clone();
+    with.extend([
+        ("SANDBOX_DEPS_VOLUME", volume.as_str()),
+        ("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE", allowed.as_str()),
+    ]);
+    let out = setup(&[], &ok_home, &with);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(
+            "6. a dependency through the server's installer: six==1.16.0 from PyPI\n   ok: \
+             installed through the installer's egress proxy, and imported in a sandbox, in "
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("7. ready."), "{stdout}");
+    // Again: the cache has it, and setup says the index was not asked.
+    let out = setup(&[], &ok_home, &with);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains(
+            "   ok: found in the dependency cache (installed earlier; the index was not asked"
+        ),
+        "{stdout}"
+    );
+    common::remove_volume(&volume).await;
+    let _ = std::fs::remove_dir_all(&ok_home);
+
+    // (b) Without SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE, where PyPI resolves privately here: refused,
+    // with the exact setting, and that setting written into the client's `env` with --write
+    // (beside what the user had there); the other steps still shown, setup exits 0 with a warning
+    // (the server runs code; only agents' `dependencies` would fail).
+    if let Err(reason) = private {
+        eprintln!(
+            "SKIPPED the refusal half of {}: {reason}, so the egress proxy lets it through",
+            std::thread::current().name().unwrap_or("this test")
+        );
+        return;
+    }
+    let volume = common::fresh_deps_volume();
+    let home = home("deps-refused");
+    let file = home.join(".claude.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {"python-sandbox": {"command": "old", "env": {"SANDBOX_MEMORY_LIMIT": "1g"}}}, "theme": "dark"}"#,
+    )
+    .unwrap();
+    let mut without = env.clone();
+    without.push(("SANDBOX_DEPS_VOLUME", volume.as_str()));
+    let out = Command::new(BIN)
+        .args(["setup", "--client", "claude-code", "--write"])
+        .env("HOME", &home)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE")
+        .envs(without.iter().copied())
+        .output()
+        .expect("run setup");
+    common::remove_volume(&volume).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Hello from the sandbox"), "{stdout}");
+    assert!(
+        stderr.contains("setup: warning: the dependency install (step 6) failed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the dependency install failed: the egress proxy refused ")
+            && stderr.contains("resolved to the non-public address"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("   the setting that fixes it: {FIX}\n")),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("`export {FIX}`")), "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "   step 6's fix is written into its `env`: {FIX}\n"
+        )),
+        "{stdout}"
+    );
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let entry = &config["mcpServers"]["python-sandbox"];
+    assert!(entry["command"]
+        .as_str()
+        .is_some_and(|c| c.ends_with("python-code-sandbox")));
+    assert_eq!(
+        entry["env"]["SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE"], "pypi.org,files.pythonhosted.org",
+        "{config}"
+    );
+    assert_eq!(entry["env"]["SANDBOX_MEMORY_LIMIT"], "1g", "{config}");
+    assert_eq!(config["theme"], "dark");
+    assert_eq!(backups(&file).len(), 1);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
 /// Puts the default image back from the kept tag if the test did not get as far as rebuilding
 /// it, and removes the extra tag.
 struct Restore {

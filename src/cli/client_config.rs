@@ -150,7 +150,9 @@ pub enum MergeError {
 }
 
 /// Adds (or updates) `name` in `existing` (the file's text; empty or absent = a new file),
-/// keeping every other key and server as it was. Returns the new text and what changed.
+/// keeping every other key and server as it was, and the variables of the entry's `env` that
+/// `launch` does not set (the user's own; setup's replace theirs). Returns the new text and what
+/// changed.
 pub fn merge(
     client: Client,
     existing: Option<&str>,
@@ -170,7 +172,16 @@ pub fn merge(
         .or_insert_with(|| Value::Object(Map::new()))
         .as_object_mut()
         .ok_or(MergeError::ServersNotAnObject(key))?;
-    let entry = client.entry(launch);
+    let mut entry = client.entry(launch);
+    if let Some(Value::Object(kept)) = servers.get(name).and_then(|old| old.get("env")) {
+        let mut env = kept.clone();
+        if let Some(Value::Object(ours)) = entry.get("env") {
+            env.extend(ours.clone());
+        }
+        if let Some(entry) = entry.as_object_mut() {
+            entry.insert("env".into(), Value::Object(env));
+        }
+    }
     let merged = match servers.get(name) {
         None => Merged::Added,
         Some(old) if *old == entry => Merged::Unchanged,
@@ -233,10 +244,47 @@ mod tests {
         .unwrap();
         assert_eq!((again.as_str(), merged), (text.as_str(), Merged::Unchanged));
         let mut other = launch();
-        other.env.clear();
+        other.command = "uvx".into();
         let (_, merged) =
             merge(Client::ClaudeDesktop, Some(&text), "python-sandbox", &other).unwrap();
         assert_eq!(merged, Merged::Replaced);
+    }
+
+    #[test]
+    fn the_users_variables_in_the_entrys_env_are_kept_and_setups_replace_theirs() {
+        let existing = r#"{"mcpServers": {"python-sandbox": {"command": "old",
+            "env": {"SANDBOX_MEMORY_LIMIT": "1g", "DOCKER_HOST": "unix:///old.sock"}}}}"#;
+        let mut ours = launch();
+        ours.env.push((
+            "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE".into(),
+            "pypi.org,files.pythonhosted.org".into(),
+        ));
+        let (text, merged) = merge(
+            Client::ClaudeDesktop,
+            Some(existing),
+            "python-sandbox",
+            &ours,
+        )
+        .unwrap();
+        assert_eq!(merged, Merged::Replaced);
+        let value: Value = serde_json::from_str(&text).unwrap();
+        let env = &value["mcpServers"]["python-sandbox"]["env"];
+        assert_eq!(env["SANDBOX_MEMORY_LIMIT"], "1g");
+        assert_eq!(env["DOCKER_HOST"], "unix:///run/podman/podman.sock");
+        assert_eq!(
+            env["SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE"],
+            "pypi.org,files.pythonhosted.org"
+        );
+        assert_eq!(env.as_object().unwrap().len(), 3);
+        // An entry with no `env` of ours keeps the user's.
+        let mut bare = launch();
+        bare.env.clear();
+        let (text, _) = merge(Client::ClaudeDesktop, Some(&text), "python-sandbox", &bare).unwrap();
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            value["mcpServers"]["python-sandbox"]["env"]["SANDBOX_MEMORY_LIMIT"],
+            "1g"
+        );
     }
 
     #[test]

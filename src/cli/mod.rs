@@ -97,7 +97,9 @@ enum Command {
         command: CacheCommand,
     },
     /// Set up for a first result: check the engine (how to get one if there is none), build the
-    /// image, run the doctor and a hello world, then print or write a client's configuration.
+    /// image, run the doctor and a hello world, install a small dependency through the server's
+    /// installer (when that fails: the cause, the setting that fixes it, and exit 125 at the end),
+    /// then print or write a client's configuration (with that setting in its env).
     Setup {
         /// The MCP client to configure.
         #[arg(long, value_enum)]
@@ -109,7 +111,8 @@ enum Command {
         /// The name the client lists the server under.
         #[arg(long, default_value = setup::DEFAULT_SERVER_NAME)]
         name: String,
-        /// Only the client's configuration: skip the engine, image, doctor and hello world.
+        /// Only the client's configuration: skip the engine, image, doctor, hello world and
+        /// dependency install.
         #[arg(long)]
         config_only: bool,
         /// How the client starts the server (default: this program's path; uvx when this program

@@ -1,5 +1,5 @@
 //! `setup`: from nothing to a first result, then the client wired up. Each step says what it
-//! does; the first that fails stops with what to do about it.
+//! does; the first of steps 1 to 5 that fails stops it with what to do about it.
 //!
 //! 1. an engine answers (else: how to get one, exit [`EXIT_INFRA`]);
 //! 2. the runtime the code will get: gVisor when it is registered (with `--gvisor`, registered
@@ -7,18 +7,25 @@
 //! 3. the sandbox image is there (else it is built, or pulled, with progress shown);
 //! 4. the doctor's checks pass;
 //! 5. a hello world runs in a sandbox;
-//! 6. the client's configuration: printed, or merged into its file with `--write`.
+//! 6. a small pinned dependency installs through the server's own installer (its egress proxy,
+//!    the index): where it fails, the failure's cause and the setting that fixes it
+//!    ([`deps::remedy`]); setup goes on to step 7 and ends with a warning (exit 0: only agents'
+//!    `dependencies` fail);
+//! 7. the client's configuration: printed, or merged into its file with `--write`, with the fix
+//!    of step 6 in its `env`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::client_config::{self, Client, Home, Launch, Merged};
 use super::{doctor, progress::Progress, replace, EXIT_CONFIG, EXIT_INFRA};
-use crate::config::{Config, DEFAULT_IMAGE};
+use crate::config::settings::{SANDBOX_CA_BUNDLE, SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE};
+use crate::config::{redact_url, Config, DEFAULT_IMAGE};
 use crate::engine::backend::Backend;
+use crate::engine::deps::{self, CaBundles, Remedy};
 use crate::engine::docker::{image, DockerBackend};
 use crate::engine::platform;
-use crate::engine::{Engine, RunOptions, Task};
+use crate::engine::{Engine, EngineError, RunOptions, Task};
 
 /// The name the server is listed under in a client's configuration (the seed's).
 pub const DEFAULT_SERVER_NAME: &str = "python-sandbox";
@@ -58,13 +65,130 @@ pub fn how_to_get_an_engine() -> &'static str {
      DOCKER_CERT_PATH, or DOCKER_HOST=ssh://USER@HOST."
 }
 
+/// The dependency step 6 installs: a pinned pure-Python wheel, small, and what the code that
+/// checks it is importable prints.
+pub const PROBE_DEPENDENCY: &str = "six==1.16.0";
+const PROBE_CODE: &str = "import six; print(six.__version__)";
+const PROBE_PRINTS: &str = "1.16.0";
+
 pub async fn setup(config: Config, request: SetupRequest) -> ExitCode {
+    let mut dependencies_fail = false;
+    let mut fixes = Vec::new();
     if !request.config_only {
         if let Err(code) = first_result(&config, request.gvisor).await {
+            eprintln!(
+                "python-code-sandbox setup: stopped; not tried: the dependency install (step 6) \
+                 and the client's configuration (step 7): fix the above and run setup again"
+            );
             return code;
         }
+        if let Err(fix) = dependency_step(&config).await {
+            // The client's configuration is still done (with the fix, where one is known): the
+            // code runs; only agents' `dependencies` would fail.
+            dependencies_fail = true;
+            fixes.extend(fix);
+        }
     }
-    client_configuration(&config, &request)
+    let configured = client_configuration(&config, &request, &fixes);
+    if configured != ExitCode::SUCCESS {
+        return configured;
+    }
+    if dependencies_fail {
+        // A warning, not a failure: the server runs code; agents' `dependencies` would fail the
+        // same way until the fix above is in the environment the server starts with.
+        eprintln!(
+            "python-code-sandbox setup: warning: the dependency install (step 6) failed: agents' \
+             `dependencies` will fail the same way until it is fixed (see step 6); everything \
+             else works"
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// Step 6: one small pinned dependency through the engine's own dependency path (the installer
+/// sandbox behind its egress proxy, the index, the cache), then imported in a sandbox. `Err`
+/// carries the setting that fixes the failure, when one does.
+async fn dependency_step(config: &Config) -> Result<(), Option<Remedy>> {
+    let index = config
+        .deps
+        .index_url
+        .as_deref()
+        .map(redact_url)
+        .unwrap_or_else(|| "PyPI".to_string());
+    println!("6. a dependency through the server's installer: {PROBE_DEPENDENCY} from {index}");
+    let engine = Engine::with_docker(config.clone());
+    let progress = Progress::start(&format!("   installing {PROBE_DEPENDENCY}"));
+    let options = RunOptions {
+        dependencies: vec![PROBE_DEPENDENCY.to_string()],
+        progress: Some(progress.sink()),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let outcome = engine
+        .run_ephemeral(Task::Python(PROBE_CODE), &options)
+        .await;
+    let took = started.elapsed();
+    progress.finish(if outcome.is_ok() { "done" } else { "failed" });
+    // The sandbox goes, then the installers' egress proxy.
+    engine.settle().await;
+    engine.stop_egress().await;
+    let execution = match outcome {
+        Ok(execution) => execution,
+        Err(EngineError::InstallFailed(failure)) => {
+            eprintln!("python-code-sandbox setup: the dependency install failed: {failure}");
+            let host = config.host_ca_bundle();
+            let ca = CaBundles {
+                in_use: config.ca_bundle.as_deref(),
+                host: host.as_deref(),
+            };
+            let fix = deps::remedy(&failure.kind, &config.deps, ca);
+            match &fix {
+                Some(fix) => eprintln!("{}", how_to_set(fix)),
+                None => eprintln!(
+                    "   no setting alone fixes this (what to do is said above); fix it and run \
+                     setup again"
+                ),
+            }
+            return Err(fix);
+        }
+        Err(e) => {
+            eprintln!("python-code-sandbox setup: the dependency install did not run: {e}");
+            return Err(None);
+        }
+    };
+    let printed = String::from_utf8_lossy(&execution.stdout);
+    if execution.exit_code != 0 || printed.trim() != PROBE_PRINTS {
+        eprintln!(
+            "python-code-sandbox setup: {PROBE_DEPENDENCY} installed, but importing it exited {}: \
+             {}",
+            execution.exit_code,
+            String::from_utf8_lossy(&execution.stderr).trim()
+        );
+        return Err(None);
+    }
+    let how = match &execution.dependencies {
+        Some(report) if !report.installed => {
+            "found in the dependency cache (installed earlier; the index was not asked this time: \
+             `python-code-sandbox cache prune --all` empties the cache)"
+        }
+        _ => "installed through the installer's egress proxy",
+    };
+    println!(
+        "   ok: {how}, and imported in a sandbox, in {:.1}s",
+        took.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The fix of a failed install, and how to set it.
+fn how_to_set(fix: &Remedy) -> String {
+    format!(
+        "   the setting that fixes it: {fix}\n   \
+         set it in the environment the server starts with: in your MCP client's entry for this \
+         server, under `env` (`setup --client NAME --write` puts it there: see step 7), or \
+         `export {fix}` in the shell that starts `python-code-sandbox`; then run setup again, \
+         with it set, to check"
+    )
 }
 
 /// Steps 1 to 5: engine, runtime, image, doctor, hello world.
@@ -157,20 +281,29 @@ async fn first_result(config: &Config, gvisor: bool) -> Result<(), ExitCode> {
     }
 }
 
-/// Step 6: the entry that starts this server, printed or written into the client's file.
-fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
-    let launch = match launch(config, request.via) {
+/// Step 7: the entry that starts this server, printed or written into the client's file, with
+/// `fixes` (step 6's) in its `env`.
+fn client_configuration(config: &Config, request: &SetupRequest, fixes: &[Remedy]) -> ExitCode {
+    let launch = match launch(config, request.via, fixes) {
         Ok(launch) => launch,
         Err(e) => {
             eprintln!("python-code-sandbox setup: {e}");
             return ExitCode::from(EXIT_INFRA);
         }
     };
+    let fixed = fixes
+        .iter()
+        .map(Remedy::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
     let Some(client) = request.client else {
         println!(
-            "6. ready. To wire up a client: python-code-sandbox setup --client \
+            "7. ready. To wire up a client: python-code-sandbox setup --client \
              claude-desktop|claude-code|vscode|cursor [--write]"
         );
+        if !fixes.is_empty() {
+            println!("   (its entry's `env` then gets step 6's fix: {fixed})");
+        }
         return ExitCode::SUCCESS;
     };
     let home = Home::from_env();
@@ -182,8 +315,11 @@ fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
         .map(|f| f.display().to_string())
         .unwrap_or_else(|| "its configuration file".into());
     if !request.write {
-        println!("6. {}: add this to {place}:", client.title());
+        println!("7. {}: add this to {place}:", client.title());
         println!("{pretty}");
+        if !fixes.is_empty() {
+            println!("   (its `env` has step 6's fix: {fixed})");
+        }
         if client == Client::ClaudeCode {
             println!(
                 "   (or: claude mcp add --scope user {} -- {})",
@@ -203,7 +339,7 @@ fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
         );
         return ExitCode::from(EXIT_CONFIG);
     };
-    println!("6. {}: {}", client.title(), file.display());
+    println!("7. {}: {}", client.title(), file.display());
     match write_entry(client, &file, &request.name, &launch) {
         Ok((merged, backup)) => {
             let what = match merged {
@@ -212,6 +348,16 @@ fn client_configuration(config: &Config, request: &SetupRequest) -> ExitCode {
                 Merged::Unchanged => "already there, unchanged",
             };
             println!("   {}: {what}", request.name);
+            if !launch.env.is_empty() {
+                let names: Vec<&str> = launch.env.iter().map(|(name, _)| name.as_str()).collect();
+                println!(
+                    "   its `env` sets {} (variables of yours there are kept)",
+                    names.join(", ")
+                );
+            }
+            if !fixes.is_empty() {
+                println!("   step 6's fix is written into its `env`: {fixed}");
+            }
             if let Some(backup) = backup {
                 println!("   the previous file is kept as {}", backup.display());
             }
@@ -300,7 +446,7 @@ async fn runtime(backend: &DockerBackend, config: &Config, gvisor: bool) -> Resu
 
 /// How the client should start this server: this program's path, or uvx when it runs from uv's
 /// cache (a path that goes away) or when asked.
-fn launch(config: &Config, via: Option<Via>) -> Result<Launch, String> {
+fn launch(config: &Config, via: Option<Via>, fixes: &[Remedy]) -> Result<Launch, String> {
     let this =
         std::env::current_exe().map_err(|e| format!("cannot tell where this program is: {e}"))?;
     let this = this.canonicalize().unwrap_or(this);
@@ -316,8 +462,16 @@ fn launch(config: &Config, via: Option<Via>) -> Result<Launch, String> {
         ),
         Via::Path => (this.display().to_string(), vec![]),
     };
-    // A client starts servers with its own environment: what locates the engine must be passed.
-    let env = ["DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"]
+    // A client starts servers with its own environment: what locates the engine must be passed,
+    // and what lets the installer reach the index (step 6 checked it with this environment).
+    let passed = [
+        "DOCKER_HOST",
+        "DOCKER_TLS_VERIFY",
+        "DOCKER_CERT_PATH",
+        SANDBOX_CA_BUNDLE.name,
+        SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE.name,
+    ];
+    let mut env: Vec<(String, String)> = passed
         .into_iter()
         .filter_map(|name| {
             let value = std::env::var(name).ok().filter(|v| !v.is_empty())?;
@@ -328,6 +482,13 @@ fn launch(config: &Config, via: Option<Via>) -> Result<Launch, String> {
                 .then(|| ("SANDBOX_IMAGE".to_string(), config.image.clone())),
         )
         .collect();
+    // A fix replaces the variable it names (its value keeps what the setting held).
+    for fix in fixes {
+        match env.iter_mut().find(|(name, _)| name == fix.name) {
+            Some(set) => set.1.clone_from(&fix.value),
+            None => env.push((fix.name.to_string(), fix.value.clone())),
+        }
+    }
     Ok(Launch { command, args, env })
 }
 

@@ -522,6 +522,18 @@ impl Config {
         Ok(config)
     }
 
+    /// The host's own CA bundle (`SSL_CERT_FILE`, else the system's), whatever the setting says;
+    /// none with a remote engine, whose paths are that machine's.
+    pub fn host_ca_bundle(&self) -> Option<PathBuf> {
+        if self.remote_engine {
+            return None;
+        }
+        let usable = |path: &std::path::Path| {
+            std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
+        };
+        paths::host_ca_bundle(std::env::var("SSL_CERT_FILE").ok(), usable).map(|(path, _)| path)
+    }
+
     /// The CA bundle in use and where it comes from, in words (for `setup`, `doctor` and the
     /// start-up log).
     pub fn ca_bundle_summary(&self) -> String {

@@ -16,6 +16,9 @@ pub struct IndexConfig {
     pub allow_source_builds: bool,
 }
 
+/// The hosts of the default index (PyPI): its pages, then its files.
+pub const DEFAULT_INDEX_HOSTS: [&str; 2] = ["pypi.org", "files.pythonhosted.org"];
+
 /// The tool that installs the packages inside the installer container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Installer {

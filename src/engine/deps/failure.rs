@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::summary::installer_error_summary;
-use super::IndexConfig;
+use super::{IndexConfig, DEFAULT_INDEX_HOSTS};
 use crate::config::redact_url;
 use crate::config::settings::{
     PIP_EXTRA_INDEX_URL, PIP_INDEX_URL, SANDBOX_ALLOW_SOURCE_BUILDS, SANDBOX_CA_BUNDLE,
@@ -384,12 +384,19 @@ impl fmt::Display for InstallFailure {
                 } else {
                     format!("{host} resolved to the non-public address {address}")
                 };
+                // PyPI answers on one host and serves its files from the other: both, or the
+                // next install is refused at the second.
+                let allow = if DEFAULT_INDEX_HOSTS.contains(&host.as_str()) {
+                    DEFAULT_INDEX_HOSTS.join(",")
+                } else {
+                    host.clone()
+                };
                 write!(
                     f,
                     "the egress proxy refused {host}:{port} (for the index {index}): {resolved}, \
                      and the installer may reach non-public addresses only for hosts named in \
                      {private} (as behind an intercepting proxy, or for a local index). Nothing \
-                     was sent to it. To allow it, the operator sets {private}={host}.",
+                     was sent to it. To allow it, the operator sets {private}={allow}.",
                     private = SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE.name,
                 )?;
             }
@@ -699,7 +706,10 @@ mod tests {
         let text = failure("", "", &name).to_string();
         assert!(
             text.contains("pypi.org resolved to the non-public address 10.1.2.3")
-                && text.contains("SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE=pypi.org"),
+                && text.contains(
+                    "the operator sets \
+                     SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE=pypi.org,files.pythonhosted.org."
+                ),
             "{text}"
         );
         let other = [entry(

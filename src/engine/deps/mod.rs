@@ -1,5 +1,5 @@
 //! Per-run Python dependencies: validation, cache keys, installer command lines, why an install
-//! failed, eviction.
+//! failed and the setting that fixes it, eviction.
 //!
 //! Agents ask for packages as a list of strings. The original project joined them into a shell
 //! `pip install ...`, which let an agent inject pip options (`--index-url=...`) or shell commands.
@@ -22,13 +22,14 @@ mod eviction;
 mod failure;
 mod marker;
 mod pip_line;
+mod remedy;
 mod requirement;
 mod summary;
 
 pub use cache_key::cache_key;
 pub use command::{
     installer_argv, locked_installer_argv, pip_with_options, plain_http_hosts, IndexConfig,
-    Installer,
+    Installer, DEFAULT_INDEX_HOSTS,
 };
 pub use eviction::{select_evictions, CacheEntry};
 pub use failure::{
@@ -37,6 +38,7 @@ pub use failure::{
 };
 pub use marker::MARKER_VARIABLES;
 pub use pip_line::{parse_pip_line, PipCommand, PipRefusal, MAX_LINE_BYTES as MAX_PIP_LINE_BYTES};
+pub use remedy::{remedy, CaBundles, Remedy};
 pub use requirement::{
     normalize_name, parse_requirement, parse_requirements, DependencyError, Requirement,
     MAX_DEPENDENCIES, MAX_ENTRY_LEN,

@@ -119,10 +119,11 @@ pub fn index_policy(config: &Config) -> IndexPolicy {
     let mut allow: Vec<(String, u16)> = Vec::new();
     match &config.deps.index_url {
         Some(url) => allow.extend(host_port(url)),
-        None => {
-            allow.push(("pypi.org".into(), 443));
-            allow.push(("files.pythonhosted.org".into(), 443));
-        }
+        None => allow.extend(
+            crate::engine::deps::DEFAULT_INDEX_HOSTS
+                .iter()
+                .map(|h| (h.to_string(), 443)),
+        ),
     }
     allow.extend(
         config
