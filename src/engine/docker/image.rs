@@ -84,13 +84,6 @@ pub enum ImageError {
         #[source]
         failure: Box<crate::engine::deps::InstallFailure>,
     },
-    /// A flavour's build could not reach a package index; the URL is redacted.
-    #[error("the package index {url} cannot be reached from the image build ({detail}): {hint}")]
-    IndexUnreachable {
-        url: String,
-        detail: String,
-        hint: String,
-    },
 }
 
 impl ImageError {
@@ -460,7 +453,7 @@ const RUNNER_IPYTHON: &str = "runner-ipython";
 
 /// Why pip could not install `what` in a build's first stage, from pip's own lines: the
 /// installers' classification (there is no egress proxy in a build: what pip said is all).
-fn index_failure(index: &Index, what: &'static str, pip_output: &str) -> ImageError {
+pub(super) fn index_failure(index: &Index, what: &'static str, pip_output: &str) -> ImageError {
     use crate::engine::deps::{classify, Evidence, Route, Setting};
     let config = index.as_index_config();
     let evidence = Evidence {
@@ -560,7 +553,6 @@ async fn follow_build(
                 step_output.clear();
             } else if let Some(step) = line.strip_prefix(STEP_MARK) {
                 progress(step);
-                step_output.clear();
             } else if let Some(reason) = line.strip_prefix(ERROR_MARK) {
                 marked = Some(reason.to_string());
             } else if step_output.len() < STEP_OUTPUT_MAX {

@@ -44,13 +44,6 @@ impl Index {
         }
     }
 
-    /// The index pip asks first, then the extra ones.
-    pub(super) fn urls(&self) -> Vec<&str> {
-        std::iter::once(self.index_url.as_deref().unwrap_or(PYPI))
-            .chain(self.extra_index_urls.iter().map(String::as_str))
-            .collect()
-    }
-
     /// The index as the installers' failure classification reads it (source builds are never
     /// part of an image build).
     pub(super) fn as_index_config(&self) -> IndexConfig {

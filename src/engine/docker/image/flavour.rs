@@ -5,8 +5,8 @@
 //! versions, the packages those depend on (pinned too, so a build installs exactly this set) and
 //! the modules a build imports to check itself. One recipe ([`RECIPE`]) builds any flavour `FROM`
 //! the sandbox image ([`DEFAULT_IMAGE`], built first when missing), in two stages: the first
-//! asks every configured index for an answer (an unreachable one stops the build with
-//! [`ImageError::IndexUnreachable`]) and installs the set with pip under a staging root, through
+//! installs the set with pip under a staging root (a failure explained from pip's own lines as the
+//! installers' are: [`ImageError::Index`]), through
 //! the configured index (`PIP_INDEX_URL`, `PIP_EXTRA_INDEX_URL`) and CA bundle
 //! (`SANDBOX_CA_BUNDLE`); the second copies only the installed files, compiles their bytecode
 //! and builds matplotlib's font cache, with a start-up hook that copies it into the sandbox's
@@ -20,7 +20,7 @@ use bollard::Docker;
 
 use super::fetch::{self, Index};
 use super::{BuildMode, ImageError, RECIPE_LABEL};
-use crate::config::{redact_url, DEFAULT_IMAGE};
+use crate::config::DEFAULT_IMAGE;
 use crate::engine::progress::ProgressSink;
 
 /// The recipe of every flavour (a two-stage Dockerfile).
@@ -156,40 +156,6 @@ fn fnv1a(bytes: impl Iterator<Item = u8>) -> String {
     format!("{hash:016x}")
 }
 
-/// The error for the probe's line `N KIND DETAIL` (index number, `tls`, `unreachable`,
-/// `refused`).
-fn unreachable(index: &Index, line: &str) -> ImageError {
-    let mut words = line.splitn(3, ' ');
-    let number: usize = words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
-    let kind = words.next().unwrap_or("unreachable");
-    let detail = words.next().unwrap_or("").to_string();
-    let url = index
-        .urls()
-        .get(number)
-        .map_or_else(|| "(unknown)".to_string(), |url| redact_url(url));
-    let hint = match kind {
-        "tls" => {
-            "its TLS certificate is not trusted: set SANDBOX_CA_BUNDLE to the CA bundle \
-             (PEM) that signs it (where TLS is intercepted, the proxy's), or PIP_INDEX_URL \
-             to another index"
-        }
-        "refused" => {
-            "it refused the request: check the credentials in PIP_INDEX_URL / \
-             PIP_EXTRA_INDEX_URL"
-        }
-        _ => {
-            "set PIP_INDEX_URL (and PIP_EXTRA_INDEX_URL) to an index the engine's build \
-             containers can reach (they use the engine's default network; 127.0.0.1 is the \
-             build container itself), and SANDBOX_CA_BUNDLE where TLS is intercepted"
-        }
-    };
-    ImageError::IndexUnreachable {
-        url,
-        detail,
-        hint: hint.to_string(),
-    }
-}
-
 /// Builds `flavour` as `tag` from the sandbox image, telling `progress` each step. The sandbox
 /// image is built first when it is missing (`mode` says how).
 pub async fn build(
@@ -262,8 +228,15 @@ pub async fn build(
     fetch::remove_first_stage(docker, &build_id).await;
     match built {
         Ok(()) => Ok(()),
-        Err(super::BuildFailure { error, marked, .. }) => Err(match marked {
-            Some(line) if line.starts_with("index ") => unreachable(index, &line["index ".len()..]),
+        Err(super::BuildFailure {
+            error,
+            marked,
+            step_output,
+        }) => Err(match marked {
+            // pip could not install the set: why, in the installers' words.
+            Some(line) if line == "pip" || line.starts_with("pip ") => {
+                super::index_failure(index, "the flavour's packages", &step_output)
+            }
             Some(line) => ImageError::Refused {
                 what: "the flavour's build failed",
                 message: line,
@@ -324,23 +297,5 @@ mod tests {
     fn a_missing_flavour_is_built_not_pulled() {
         let hint = super::super::missing_hint("python-code-sandbox:py3.11-datascience");
         assert!(hint.contains("image build --flavour datascience"), "{hint}");
-    }
-
-    #[test]
-    fn an_unreachable_index_is_named_redacted_with_what_to_set() {
-        let index = Index {
-            index_url: Some("http://127.0.0.1:9/simple".into()),
-            extra_index_urls: vec!["https://user:secret@private/simple".into()],
-            ca_bundle: None,
-        };
-        let message =
-            unreachable(&index, "0 unreachable [Errno 111] Connection refused").to_string();
-        assert!(message.contains("http://127.0.0.1:9/simple"), "{message}");
-        assert!(message.contains("Connection refused"), "{message}");
-        assert!(message.contains("PIP_INDEX_URL"), "{message}");
-        let message = unreachable(&index, "1 tls certificate verify failed").to_string();
-        assert!(message.contains("https://***@private/simple"), "{message}");
-        assert!(!message.contains("secret"), "{message}");
-        assert!(message.contains("SANDBOX_CA_BUNDLE"), "{message}");
     }
 }

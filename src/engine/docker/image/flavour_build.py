@@ -1,31 +1,24 @@
 # The steps of an image flavour's build (engine/docker/image/flavour.rs), run by the image's own
 # python3 with the standard library only:
 #
-#   probe   CONF MANIFEST       every configured index answers, before pip would retry for minutes
 #   fetch   CONF MANIFEST ROOT  pip installs exactly the pinned set under ROOT (copied onto / later)
 #   prepare HOME                bytecode, matplotlib's font cache and its start-up hook, a check
 #
 # Lines starting with "==> " are progress for people; a line starting with "pcs-flavour-error: "
-# says why a step failed, in a form the host reads ("index N KIND DETAIL", "pip LINE", ...).
+# says why a step failed, in a form the host reads ("pip LINE", ...): after "pip", the host explains
+# the failure from pip's own lines, as it does an installer's (engine::deps::failure).
 
-import base64
 import compileall
-import configparser
 import filecmp
 import importlib.metadata
 import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 
-PYPI = "https://pypi.org/simple"
 HOOK_MODULE = "_python_code_sandbox_flavour"
 HOOK_PTH = "python_code_sandbox_flavour.pth"
 
@@ -45,60 +38,6 @@ def manifest(path):
         data = json.load(f)
     data["packages"] = dict(data["packages"])
     return data
-
-
-def pip_settings(conf_path):
-    conf = configparser.RawConfigParser()
-    conf.read(conf_path, encoding="utf-8")
-    section = conf["global"] if conf.has_section("global") else {}
-    urls = [section.get("index-url", PYPI)] + section.get("extra-index-url", "").split()
-    return urls, section.get("cert") or None, float(section.get("timeout", "15"))
-
-
-def redact(url):
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    netloc = ("***@" if "@" in parts.netloc else "") + host
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
-
-
-def probe(conf_path, manifest_path):
-    """Asks every index for the first package's page: an answer of any kind but a refusal of the
-    credentials means pip can reach it; no connection, a TLS failure or a timeout stops the build."""
-    urls, cert, timeout = pip_settings(conf_path)
-    project = next(iter(manifest(manifest_path)["packages"]))
-    if cert is None:
-        try:  # pip verifies with its own certifi unless given a bundle: so does the probe
-            from pip._vendor import certifi
-
-            cert = certifi.where()
-        except Exception:
-            pass
-    context = ssl.create_default_context(cafile=cert)
-    for number, url in enumerate(urls):
-        say("checking the index %s" % redact(url))
-        parts = urllib.parse.urlsplit(url.rstrip("/") + "/" + project + "/")
-        headers = {"Accept": "text/html", "User-Agent": "python-code-sandbox image build"}
-        if parts.username is not None:
-            user = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
-            headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        netloc = parts.netloc.rsplit("@", 1)[-1]
-        target = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-        try:
-            with urllib.request.urlopen(urllib.request.Request(target, headers=headers), timeout=timeout,
-                                        context=context) as answer:
-                answer.read(1024)
-        except urllib.error.HTTPError as e:
-            if e.code in (401, 403, 407):
-                fail("index", "%d refused HTTP %d (are the index's credentials right?)" % (number, e.code))
-            # Any other answer comes from the index: pip says what is missing.
-        except urllib.error.URLError as e:
-            kind = "tls" if isinstance(e.reason, ssl.SSLError) else "unreachable"
-            fail("index", "%d %s %s" % (number, kind, e.reason))
-        except ssl.SSLError as e:
-            fail("index", "%d tls %s" % (number, e))
-        except (OSError, ValueError) as e:
-            fail("index", "%d unreachable %s" % (number, e))
 
 
 def fetch(conf_path, manifest_path, root):
@@ -208,9 +147,9 @@ def prepare(home):
 
 
 def main(argv):
-    steps = {"probe": (probe, 2), "fetch": (fetch, 3), "prepare": (prepare, 1)}
+    steps = {"fetch": (fetch, 3), "prepare": (prepare, 1)}
     if len(argv) < 1 or argv[0] not in steps or len(argv) - 1 != steps[argv[0]][1]:
-        sys.exit("usage: flavour_build.py probe CONF MANIFEST | fetch CONF MANIFEST ROOT | prepare HOME")
+        sys.exit("usage: flavour_build.py fetch CONF MANIFEST ROOT | prepare HOME")
     step, _ = steps[argv[0]]
     step(*argv[1:])
 
