@@ -224,6 +224,9 @@ pub struct BackendInfo {
     pub cgroup_version: Option<String>,
     /// Runtimes registered with the engine, each with the arguments it was registered with.
     pub runtimes: BTreeMap<String, Vec<String>>,
+    /// The binary each registered runtime runs, as the engine names it (a path on the engine's
+    /// machine, or a name it looks up on its PATH); absent where the engine does not say.
+    pub runtime_paths: BTreeMap<String, String>,
     pub default_runtime: Option<String>,
     /// Limits the engine says it cannot enforce on this host.
     pub unenforced: Vec<Limit>,
