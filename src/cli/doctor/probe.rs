@@ -14,7 +14,7 @@ use crate::engine::{Engine, EngineError, RunOptions, Task};
 
 /// Runs inside the probe sandbox and prints what the sandbox sees, as JSON.
 const PROBE: &str = r#"
-import ctypes, json, os, resource
+import ctypes, json, os, resource, socket
 def read(path):
     try:
         with open(path) as f:
@@ -54,7 +54,9 @@ print(json.dumps({
     "cfs_quota": read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or read("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
     "cfs_period": read("/sys/fs/cgroup/cpu/cpu.cfs_period_us") or read("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us"),
     "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
-    "interfaces": sorted(os.listdir("/sys/class/net")),
+    # The kernel's own list (netlink): gVisor's sysfs has no /sys/class/net since its 2023
+    # releases.
+    "interfaces": sorted(name for _, name in socket.if_nameindex()),
     "root_writable": root_writable,
     "workspace_writable": os.access("/workspace", os.W_OK),
     "kernel": (read("/proc/version") or "?")[:120],
