@@ -347,6 +347,13 @@ pub trait Backend: Send + Sync + 'static {
     /// sandboxes (a server in a container asks it of its own).
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError>;
 
+    /// How many times the engine has said that the kernel stopped a process of the sandbox for
+    /// memory (its `oom` events), where the engine's events are followed; `None` where they are
+    /// not. Under gVisor the sandbox's own cgroup files do not show the host's memory kills.
+    async fn oom_count(&self, _id: &SandboxId) -> Option<u64> {
+        None
+    }
+
     /// Unpacks a tar archive into `dir` inside the sandbox (a directory of the workspace).
     async fn copy_in(&self, id: &SandboxId, dir: &str, archive: Bytes) -> Result<(), BackendError>;
 

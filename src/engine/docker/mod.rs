@@ -959,6 +959,12 @@ impl Backend for DockerBackend {
         })
     }
 
+    async fn oom_count(&self, id: &SandboxId) -> Option<u64> {
+        self.deaths
+            .following()
+            .then(|| self.deaths.oom_count(&id.0))
+    }
+
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
         let docker = self.client().await?;
         let inspected = match inspect(&docker, &id.0).await {
