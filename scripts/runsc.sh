@@ -1,33 +1,64 @@
 #!/usr/bin/env bash
-# Registers gVisor (Debian's runsc) with the local Docker engine as the runtime `runsc`, for the
-# tests that run sandboxes under it. Idempotent; exit 1 with a message when it cannot.
+# Installs the newest runsc Debian's archive offers this machine (on bookworm: from
+# bookworm-backports, pinned so that only runsc comes from there; on trixie and later: the
+# release's own), upgrading an older one, and registers it with the local Docker engine as the
+# runtime `runsc`, for the tests that run sandboxes under it. The install step is
+# src/cli/install-runsc.sh, the same one `python-code-sandbox setup --gvisor` runs.
+# Idempotent; exit 1 with a message naming the cause when it cannot.
 #
 # gVisor is given `--network=none`: sandboxes of the agent's code have no network anyway, and on
 # these machines runsc refuses to start a sandbox whose network it would have to set up.
 set -euo pipefail
 log() { echo "runsc: $*" >&2; }
 
-registered() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+# The engine's runsc entry ("<path> <args...>"), empty when it lists none.
+registered_entry() {
+  docker info --format '{{json .Runtimes}}' 2>/dev/null | python3 -c '
+import json, sys
+entry = json.load(sys.stdin).get("runsc")
+if entry:
+    print(" ".join([entry.get("path", "")] + entry.get("runtimeArgs", [])))' 2>/dev/null || true
+}
 
-# Registered is not enough: the binary it names may have been removed since (a purged package).
-if registered && command -v runsc >/dev/null 2>&1; then
-  log "already registered"
+status=0
+out=$(bash "$(dirname "$0")/../src/cli/install-runsc.sh") || status=$?
+if [ "$status" != 0 ]; then
+  case $status in
+    10) why="installing runsc needs root (sudo bash scripts/runsc.sh)" ;;
+    11) why="no runsc, and no apt-get to install it: see https://gvisor.dev/docs/user_guide/install/" ;;
+    12) why="apt-get update failed (the mirror or a source is unreachable or broken; its output is above)" ;;
+    13) why="Debian's archive offers this machine no runsc: see https://gvisor.dev/docs/user_guide/install/" ;;
+    14) why="apt-get install runsc failed (its output is above)" ;;
+    15) why="cannot write apt's configuration under /etc/apt" ;;
+    *) why="src/cli/install-runsc.sh failed (exit $status)" ;;
+  esac
+  log "$why"
+  exit 1
+fi
+field() { echo "$out" | sed -n "s/^$1=//p"; }
+path=$(field path)
+version=$(field version)
+from=$(field from)
+changed=$(field changed)
+log "runsc ${version:-(version unknown)} at $path, from $from"
+
+entry=$(registered_entry)
+if [ "$changed" = no ] && [ "${entry%% *}" = "$path" ]; then
+  log "already registered: $entry"
   exit 0
 fi
-if ! command -v runsc >/dev/null 2>&1; then
-  log "installing Debian's runsc"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc >&2 \
-    || { DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc >&2; }
-fi
 mkdir -p /etc/docker
-python3 - "$(command -v runsc)" <<'PY'
+# The path is (re)written; runtimeArgs an administrator gave are kept, else --network=none.
+python3 - "$path" <<'PY'
 import json, os, sys
 path = "/etc/docker/daemon.json"
 config = {}
 if os.path.exists(path):
     with open(path) as f:
         config = json.load(f)
-config.setdefault("runtimes", {})["runsc"] = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+runtimes = config.setdefault("runtimes", {})
+old = runtimes.get("runsc") or {}
+runtimes["runsc"] = {"path": sys.argv[1], "runtimeArgs": old.get("runtimeArgs", ["--network=none"])}
 with open(path + ".tmp", "w") as f:
     json.dump(config, f, indent=2)
 os.replace(path + ".tmp", path)
@@ -36,9 +67,18 @@ pid=$(pidof dockerd || true)
 if [ -z "$pid" ]; then
   log "no local dockerd to reload"; exit 1
 fi
+# A reload makes the engine read the entry again; containers started since run the new runsc.
 kill -HUP $pid
 for _ in $(seq 1 20); do
-  registered && { log "registered"; exit 0; }
+  entry=$(registered_entry)
+  if [ "${entry%% *}" = "$path" ]; then
+    if [ "$changed" = yes ]; then
+      log "registered, dockerd reloaded: new sandboxes run runsc $version ($entry)"
+    else
+      log "registered: $entry"
+    fi
+    exit 0
+  fi
   sleep 0.5
 done
 log "dockerd did not register runsc"

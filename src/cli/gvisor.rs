@@ -4,14 +4,24 @@
 //! What it does, each step said as it happens, the first that cannot be done stopping with why:
 //! 1. checks that it can: Linux, a Docker engine on this machine (a unix socket), rootful, and
 //!    this program running as root (it writes the engine's configuration and signals it);
-//! 2. finds `runsc` on the PATH, or installs Debian's package with `apt-get` where there is one;
+//! 2. installs the newest `runsc` Debian's archive offers this machine, or upgrades an older one,
+//!    with the same step as `scripts/runsc.sh` ([`INSTALL_SCRIPT`], `src/cli/install-runsc.sh`):
+//!    on bookworm from bookworm-backports (added as a source when missing, pinned so that only
+//!    runsc comes from there), on trixie and later the release's own; without apt-get, the
+//!    `runsc` on the PATH as it is;
 //! 3. finds the `dockerd` serving the endpoint (its `-H`/`--host` arguments) and its
 //!    configuration file (`--config-file`, else `/etc/docker/daemon.json`);
 //! 4. merges `runtimes.runsc` into that file (every other key kept, the old file backed up,
 //!    replaced atomically), registered with `--network=none` like `scripts/runsc.sh`: the code's
-//!    sandboxes have no network by default, and a networked policy runs under runc instead;
+//!    sandboxes have no network by default, and a networked policy runs under runc instead (an
+//!    entry that exists keeps its arguments; only its path is written);
 //! 5. sends `dockerd` SIGHUP (it reloads its runtimes without stopping a container) and waits,
-//!    bounded, until the engine lists `runsc`.
+//!    bounded, until the engine lists `runsc` at that path.
+//!
+//! Where runsc is registered already, steps 3 to 5 are done only when step 2 installed or
+//! upgraded it (a reload, so that new sandboxes run it) or it is at another path than the one
+//! registered. Where it cannot be installed here (another machine, Podman, not root), a
+//! registered runsc is left as it is, and said so.
 //!
 //! Everything else (Podman, a remote engine, Docker Desktop) gets the instructions instead:
 //! [`platform::how_to_get_gvisor`].
@@ -35,6 +45,9 @@ const DEFAULT_DAEMON_JSON: &str = "/etc/docker/daemon.json";
 const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
 /// How long dockerd gets to list the runtime after SIGHUP.
 const RELOAD_WAIT: Duration = Duration::from_secs(20);
+/// The install step, shared with `scripts/runsc.sh`: stdout is `key=value` lines, the exit status
+/// names the cause of a failure (the script's header lists them).
+pub const INSTALL_SCRIPT: &str = include_str!("install-runsc.sh");
 
 /// Why gVisor could not be registered; each says what to do instead.
 #[derive(Debug, thiserror::Error)]
@@ -45,9 +58,21 @@ pub enum GvisorError {
     NotRoot,
     #[error("runsc is not installed and this machine has no apt-get: install gVisor (https://gvisor.dev/docs/user_guide/install/), then run setup --gvisor again")]
     NoRunsc,
-    #[error("apt-get install runsc failed ({status}): install gVisor by hand (https://gvisor.dev/docs/user_guide/install/)")]
-    Install { status: String },
-    #[error("cannot run apt-get: {source}")]
+    #[error("apt-get update failed (its output is above): the mirror or one of the machine's apt sources is unreachable or broken; fix that, or install gVisor by hand (https://gvisor.dev/docs/user_guide/install/)")]
+    AptUpdate,
+    #[error("the package archive offers this machine no runsc: install gVisor from its own release channel (https://gvisor.dev/docs/user_guide/install/), then run setup --gvisor again")]
+    NotInArchive,
+    #[error("apt-get install runsc failed (its output is above): install gVisor by hand (https://gvisor.dev/docs/user_guide/install/)")]
+    Install,
+    #[error(
+        "cannot write apt's configuration under /etc/apt (the backports source or the runsc pin)"
+    )]
+    AptConfig,
+    #[error("installing runsc failed ({status}; its output is above)")]
+    InstallStep { status: String },
+    #[error("the runsc install step said something unexpected: {why}")]
+    InstallOutput { why: String },
+    #[error("cannot run bash for the runsc install step: {source}")]
     Spawn {
         #[source]
         source: std::io::Error,
@@ -81,8 +106,8 @@ pub enum GvisorError {
         #[source]
         source: std::io::Error,
     },
-    #[error("dockerd did not list runsc within {}s of reloading {}: see its log (a syntax error in the file, or an older dockerd that reloads no runtimes: restart it)", RELOAD_WAIT.as_secs(), path.display())]
-    NotReloaded { path: PathBuf },
+    #[error("dockerd did not list runsc at {} within {}s of reloading {}: see its log (a syntax error in the file, or an older dockerd that reloads no runtimes: restart it)", runsc.display(), RELOAD_WAIT.as_secs(), path.display())]
+    NotReloaded { path: PathBuf, runsc: PathBuf },
 }
 
 /// What registration did.
@@ -95,26 +120,38 @@ pub enum Registered {
     Now(Box<BackendInfo>),
 }
 
-/// Registers gVisor with the engine `backend` speaks to (see the module's documentation).
-/// `say` is told each step.
+/// Registers gVisor with the engine `backend` speaks to, installing or upgrading runsc first (see
+/// the module's documentation). `say` is told each step.
 pub async fn register(
     backend: &dyn Backend,
     engine: &BackendInfo,
     say: &dyn Fn(&str),
 ) -> Result<Registered, GvisorError> {
-    if engine.runtimes.contains_key(RUNTIME_NAME) {
-        return Ok(Registered::Already);
+    let registered = engine.runtimes.contains_key(RUNTIME_NAME);
+    if let Err(why) = platform::gvisor_registrable(engine) {
+        if registered {
+            say(&format!("runsc is not checked for a newer version: {why}"));
+            return Ok(Registered::Already);
+        }
+        return Err(GvisorError::Unsupported(why));
     }
-    platform::gvisor_registrable(engine).map_err(GvisorError::Unsupported)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
+        if registered {
+            say("runsc is not checked for a newer version: that needs root (sudo python-code-sandbox setup --gvisor)");
+            return Ok(Registered::Already);
+        }
         return Err(GvisorError::NotRoot);
     }
-    let runsc = match find_on_path("runsc") {
-        Some(path) => path,
-        None => install_runsc(say)?,
-    };
-    say(&format!("runsc: {}", runsc.display()));
+    let installed = install_newest()?;
+    say(&installed.said());
+    let same_path = engine
+        .runtime_paths
+        .get(RUNTIME_NAME)
+        .is_some_and(|path| same_binary(path, &installed.path));
+    if registered && same_path && !installed.changed {
+        return Ok(Registered::Already);
+    }
     let daemon = find_daemon(&engine.endpoint)?;
     let file = daemon.config_file.clone();
     say(&format!(
@@ -122,36 +159,9 @@ pub async fn register(
         daemon.pid,
         file.display()
     ));
-    let old = match std::fs::read_to_string(&file) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(source) => {
-            return Err(GvisorError::Read {
-                path: file.clone(),
-                source,
-            })
-        }
-    };
-    let merged = with_runtime(old.as_deref(), &runsc).map_err(|why| GvisorError::NotJson {
-        path: file.clone(),
-        why,
-    })?;
-    let backup = match &old {
-        Some(text) => Some(
-            replace::keep_backup(&file, text.as_bytes())
-                .map_err(|(path, source)| GvisorError::Backup { path, source })?,
-        ),
-        None => None,
-    };
-    replace::replace(&file, merged.as_bytes(), 0o644)?;
-    say(&format!(
-        "added runtimes.{RUNTIME_NAME} to {}{}",
-        file.display(),
-        backup
-            .as_ref()
-            .map(|b| format!(" (the old file kept as {})", b.display()))
-            .unwrap_or_default()
-    ));
+    if !(registered && same_path) {
+        write_entry(&file, &installed.path, say)?;
+    }
     // SAFETY: kill with a pid read from /proc and a valid signal number.
     if unsafe { libc::kill(daemon.pid, libc::SIGHUP) } != 0 {
         return Err(GvisorError::Signal {
@@ -159,19 +169,170 @@ pub async fn register(
             source: std::io::Error::last_os_error(),
         });
     }
-    say("dockerd reloads its configuration (SIGHUP)");
+    say("dockerd reloads its configuration (SIGHUP): new sandboxes run this runsc");
     let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
     loop {
         if let Ok(info) = backend.info().await {
-            if info.runtimes.contains_key(RUNTIME_NAME) {
+            let listed = info.runtimes.contains_key(RUNTIME_NAME)
+                && info
+                    .runtime_paths
+                    .get(RUNTIME_NAME)
+                    .is_none_or(|path| same_binary(path, &installed.path));
+            if listed {
                 return Ok(Registered::Now(Box::new(info)));
             }
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(GvisorError::NotReloaded { path: file });
+            return Err(GvisorError::NotReloaded {
+                path: file,
+                runsc: installed.path,
+            });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Writes the runtime's entry into dockerd's configuration file (the old file backed up).
+fn write_entry(file: &Path, runsc: &Path, say: &dyn Fn(&str)) -> Result<(), GvisorError> {
+    let old = match std::fs::read_to_string(file) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => {
+            return Err(GvisorError::Read {
+                path: file.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let merged = with_runtime(old.as_deref(), runsc).map_err(|why| GvisorError::NotJson {
+        path: file.to_path_buf(),
+        why,
+    })?;
+    let backup = match &old {
+        Some(text) => Some(
+            replace::keep_backup(file, text.as_bytes())
+                .map_err(|(path, source)| GvisorError::Backup { path, source })?,
+        ),
+        None => None,
+    };
+    replace::replace(file, merged.as_bytes(), 0o644)?;
+    say(&format!(
+        "wrote runtimes.{RUNTIME_NAME} ({}) into {}{}",
+        runsc.display(),
+        file.display(),
+        backup
+            .as_ref()
+            .map(|b| format!(" (the old file kept as {})", b.display()))
+            .unwrap_or_default()
+    ));
+    Ok(())
+}
+
+/// Whether the engine's runtime path (absolute, or a name it looks up on its PATH) is `binary`.
+fn same_binary(registered: &str, binary: &Path) -> bool {
+    let registered = if registered.contains('/') {
+        Some(PathBuf::from(registered))
+    } else {
+        find_on_path(registered)
+    };
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    registered.is_some_and(|r| canonical(&r) == canonical(binary))
+}
+
+/// The runsc the install step left, as it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub path: PathBuf,
+    /// What `runsc --version` says (empty when it said nothing).
+    pub version: String,
+    /// The archive suite and mirror it came from, or why that is unknown.
+    pub from: String,
+    /// The version before, when there was one.
+    pub previous: Option<String>,
+    /// This run installed or upgraded it.
+    pub changed: bool,
+}
+
+impl Installed {
+    fn said(&self) -> String {
+        let version = if self.version.is_empty() {
+            "(version unknown)"
+        } else {
+            &self.version
+        };
+        let what = match (&self.previous, self.changed) {
+            (Some(previous), true) => format!("upgraded from {previous}"),
+            (None, true) => "installed now".to_string(),
+            (_, false) => "the newest offered, already installed".to_string(),
+        };
+        format!(
+            "runsc {version} at {}, from {} ({what})",
+            self.path.display(),
+            self.from
+        )
+    }
+}
+
+/// The install step's stdout, read.
+fn parse_installed(stdout: &str) -> Result<Installed, String> {
+    let field = |key: &str| {
+        stdout.lines().find_map(|line| {
+            line.strip_prefix(key)
+                .and_then(|rest| rest.strip_prefix('='))
+                .map(str::trim)
+        })
+    };
+    let path = field("path")
+        .filter(|p| p.starts_with('/'))
+        .ok_or_else(|| format!("no absolute path= in {stdout:?}"))?;
+    let changed = match field("changed") {
+        Some("yes") => true,
+        Some("no") => false,
+        other => return Err(format!("changed={other:?} is neither yes nor no")),
+    };
+    Ok(Installed {
+        path: PathBuf::from(path),
+        version: field("version").unwrap_or_default().to_string(),
+        from: field("from")
+            .filter(|f| !f.is_empty())
+            .unwrap_or("an unknown source")
+            .to_string(),
+        previous: field("previous")
+            .filter(|p| !p.is_empty())
+            .map(str::to_string),
+        changed,
+    })
+}
+
+/// The install step's failure, from its exit status (see the script's header).
+fn install_failure(code: Option<i32>, status: String) -> GvisorError {
+    match code {
+        Some(10) => GvisorError::NotRoot,
+        Some(11) => GvisorError::NoRunsc,
+        Some(12) => GvisorError::AptUpdate,
+        Some(13) => GvisorError::NotInArchive,
+        Some(14) => GvisorError::Install,
+        Some(15) => GvisorError::AptConfig,
+        _ => GvisorError::InstallStep { status },
+    }
+}
+
+/// Runs the install step: the newest runsc the archive offers, installed or upgraded. Its log
+/// goes to this program's stderr as it happens.
+fn install_newest() -> Result<Installed, GvisorError> {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(INSTALL_SCRIPT)
+        .arg("install-runsc")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|source| GvisorError::Spawn { source })?;
+    if !out.status.success() {
+        return Err(install_failure(out.status.code(), out.status.to_string()));
+    }
+    parse_installed(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|why| GvisorError::InstallOutput { why })
 }
 
 /// `daemon.json`'s text with the runtime added (or its entry replaced), every other key kept.
@@ -190,9 +351,16 @@ fn with_runtime(old: Option<&str>, runsc: &Path) -> Result<String, String> {
     let Value::Object(runtimes) = runtimes else {
         return Err("its \"runtimes\" is not an object".into());
     };
+    // Arguments an entry has already (an administrator's) are kept; only the path is new.
+    let args = runtimes
+        .get(RUNTIME_NAME)
+        .and_then(|entry| entry.get("runtimeArgs"))
+        .filter(|args| args.is_array())
+        .cloned()
+        .unwrap_or_else(|| json!(RUNTIME_ARGS));
     runtimes.insert(
         RUNTIME_NAME.to_string(),
-        json!({ "path": runsc.to_string_lossy(), "runtimeArgs": RUNTIME_ARGS }),
+        json!({ "path": runsc.to_string_lossy(), "runtimeArgs": args }),
     );
     let mut text = serde_json::to_string_pretty(&Value::Object(config))
         .map_err(|e| format!("cannot write it back: {e}"))?;
@@ -210,32 +378,6 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
                 m.is_file() && m.permissions().mode() & 0o111 != 0
             })
         })
-}
-
-fn install_runsc(say: &dyn Fn(&str)) -> Result<PathBuf, GvisorError> {
-    if find_on_path("apt-get").is_none() {
-        return Err(GvisorError::NoRunsc);
-    }
-    let apt = |args: &[&str]| {
-        say(&format!("apt-get {}", args.join(" ")));
-        std::process::Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map_err(|source| GvisorError::Spawn { source })
-    };
-    let mut status = apt(&["install", "-y", "-q", "runsc"])?;
-    if !status.success() {
-        // A machine that never updated its package lists knows no runsc yet.
-        apt(&["update", "-q"])?;
-        status = apt(&["install", "-y", "-q", "runsc"])?;
-    }
-    if !status.success() {
-        return Err(GvisorError::Install {
-            status: status.to_string(),
-        });
-    }
-    find_on_path("runsc").ok_or(GvisorError::NoRunsc)
 }
 
 /// The dockerd that serves an endpoint, and the configuration file it reads.
@@ -380,5 +522,71 @@ mod tests {
         assert!(with_runtime(Some("[1]"), runsc).is_err());
         assert!(with_runtime(Some("{ // comment\n}"), runsc).is_err());
         assert!(with_runtime(Some(r#"{"runtimes": []}"#), runsc).is_err());
+        let kept: Value = serde_json::from_str(
+            &with_runtime(
+                Some(r#"{"runtimes": {"runsc": {"path": "/usr/local/bin/runsc", "runtimeArgs": ["--network=none", "--platform=ptrace"]}}}"#),
+                runsc,
+            )
+            .expect("merged"),
+        )
+        .expect("json");
+        assert_eq!(kept["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
+        assert_eq!(
+            kept["runtimes"]["runsc"]["runtimeArgs"],
+            json!(["--network=none", "--platform=ptrace"]),
+            "an existing entry's arguments are kept"
+        );
+    }
+
+    #[test]
+    fn the_install_steps_output_is_read() {
+        let upgraded = parse_installed(
+            "path=/usr/bin/runsc\nversion=0.0~20240729.0\nfrom=bookworm-backports (http://deb.debian.org/debian)\nprevious=0.0~20221219.0\nchanged=yes\n",
+        )
+        .expect("read");
+        assert_eq!(
+            upgraded,
+            Installed {
+                path: PathBuf::from("/usr/bin/runsc"),
+                version: "0.0~20240729.0".into(),
+                from: "bookworm-backports (http://deb.debian.org/debian)".into(),
+                previous: Some("0.0~20221219.0".into()),
+                changed: true,
+            }
+        );
+        assert!(upgraded.said().contains("upgraded from 0.0~20221219.0"));
+        let fresh =
+            parse_installed("path=/usr/bin/runsc\nversion=\nfrom=\nprevious=\nchanged=no\n")
+                .expect("read");
+        assert_eq!(fresh.previous, None);
+        assert!(!fresh.changed);
+        assert_eq!(fresh.from, "an unknown source");
+        assert!(parse_installed("").is_err());
+        assert!(
+            parse_installed("path=runsc\nchanged=no\n").is_err(),
+            "not absolute"
+        );
+        assert!(parse_installed("path=/usr/bin/runsc\nchanged=maybe\n").is_err());
+    }
+
+    #[test]
+    fn each_exit_status_of_the_install_step_names_its_cause() {
+        let cause = |code| install_failure(Some(code), format!("exit status: {code}"));
+        assert!(matches!(cause(10), GvisorError::NotRoot));
+        assert!(matches!(cause(11), GvisorError::NoRunsc));
+        assert!(matches!(cause(12), GvisorError::AptUpdate));
+        assert!(matches!(cause(13), GvisorError::NotInArchive));
+        assert!(matches!(cause(14), GvisorError::Install));
+        assert!(matches!(cause(15), GvisorError::AptConfig));
+        assert!(matches!(cause(1), GvisorError::InstallStep { .. }));
+        assert!(matches!(
+            install_failure(None, "signal: 9".into()),
+            GvisorError::InstallStep { .. }
+        ));
+        // The script exits with each of them somewhere (and lists them in its header).
+        for code in 10..=15 {
+            let exits = |end: &str| INSTALL_SCRIPT.contains(&format!("exit {code}{end}"));
+            assert!(exits(";") || exits("\n"), "exit {code}");
+        }
     }
 }

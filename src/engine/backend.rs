@@ -224,6 +224,9 @@ pub struct BackendInfo {
     pub cgroup_version: Option<String>,
     /// Runtimes registered with the engine, each with the arguments it was registered with.
     pub runtimes: BTreeMap<String, Vec<String>>,
+    /// The binary each registered runtime runs, as the engine names it (a path on the engine's
+    /// machine, or a name it looks up on its PATH); absent where the engine does not say.
+    pub runtime_paths: BTreeMap<String, String>,
     pub default_runtime: Option<String>,
     /// Limits the engine says it cannot enforce on this host.
     pub unenforced: Vec<Limit>,
@@ -343,6 +346,13 @@ pub trait Backend: Send + Sync + 'static {
     /// How the main process ended, if it did. Works for any container of the engine, not only
     /// sandboxes (a server in a container asks it of its own).
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError>;
+
+    /// How many times the engine has said that the kernel stopped a process of the sandbox for
+    /// memory (its `oom` events), where the engine's events are followed; `None` where they are
+    /// not. Under gVisor the sandbox's own cgroup files do not show the host's memory kills.
+    async fn oom_count(&self, _id: &SandboxId) -> Option<u64> {
+        None
+    }
 
     /// Unpacks a tar archive into `dir` inside the sandbox (a directory of the workspace).
     async fn copy_in(&self, id: &SandboxId, dir: &str, archive: Bytes) -> Result<(), BackendError>;

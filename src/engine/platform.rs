@@ -321,6 +321,7 @@ mod tests {
                     )
                 })
                 .collect::<BTreeMap<_, _>>(),
+            runtime_paths: BTreeMap::new(),
             default_runtime: Some("runc".into()),
             unenforced: Vec::new(),
             endpoint: "unix:///var/run/docker.sock".into(),

@@ -323,6 +323,34 @@ enum Stop {
     None,
     Timeout,
     Cancelled,
+    /// The engine said the kernel stopped a process of the sandbox for memory while the code ran
+    /// (watched under gVisor, whose code is left stuck when that process is one of gVisor's own).
+    OutOfMemory,
+}
+
+/// How often the engine's count of a gVisor sandbox's memory kills is looked at during an
+/// execution.
+const OOM_LOOK_EVERY: Duration = Duration::from_millis(250);
+/// How long code whose sandbox had a memory kill gets to answer by itself (a child process of
+/// its was the one killed, say) before it is taken for stuck and interrupted.
+const OOM_ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
+/// Resolves once the engine's count of the sandbox's memory kills passes `before`; never where
+/// the engine does not count them. Under gVisor since its 2023 releases (the systrap platform)
+/// the kernel's memory kill takes one of gVisor's stub processes (which gVisor marks to go
+/// first), not the Sentry: the sandbox lives on, its code stuck until the time limit, and its
+/// own cgroup files (gVisor's) do not show the kill.
+async fn memory_killed(backend: Arc<dyn Backend>, id: SandboxId, before: Option<u64>) {
+    let Some(before) = before else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(OOM_LOOK_EVERY).await;
+        if backend.oom_count(&id).await.is_some_and(|now| now > before) {
+            tokio::time::sleep(OOM_ANSWER_WITHIN).await;
+            return;
+        }
+    }
 }
 
 /// The runner's request for a task.
@@ -350,10 +378,10 @@ fn unresponsive(
     workspace_lost: bool,
     elapsed: Duration,
 ) -> Execution {
-    let why = if stop == Stop::Cancelled {
-        "Cancelled".to_string()
-    } else {
-        format!("Timed out after {}", text::duration(timeout))
+    let why = match stop {
+        Stop::Cancelled => "Cancelled".to_string(),
+        Stop::OutOfMemory => "Out of memory (the kernel stopped a process of the sandbox)".into(),
+        Stop::None | Stop::Timeout => format!("Timed out after {}", text::duration(timeout)),
     };
     let what = if workspace_lost {
         "the sandbox was killed: its output, variables and workspace files are lost"
@@ -366,6 +394,7 @@ fn unresponsive(
         duration: elapsed,
         state_lost: true,
         workspace_lost,
+        out_of_memory: stop == Stop::OutOfMemory,
         ..Default::default()
     }
 }
@@ -730,7 +759,8 @@ impl Sandbox {
                 return Err(self.broken(e).await);
             }
             Waited::Replied(Err(failure)) | Waited::Interrupted(Err(failure)) => {
-                self.runner_died(runner, failure, elapsed).await?
+                self.runner_died(runner, failure, elapsed, stop == Stop::OutOfMemory)
+                    .await?
             }
             Waited::DiedBeforeUse(failure) => {
                 let why = match failure {
@@ -751,6 +781,7 @@ impl Sandbox {
         };
         execution.timed_out = stop == Stop::Timeout;
         execution.cancelled = stop == Stop::Cancelled;
+        execution.out_of_memory |= stop == Stop::OutOfMemory;
         if restarted == Restarted::Sandbox {
             execution.state_lost = true;
             execution.workspace_lost = true;
@@ -805,12 +836,20 @@ impl Sandbox {
         let cancel = cancel.unwrap_or(&never);
         let execution = request.id();
         let mut asked = 0;
+        let oom_before = if self.gvisor() {
+            self.backend.oom_count(&self.id).await
+        } else {
+            None
+        };
+        let oom = memory_killed(self.backend.clone(), self.id.clone(), oom_before);
+        tokio::pin!(oom);
         let stop = loop {
             // next_reply is cancel-safe: a reply is never lost to the timer.
             let reply = tokio::select! {
                 r = runner.next_reply() => r,
                 () = tokio::time::sleep_until(deadline) => break Stop::Timeout,
                 () = cancel.cancelled() => break Stop::Cancelled,
+                () = &mut oom => break Stop::OutOfMemory,
             };
             match reply {
                 Ok(Reply::Pip { id, line }) => {
@@ -884,6 +923,14 @@ impl Sandbox {
             }
         }
         runner.send(&answer.frame(id)).await
+    }
+
+    /// Whether its code runs under gVisor.
+    fn gvisor(&self) -> bool {
+        self.spec
+            .runtime
+            .as_deref()
+            .is_some_and(super::platform::is_gvisor_name)
     }
 
     /// How long its code gets to answer an interrupt: longer under gVisor.
@@ -1399,6 +1446,7 @@ impl Sandbox {
         runner: Runner,
         failure: RunnerFailure,
         elapsed: Duration,
+        memory_killed: bool,
     ) -> Result<Execution, EngineError> {
         match failure {
             RunnerFailure::Protocol(e) => Err(self.broken(e).await),
@@ -1412,7 +1460,8 @@ impl Sandbox {
             RunnerFailure::Exited(exit) => {
                 self.state = State::Respawning(runner);
                 let code = exit.exit_code();
-                let (stderr, error) = if exit.out_of_memory() {
+                let out_of_memory = exit.out_of_memory() || memory_killed;
+                let (stderr, error) = if out_of_memory {
                     (
                         "MemoryError: the sandbox ran out of memory and its Python process was \
                          killed; variables from earlier executions are lost, files in /workspace \
@@ -1442,7 +1491,7 @@ impl Sandbox {
                     exit_code: code,
                     duration: elapsed,
                     state_lost: true,
-                    out_of_memory: exit.out_of_memory(),
+                    out_of_memory,
                     error,
                     ..Default::default()
                 })

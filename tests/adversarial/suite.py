@@ -543,7 +543,7 @@ async def privilege_checks(s, ctx):
 
 NETWORK = r"""
 import errno, os, socket
-print('interfaces', sorted(os.listdir('/sys/class/net')))
+print('interfaces', sorted(name for _, name in socket.if_nameindex()))
 routes = [l for l in open('/proc/net/route').read().splitlines()[1:] if l.strip()]
 print('routes', len(routes))
 def udp_route(address):

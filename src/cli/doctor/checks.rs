@@ -93,6 +93,18 @@ fn recorded(value: Option<i64>) -> String {
     }
 }
 
+/// Whether a value the sandbox's cgroup files show is gVisor's own, unconfigured cgroup: since
+/// its 2023 releases gVisor mounts a cgroup file system of its own at `/sys/fs/cgroup` that
+/// carries none of the container's limits (`max`, `-1`, or the largest page-rounded number); the
+/// host's cgroup is what holds them, and is checked apart. Such a value is no word on the limit.
+fn gvisor_unset(expected: &Expected, value: &str) -> bool {
+    expected.gvisor
+        && (value == "max"
+            || value == "-1"
+            || value.starts_with("max ")
+            || value.parse::<u64>().is_ok_and(|v| v >= 1 << 62))
+}
+
 /// The sandbox's own source name: the host's kernel under runc, gVisor's under runsc.
 fn inside(expected: &Expected, what: &str) -> String {
     if expected.gvisor {
@@ -187,7 +199,12 @@ fn pids(expected: &Expected, findings: &Findings) -> Check {
         };
         words.say(source, host == CgroupValue::Max(limit), || host.to_string());
     }
-    if let Some(seen) = &findings.seen.pids_max {
+    if let Some(seen) = findings
+        .seen
+        .pids_max
+        .as_ref()
+        .filter(|v| !gvisor_unset(expected, v))
+    {
         words.say(
             inside(expected, "cgroup"),
             seen == &limit.to_string(),
@@ -213,7 +230,11 @@ fn memory(expected: &Expected, findings: &Findings) -> Check {
         );
     }
     let seen = &findings.seen;
-    if let Some(max) = &seen.memory_max {
+    if let Some(max) = seen
+        .memory_max
+        .as_ref()
+        .filter(|v| !gvisor_unset(expected, v))
+    {
         words.say(
             inside(expected, "cgroup"),
             max.parse::<u64>()
@@ -317,7 +338,7 @@ fn cpu(expected: &Expected, findings: &Findings) -> Check {
         (None, Some(quota), Some(period)) => Some((quota.clone(), period.clone())),
         _ => None,
     };
-    if let Some((quota, period)) = inside_cpu {
+    if let Some((quota, period)) = inside_cpu.filter(|(quota, _)| !gvisor_unset(expected, quota)) {
         let cpus = match (quota.parse::<f64>(), period.parse::<f64>()) {
             (Ok(q), Ok(p)) => ratio(q, p),
             _ => None,
@@ -494,6 +515,36 @@ mod tests {
         let runtime = runtime_check(&expected(&limits, true), &findings);
         assert!(runtime.ok);
         assert_eq!(runtime.detail, "runsc (engine record)");
+    }
+
+    #[test]
+    fn gvisors_own_unconfigured_cgroup_is_no_word_on_a_limit() {
+        let limits = limits();
+        let mut findings = gvisor_findings();
+        findings.seen.pids_max = Some("max".into());
+        findings.seen.memory_max = Some("9223372036854775807".into());
+        findings.seen.cfs_quota = Some("-1".into());
+        findings.seen.cfs_period = Some("100000".into());
+        let checks = limit_checks(&expected(&limits, true), &findings);
+        assert!(checks.iter().all(|c| c.ok), "{checks:#?}");
+        assert_eq!(
+            check(&checks, "pids limit").detail,
+            "256 (engine record; host cgroup, on gVisor's host threads)"
+        );
+        // A number of its own in gVisor's cgroup still disagrees.
+        findings.seen.pids_max = Some("100".into());
+        let checks = limit_checks(&expected(&limits, true), &findings);
+        let pids = check(&checks, "pids limit");
+        assert!(
+            !pids.ok && pids.detail.contains("gVisor's cgroup: 100"),
+            "{pids:?}"
+        );
+        // Under runc the sandbox's cgroup is the host's: "max" there is no limit at all.
+        findings.seen.pids_max = Some("max".into());
+        let runc = limit_checks(&expected(&limits, false), &findings);
+        assert!(!check(&runc, "pids limit").ok);
+        assert!(!check(&runc, "memory limit").ok);
+        assert!(!check(&runc, "CPU limit").ok);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 mod checks;
 mod host;
 mod probe;
+mod runsc;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,11 @@ impl Report {
             self.failures += 1;
         }
         println!("{} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
+    }
+
+    /// A warning: worth acting on, but nothing is wrong with what is enforced.
+    fn warn(&mut self, what: &str, detail: impl std::fmt::Display) {
+        println!("warn {what}: {detail}");
     }
 
     fn check(&mut self, check: &checks::Check) {
@@ -73,6 +79,7 @@ pub async fn doctor(mut config: Config) -> ExitCode {
             platform.code.why
         ),
     );
+    describe_gvisor(&mut report, &platform.engine).await;
     report.line(true, "roots", config.roots.summary());
     report.line(true, "CA bundle", config.ca_bundle_summary());
     if platform.installer != platform.code {
@@ -197,4 +204,95 @@ fn describe_engine(report: &mut Report, info: &BackendInfo) {
              the engine's machine; SANDBOX_FILES_DIR and SANDBOX_SNAPSHOT_DIR are on this one"
         );
     }
+}
+
+/// The gVisor line, where runsc is registered: the version of the binary the engine runs, the
+/// platform it runs sandboxes on, and its age, with a warning and the way to update past
+/// [`runsc::STALE_MONTHS`] months.
+async fn describe_gvisor(report: &mut Report, info: &BackendInfo) {
+    let name = crate::cli::gvisor::RUNTIME_NAME;
+    let Some(args) = info.runtimes.get(name) else {
+        return;
+    };
+    let binary = info
+        .runtime_paths
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| name.to_string());
+    if info.remote {
+        let platform = runsc::platform(None, args);
+        report.line(
+            true,
+            "gVisor",
+            format!(
+                "{binary} on the engine's machine ({}) cannot be run from here: its version and \
+                 age are unknown (run `{binary} --version` there){}",
+                info.endpoint,
+                platform
+                    .name
+                    .map(|p| format!("; platform {p} ({})", platform.why))
+                    .unwrap_or_default()
+            ),
+        );
+        return;
+    }
+    let output = match runsc::run_version(&binary).await {
+        Ok(output) => output,
+        Err(why) => {
+            let podman = if info.kind == crate::engine::backend::EngineKind::Podman {
+                " (Podman finds its runtimes itself: run `runsc --version` where it runs)"
+            } else {
+                ""
+            };
+            report.warn(
+                "gVisor",
+                format!("the engine runs {binary}, whose version is unknown: {why}{podman}"),
+            );
+            return;
+        }
+    };
+    let version = runsc::parse_version(&output);
+    let platform = runsc::platform(version.as_ref().map(|v| v.released), args);
+    let platform = format!(
+        "platform {} ({})",
+        platform.name.as_deref().unwrap_or("unknown"),
+        platform.why
+    );
+    let Some(version) = version else {
+        let said = output.lines().next().unwrap_or("").trim();
+        report.warn(
+            "gVisor",
+            format!(
+                "{binary} says {said:?}: a version without a release date, so its age is \
+                 unknown; {platform}"
+            ),
+        );
+        return;
+    };
+    let age = runsc::age(version.released, runsc::Date::today());
+    let detail = format!(
+        "runsc {} ({binary}), {platform}, released {}, {} months ago",
+        version.text, version.released, age.months
+    );
+    if !age.stale {
+        report.line(true, "gVisor", detail);
+        return;
+    }
+    report.warn(
+        "gVisor",
+        format!(
+            "{detail}: older than {} months, without the fixes since",
+            runsc::STALE_MONTHS
+        ),
+    );
+    let release = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|text| runsc::os_release(&text));
+    let advice = runsc::how_to_update(
+        release
+            .as_ref()
+            .map(|(id, codename)| (id.as_str(), codename.as_str())),
+        version.released,
+    );
+    println!("     {advice}");
 }

@@ -14,7 +14,7 @@ use crate::engine::{Engine, EngineError, RunOptions, Task};
 
 /// Runs inside the probe sandbox and prints what the sandbox sees, as JSON.
 const PROBE: &str = r#"
-import ctypes, json, os, resource
+import ctypes, json, os, resource, socket
 def read(path):
     try:
         with open(path) as f:
@@ -54,7 +54,9 @@ print(json.dumps({
     "cfs_quota": read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or read("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
     "cfs_period": read("/sys/fs/cgroup/cpu/cpu.cfs_period_us") or read("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us"),
     "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
-    "interfaces": sorted(os.listdir("/sys/class/net")),
+    # The kernel's own list (netlink): gVisor's sysfs has no /sys/class/net since its 2023
+    # releases.
+    "interfaces": sorted(name for _, name in socket.if_nameindex()),
     "root_writable": root_writable,
     "workspace_writable": os.access("/workspace", os.W_OK),
     "kernel": (read("/proc/version") or "?")[:120],
@@ -241,6 +243,9 @@ async fn overrun(engine: &Engine, id: &str, limit: u64, options: &RunOptions) ->
         exit: Option<i32>,
     }
     let script = overrun_script(overrun_bytes(limit));
+    let backend = engine.backend();
+    let sandbox = SandboxId(id.to_string());
+    let ooms_before = backend.oom_count(&sandbox).await;
     let result = engine
         .execute_in_session(Scope::Server, id, Task::Python(&script), options)
         .await;
@@ -257,6 +262,15 @@ async fn overrun(engine: &Engine, id: &str, limit: u64, options: &RunOptions) ->
                     ..
                 }) => {
                     Overrun::NotStopped(format!("the allocating process died of signal {signal}"))
+                }
+                // Under gVisor since its 2023 releases the kernel's kill takes one of gVisor's own
+                // processes (a systrap stub), and the allocating process exits with 1: the
+                // engine's `oom` event says what happened.
+                Ok(Ended { exit, .. })
+                    if exit != Some(0)
+                        && memory_kill_said(backend.as_ref(), &sandbox, ooms_before).await =>
+                {
+                    Overrun::ProcessKilled
                 }
                 Ok(Ended { exit, .. }) => Overrun::NotStopped(format!(
                     "a process allocated {} bytes, past the limit, and exited with {}",
@@ -277,6 +291,29 @@ async fn overrun(engine: &Engine, id: &str, limit: u64, options: &RunOptions) ->
         }
         Err(e) => Overrun::NotStopped(e.to_string()),
     }
+}
+
+/// Whether the engine said (within two seconds: its events trail the exit) that the kernel
+/// stopped a process of the sandbox for memory since it counted `before`.
+async fn memory_kill_said(
+    backend: &dyn crate::engine::backend::Backend,
+    sandbox: &SandboxId,
+    before: Option<u64>,
+) -> bool {
+    let Some(before) = before else {
+        return false;
+    };
+    for _ in 0..10 {
+        if backend
+            .oom_count(sandbox)
+            .await
+            .is_some_and(|now| now > before)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
 }
 
 #[cfg(test)]

@@ -32,6 +32,10 @@ pub struct Deaths {
     seen: Mutex<VecDeque<(String, ExitInfo)>>,
     /// Sandboxes someone asked the engine to kill (its `kill` events), the latest [`KEPT`].
     killed: Mutex<VecDeque<String>>,
+    /// How many `oom` events each sandbox had, the latest [`KEPT`] sandboxes: under gVisor since
+    /// its 2023 releases the kernel stops one of gVisor's helper processes (systrap's stubs, which
+    /// gVisor marks as the first to go), and the sandbox lives on with its code stuck.
+    ooms: Mutex<VecDeque<(String, u64)>>,
     watching: tokio::sync::OnceCell<()>,
     /// The time of the latest event seen (seconds): a stream that ended resumes from there, so
     /// nothing the engine said in between is missed.
@@ -91,8 +95,38 @@ impl Deaths {
                 self.record_kill(&id);
                 continue;
             }
+            if event.action.as_deref() == Some("oom") {
+                self.count_oom(&id);
+            }
             self.record(&id, event.action.as_deref() == Some("oom"), exit_code);
         }
+    }
+
+    fn count_oom(&self, id: &str) {
+        let mut ooms = self.ooms.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, count)) = ooms.iter_mut().find(|(seen, _)| seen == id) {
+            *count += 1;
+            return;
+        }
+        ooms.push_back((id.to_string(), 1));
+        if ooms.len() > KEPT {
+            ooms.pop_front();
+        }
+    }
+
+    /// Whether the engine's events are followed (so that no `oom` event means none happened).
+    pub fn following(&self) -> bool {
+        self.watching.initialized()
+    }
+
+    /// How many `oom` events the engine gave for `id` so far (0 for none).
+    pub fn oom_count(&self, id: &str) -> u64 {
+        self.ooms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(seen, _)| seen == id)
+            .map_or(0, |(_, count)| *count)
     }
 
     fn record(&self, id: &str, oom: bool, exit_code: Option<i64>) {
@@ -221,5 +255,21 @@ mod tests {
         // SIGKILL that nobody asked the engine for, and no oom event (Docker dropped it).
         deaths.record("c", false, Some(137));
         assert!(deaths.of("c").await.is_some_and(|c| c.oom_killed));
+    }
+
+    #[test]
+    fn each_oom_event_of_a_sandbox_is_counted() {
+        let deaths = Deaths::default();
+        assert_eq!(deaths.oom_count("a"), 0);
+        deaths.count_oom("a");
+        deaths.count_oom("a");
+        deaths.count_oom("b");
+        assert_eq!(deaths.oom_count("a"), 2);
+        assert_eq!(deaths.oom_count("b"), 1);
+        for n in 0..KEPT {
+            deaths.count_oom(&n.to_string());
+        }
+        assert_eq!(deaths.oom_count("a"), 0, "only the latest are kept");
+        assert!(!deaths.following());
     }
 }

@@ -578,7 +578,7 @@ fn describe_engine(
         .filter(|v| !v.is_empty());
     let endpoint = endpoint();
     let remote = crate::config::settings::is_remote_endpoint(&endpoint);
-    let runtimes = info
+    let registered: Vec<(String, bollard::models::Runtime)> = info
         .runtimes
         .unwrap_or_default()
         .into_iter()
@@ -589,6 +589,16 @@ fn describe_engine(
         .filter(|(name, _)| {
             kind != EngineKind::Podman || info.default_runtime.as_deref() == Some(name.as_str())
         })
+        .collect();
+    let runtime_paths = registered
+        .iter()
+        .filter_map(|(name, runtime)| {
+            let path = runtime.path.as_deref().filter(|p| !p.is_empty())?;
+            Some((name.clone(), path.to_string()))
+        })
+        .collect();
+    let runtimes = registered
+        .into_iter()
         .map(|(name, runtime)| (name, runtime.runtime_args.unwrap_or_default()))
         .collect();
     let controllers = podman.and_then(|p| p.cgroup_controllers);
@@ -617,6 +627,7 @@ fn describe_engine(
         userns_remap,
         cgroup_version,
         runtimes,
+        runtime_paths,
         default_runtime: info.default_runtime.filter(|r| !r.is_empty()),
         unenforced,
         remote,
@@ -949,6 +960,12 @@ impl Backend for DockerBackend {
                 .and_then(|pid| u32::try_from(pid).ok())
                 .filter(|pid| *pid > 0),
         })
+    }
+
+    async fn oom_count(&self, id: &SandboxId) -> Option<u64> {
+        self.deaths
+            .following()
+            .then(|| self.deaths.oom_count(&id.0))
     }
 
     async fn exit_info(&self, id: &SandboxId) -> Result<ExitInfo, BackendError> {
@@ -1389,6 +1406,14 @@ mod tests {
         assert_eq!(
             engine.runtimes.get("runsc"),
             Some(&vec!["--network=none".to_string()])
+        );
+        assert_eq!(
+            engine.runtime_paths.get("runsc").map(String::as_str),
+            Some("/usr/bin/runsc")
+        );
+        assert_eq!(
+            engine.runtime_paths.get("runc").map(String::as_str),
+            Some("runc")
         );
     }
 

@@ -317,6 +317,7 @@ impl Backend for FakeBackend {
             userns_remap: false,
             cgroup_version: None,
             runtimes: BTreeMap::new(),
+            runtime_paths: BTreeMap::new(),
             default_runtime: None,
             unenforced: Vec::new(),
             endpoint: "fake".into(),
