@@ -62,6 +62,20 @@ pub fn normalize_origin(value: &str) -> Option<String> {
     ))
 }
 
+/// The host and port of an http(s) URL: the port it names, else 80 for `http` and 443 otherwise;
+/// credentials before `@` are skipped. `None` when it has no host.
+pub fn url_host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = if scheme.eq_ignore_ascii_case("http") {
+        80
+    } else {
+        443
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    parse_host_port(authority, default)
+}
+
 /// `host`, `host:port`, `[v6]` or `[v6]:port`, lowercased; `default` is the port when none is
 /// given.
 pub fn parse_host_port(text: &str, default: u16) -> Option<(String, u16)> {

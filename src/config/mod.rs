@@ -33,7 +33,9 @@ mod roots;
 pub mod settings;
 mod validate;
 
-pub use address::{normalize_origin, parse_host, parse_host_port, redact_url, url_has_credentials};
+pub use address::{
+    normalize_origin, parse_host, parse_host_port, redact_url, url_has_credentials, url_host_port,
+};
 pub use egress::{EgressPolicy, EgressRules};
 pub use error::{ConfigError, ValueError};
 pub use parse::{glob_matches, parse_bytes, parse_duration};

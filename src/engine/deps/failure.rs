@@ -262,7 +262,7 @@ fn direct_connection_failure(
     index: &IndexConfig,
 ) -> Option<FailureKind> {
     let primary = index.index_url.as_deref().unwrap_or(DEFAULT_INDEX);
-    let (host, port) = crate::engine::egress::host_port(primary)?;
+    let (host, port) = crate::config::url_host_port(primary)?;
     let host = clean(&host);
     if said(&[
         "Name or service not known",
@@ -344,10 +344,7 @@ fn index_of(index: &IndexConfig, host: Option<&str>) -> String {
 
 /// The lowercase host of an index URL.
 fn host_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    crate::config::parse_host_port(authority, 443).map(|(host, _)| host)
+    crate::config::url_host_port(url).map(|(host, _)| host)
 }
 
 /// A piece of untrusted text shown on one line: no control characters, bounded.

@@ -100,18 +100,7 @@ pub fn stopped_reason(host: &str, port: u16, stopped: &Stopped) -> String {
     }
 }
 
-/// The host and port of an http(s) URL (`None` when it has no host).
-pub fn host_port(url: &str) -> Option<(String, u16)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let default = if scheme.eq_ignore_ascii_case("http") {
-        80
-    } else {
-        443
-    };
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    parse_host_port(authority, default)
-}
+pub use crate::config::url_host_port as host_port;
 
 /// The installers' policy: the index hosts (PyPI's two without a custom index), plus the
 /// operator's extra hosts.
