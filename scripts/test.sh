@@ -118,7 +118,11 @@ stage "README quick start, as a newcomer types it (scripts/test-readme.py --clea
 # As on a newcomer's machine: no sandbox or proxy image (the first run builds them, through this
 # network's TLS interception with the host's CA bundle), and each line in a login shell started
 # from an empty environment (none of the SANDBOX_* settings exported above).
-docker image rm -f python-code-sandbox:py3.11 python-code-sandbox-proxy:bookworm >/dev/null
+for image in python-code-sandbox:py3.11 python-code-sandbox-proxy:bookworm; do
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    docker image rm -f "$image" >/dev/null
+  fi
+done
 python3 scripts/test-readme.py --clean-env quickstart
 
 stage "MCP integration tests (official Python SDK)"

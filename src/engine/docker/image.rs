@@ -124,6 +124,10 @@ pub fn missing_hint(image: &str) -> String {
              index: PIP_INDEX_URL, SANDBOX_CA_BUNDLE)",
             flavour.name
         )
+    } else if image == PROXY_IMAGE {
+        "it is made on first use, or by `python-code-sandbox image build` (offline: it needs root \
+         and debootstrap)"
+            .to_string()
     } else if image == DEFAULT_IMAGE {
         "build it with `python-code-sandbox image build` (add `--offline` where no registry is \
          reachable; that needs root and debootstrap)"

@@ -371,6 +371,11 @@ impl Engine {
         self.identified().await;
         let base = self.plain_spec(self.config.image.clone(), "egress");
         self.backend.ensure_image(&base.image).await?;
+        // The proxy's own image, made here on first use like the sandbox image (a newcomer's
+        // first install comes before any `image build`).
+        self.backend
+            .ensure_image(crate::engine::egress::PROXY_IMAGE)
+            .await?;
         let gateway = Gateway::start(self.backend.clone(), &base, &self.config).await?;
         tracing::info!(uplink = %self.config.egress.uplink, "egress proxy started");
         *egress = Some(gateway.clone());
