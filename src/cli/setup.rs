@@ -10,7 +10,8 @@
 //! 6. a small pinned dependency installs through the server's own installer (its egress proxy,
 //!    the index): where it fails, the failure's cause and the setting that fixes it
 //!    ([`deps::remedy`]); setup goes on to step 7 and ends with a warning (exit 0: only agents'
-//!    `dependencies` fail);
+//!    `dependencies` fail); an installer that does not run at all stops it (exit
+//!    [`EXIT_INFRA`]);
 //! 7. the client's configuration: printed, or merged into its file with `--write`, with the fix
 //!    of step 6 in its `env`.
 
@@ -82,11 +83,24 @@ pub async fn setup(config: Config, request: SetupRequest) -> ExitCode {
             );
             return code;
         }
-        if let Err(fix) = dependency_step(&config).await {
-            // The client's configuration is still done (with the fix, where one is known): the
-            // code runs; only agents' `dependencies` would fail.
-            dependencies_fail = true;
-            fixes.extend(fix);
+        match dependency_step(&config).await {
+            Ok(()) => {}
+            // The index refused or failed the install: the client's configuration is still done
+            // (with the fix, where one is known): the code runs; only agents' `dependencies`
+            // would fail.
+            Err(DependencyStep::Failed(fix)) => {
+                dependencies_fail = true;
+                fixes.extend(fix);
+            }
+            // The installer did not run at all, or what it installed does not import: this
+            // installation is broken, not its network.
+            Err(DependencyStep::Broken) => {
+                eprintln!(
+                    "python-code-sandbox setup: stopped; not tried: the client's configuration \
+                     (step 7): fix the above and run setup again"
+                );
+                return ExitCode::from(EXIT_INFRA);
+            }
         }
     }
     let configured = client_configuration(&config, &request, &fixes);
@@ -105,10 +119,18 @@ pub async fn setup(config: Config, request: SetupRequest) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// How step 6 failed.
+enum DependencyStep {
+    /// The install failed for a cause of the index or the network, which the failure's words
+    /// name; the setting that fixes it, when one does.
+    Failed(Option<Remedy>),
+    /// The installer did not run, or the package did not import: not a matter of settings.
+    Broken,
+}
+
 /// Step 6: one small pinned dependency through the engine's own dependency path (the installer
-/// sandbox behind its egress proxy, the index, the cache), then imported in a sandbox. `Err`
-/// carries the setting that fixes the failure, when one does.
-async fn dependency_step(config: &Config) -> Result<(), Option<Remedy>> {
+/// sandbox behind its egress proxy, the index, the cache), then imported in a sandbox.
+async fn dependency_step(config: &Config) -> Result<(), DependencyStep> {
     let index = config
         .deps
         .index_url
@@ -149,11 +171,11 @@ async fn dependency_step(config: &Config) -> Result<(), Option<Remedy>> {
                      setup again"
                 ),
             }
-            return Err(fix);
+            return Err(DependencyStep::Failed(fix));
         }
         Err(e) => {
             eprintln!("python-code-sandbox setup: the dependency install did not run: {e}");
-            return Err(None);
+            return Err(DependencyStep::Broken);
         }
     };
     let printed = String::from_utf8_lossy(&execution.stdout);
@@ -164,7 +186,7 @@ async fn dependency_step(config: &Config) -> Result<(), Option<Remedy>> {
             execution.exit_code,
             String::from_utf8_lossy(&execution.stderr).trim()
         );
-        return Err(None);
+        return Err(DependencyStep::Broken);
     }
     let how = match &execution.dependencies {
         Some(report) if !report.installed => {
