@@ -68,7 +68,7 @@ fn build_datascience() -> String {
         // own steps only when the engine does not reuse it from an earlier build of the same set).
         for step in [
             "Step 1/",
-            "checking the index",
+            "installing 18 pinned packages",
             "Downloading numpy-2.4.6",
             "flavour_build.py prepare",
         ] {
