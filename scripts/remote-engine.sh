@@ -29,6 +29,7 @@ PEER_IF=pcsr-peer
 HOST_IP=10.231.0.1
 REMOTE_IP=10.231.0.2
 IMAGE=${PCS_REMOTE_IMAGE:-python-code-sandbox:py3.11}
+PROXY_IMAGE=python-code-sandbox-proxy:bookworm
 MAIN_SOCK=unix:///var/run/docker.sock
 OWNER=/run/pcs-remote-engine.dir # which DIR the namespace belongs to (one engine at a time)
 MARKER=.pcs-remote-engine # stop removes DIR only when this file says the script made it
@@ -237,11 +238,20 @@ start_sshd() {
 }
 
 load_image() {
-    if rdocker image inspect "$IMAGE" >/dev/null 2>&1; then
-        return 0
-    fi
-    log "copying $IMAGE from the main engine"
-    DOCKER_HOST=$MAIN_SOCK docker save "$IMAGE" | rdocker load >/dev/null
+    # The egress proxy's image too, where the main engine has it: setup's dependency step starts
+    # the proxy, which would otherwise be made here from scratch (debootstrap, a minute or two).
+    local image
+    for image in "$IMAGE" "$PROXY_IMAGE"; do
+        if rdocker image inspect "$image" >/dev/null 2>&1; then
+            continue
+        fi
+        if [ "$image" = "$PROXY_IMAGE" ] &&
+            ! DOCKER_HOST=$MAIN_SOCK docker image inspect "$image" >/dev/null 2>&1; then
+            continue
+        fi
+        log "copying $image from the main engine"
+        DOCKER_HOST=$MAIN_SOCK docker save "$image" | rdocker load >/dev/null
+    done
 }
 
 kill_dockerd() { # signal
