@@ -512,10 +512,9 @@ impl Config {
             setting.apply(&mut config, &env)?;
         }
         if config.ca_bundle_source == CaBundleSource::NotFound && !config.remote_engine {
-            let usable = |path: &std::path::Path| {
-                std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
-            };
-            if let Some((path, via)) = paths::host_ca_bundle(lookup("SSL_CERT_FILE"), usable) {
+            if let Some((path, via)) =
+                paths::host_ca_bundle(lookup("SSL_CERT_FILE"), paths::usable_bundle)
+            {
                 config.ca_bundle = Some(path);
                 config.ca_bundle_source = CaBundleSource::Host { via };
             }
@@ -530,10 +529,8 @@ impl Config {
         if self.remote_engine {
             return None;
         }
-        let usable = |path: &std::path::Path| {
-            std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
-        };
-        paths::host_ca_bundle(std::env::var("SSL_CERT_FILE").ok(), usable).map(|(path, _)| path)
+        paths::host_ca_bundle(std::env::var("SSL_CERT_FILE").ok(), paths::usable_bundle)
+            .map(|(path, _)| path)
     }
 
     /// The CA bundle in use and where it comes from, in words (for `setup`, `doctor` and the

@@ -63,6 +63,12 @@ pub const SYSTEM_CA_BUNDLES: &[&str] = &[
     "/etc/ssl/cert.pem",
 ];
 
+/// A CA bundle the host can hand over: a non-empty regular file (through links: the host's own
+/// configuration, as `SSL_CERT_FILE` and `/etc/ssl/cert.pem` often are).
+pub(super) fn usable_bundle(path: &std::path::Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
+}
+
 /// The host's CA bundle and how it was found: `SSL_CERT_FILE` when it is an absolute path that
 /// is `usable`, else the first usable of [`SYSTEM_CA_BUNDLES`].
 pub(super) fn host_ca_bundle(
