@@ -163,11 +163,18 @@ pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
     };
     let mut artifacts = Vec::new();
     for root in roots.roots.iter().filter(|r| !r.read_only) {
-        let stripped = root.handle.tidy_itself();
+        let (stripped, acl) = root.handle.tidy_itself();
         if stripped != 0 {
             artifacts.push(Artifact::notice(format!(
                 "the code gave the user's root {} set-id or world-write bits ({stripped:04o}); \
                  the server removed them",
+                root.container_path()
+            )));
+        }
+        if acl {
+            artifacts.push(Artifact::notice(format!(
+                "the code gave the user's root {} a default ACL that lets everyone write what \
+                 is made there; the server removed that write",
                 root.container_path()
             )));
         }
@@ -189,7 +196,7 @@ pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
         let mut notes = Vec::new();
         match (entry.kind.as_str(), found) {
             // A directory is named only for what was removed from it.
-            ("directory", Some(found)) if found.stripped != 0 => {}
+            ("directory", Some(found)) if found.stripped != 0 || found.acl_removed => {}
             ("directory", _) => continue,
             ("file", Some(found)) if found.file => notes.push(format!(
                 "written in place in the user's root {} (on the host: not copied)",
@@ -216,6 +223,13 @@ pub fn in_roots(changes: &Changes, roots: Option<&RootSet>) -> Vec<Artifact> {
                      removed them",
                     found.stripped
                 ));
+            }
+            if found.acl_removed {
+                notes.push(
+                    "the code gave it a default ACL that lets everyone write what is made in \
+                     it; the server removed that write"
+                        .to_string(),
+                );
             }
         }
         if let Some(place) = Path::new(&entry.path)

@@ -18,7 +18,8 @@ proxy): the code's sandboxes sit on the server's internal egress network instead
 interface, and the network case then checks that no host answers beyond that network, that
 there is no resolver, and that the proxy refuses what is not allowed. It is meant with
 `--no-faults` (the fault cases start their servers with the default network) and the default
-runtime (gVisor is registered here with --network=none).
+runtime: gVisor through its networked entry (runsc-net, in host-network mode here, as
+scripts/runsc.sh registers it).
 
 No test traffic leaves this machine: isolation is shown by the interfaces and routes a sandbox
 sees, by connect() on UDP sockets (which consults the routing table and sends nothing), and by
@@ -672,9 +673,10 @@ async def network_none(s, ctx):
 
 @case("network: SANDBOX_NETWORK=bridge is honoured", kind="attack-own-server")
 async def network_bridge(ctx):
-    # With no SANDBOX_RUNTIME the server falls back to runc for a networked policy (tested here).
-    if ctx.explicit == "runsc":
-        raise Skip("runsc is registered with --network=none on this machine")
+    # SANDBOX_RUNTIME=runsc (or the default) runs a networked policy under gVisor's networked
+    # entry (runsc-net) where the engine has one.
+    if ctx.explicit == "runsc" and gvisor_entry("bridge") is None:
+        raise Skip("no gVisor entry with a network is registered (scripts/runsc.sh registers runsc-net)")
     if ctx.network == "allowlist":
         raise Skip("this run is about SANDBOX_NETWORK=allowlist")
     gateway = host_gateway()
@@ -687,10 +689,447 @@ async def network_bridge(ctx):
             check("eth0" in out[0] and out[1] != "routes 0", f"{out[:2]}")
             check(out[4] == "listener reached", out[4])
             wait_until(lambda: listener.received == [b"hello-from-sandbox"], 10, "the listener to get the sandbox's message")
+            # Networked code keeps gVisor where the engine has a networked entry for it.
+            kernel = await s.run("import platform\nprint(platform.release())")
+            release = kernel.structured_content["stdout"].strip()
+            if ctx.explicit != "runc" and gvisor_entry("bridge"):
+                check(release == "4.4.0", f"networked code left gVisor: the kernel seen is {release}")
+            else:
+                check(release == os.uname().release, f"kernel {release} is not the host's")
             await s.answers_normally()
             await s.nothing_left()
     finally:
         listener.close()
+
+
+# --- issue 46: networked code under gVisor's host-network mode (runsc-net) ---------------------
+#
+# In runsc's host-network mode the code's socket calls are served by the host kernel inside the
+# sandbox's own network namespace (its egress network); everything else is gVisor's. These cases
+# attack what that could add: raw and packet sockets, netlink and ioctls that change the
+# namespace's interfaces and routes, socket options that spoof or mark traffic, source routing
+# through the proxy (which, like any Docker container, forwards between its networks), the
+# proxy's other ports, the host's loopback and abstract unix sockets, another sandbox, and what
+# /proc/net tells. They run under runc too (SANDBOX_RUNTIME=runc), where the same must hold.
+
+NET_ATTACK = r'''
+import errno, fcntl, json, os, select, socket, struct, time
+def probe():
+    seen = {}
+    def outcome(f):
+        try:
+            f()
+            return "done"
+        except OSError as e:
+            return "timeout" if e.errno is None else errno.errorcode.get(e.errno, str(e.errno))
+    def opened(*args):
+        def make():
+            socket.socket(*args).close()
+        return outcome(make)
+    seen["kernel"] = os.uname().release
+    seen["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+    routes = open("/proc/net/route").read()
+    proxy = os.environ.get("HTTPS_PROXY", os.environ.get("HTTP_PROXY", ""))[len("http://"):].rsplit(":", 1)
+    proxy_port = int(proxy[1])
+    proxy = proxy[0]
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.connect((proxy, 9))
+    me = u.getsockname()[0]
+    u.close()
+    # Raw, packet and unusual families: no way to write a packet of one's own.
+    seen["raw"] = {
+        "packet raw": opened(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3)),
+        "packet dgram": opened(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(3)),
+        "inet raw icmp": opened(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        "inet raw tcp": opened(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP),
+        "inet raw any": opened(socket.AF_INET, socket.SOCK_RAW, 255),
+        "inet6 raw": opened(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6),
+    }
+    # A ping socket (runc: Docker's ping_group_range allows it) reaches nothing beyond the network.
+    def ping():
+        p = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+        p.settimeout(5)
+        try:
+            p.sendto(b"\x08\x00\x00\x00\x00\x01\x00\x01pcs", ("GATEWAY", 0))
+            p.recv(100)
+        finally:
+            p.close()
+    seen["ping gateway"] = outcome(ping)
+    # Netlink: the namespace's addresses, routes and links cannot be changed.
+    def netlink(kind, flags, payload):
+        n = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        n.settimeout(3)
+        try:
+            n.bind((0, 0))
+            n.send(struct.pack("=LHHLL", 16 + len(payload), kind, flags, 1, 0) + payload)
+            data = n.recv(65536)
+            length, answer = struct.unpack_from("=LH", data, 0)
+            if answer == 2:
+                code = -struct.unpack_from("=i", data, 16)[0]
+                return "done" if code == 0 else errno.errorcode.get(code, str(code))
+            return "answer %d" % answer
+        except OSError as e:
+            return errno.errorcode.get(e.errno, str(e.errno))
+        finally:
+            n.close()
+    eth = [i for i, name in socket.if_nameindex() if name != "lo"][0]
+    def ifaddr(address):
+        a = socket.inet_aton(address)
+        return struct.pack("=BBBBi", 2, 24, 0, 0, eth) + struct.pack("=HH4s", 8, 2, a) + struct.pack("=HH4s", 8, 1, a)
+    route = struct.pack("=BBBBBBBBI", 2, 0, 0, 0, 254, 3, 1, 0, 0) + struct.pack("=HHi", 8, 4, eth)
+    host_route = struct.pack("=BBBBBBBBI", 2, 32, 0, 0, 254, 3, 1, 0, 0) + struct.pack("=HH4s", 8, 1, socket.inet_aton("GATEWAY")) + struct.pack("=HH4s", 8, 5, socket.inet_aton(proxy))
+    kind = b"dummy\0"
+    link = (struct.pack("=BxHiII", 0, 0, 0, 0, 0) + struct.pack("=HH", 10, 3) + b"evil0\0\0\0"
+            + struct.pack("=HH", 16, 18) + struct.pack("=HH", 4 + len(kind), 1) + kind + b"\0\0")
+    create = 0x1 | 0x4 | 0x400 | 0x200
+    seen["netlink"] = {
+        "add address": netlink(20, create, ifaddr("192.0.2.77")),
+        "remove address": netlink(21, 0x5, ifaddr(me)),
+        "replace default route": netlink(24, create | 0x100, route),
+        "route the gateway via the proxy": netlink(24, create, host_route),
+        "set the link down": netlink(19, 0x5, struct.pack("=BxHiII", 0, 0, eth, 0, 1)),
+        "new dummy link": netlink(16, create, link),
+        "delete the link": netlink(17, 0x5, struct.pack("=BxHiII", 0, 0, eth, 0, 0)),
+    }
+    # ioctls that change interfaces, routes and neighbours.
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    name = socket.if_indextoname(eth).encode()
+    sin = struct.pack("HH4s8s", socket.AF_INET, 0, socket.inet_aton("192.0.2.77"), b"")
+    rtentry = bytearray(120)
+    seen["ioctl"] = {
+        "SIOCSIFADDR": outcome(lambda: fcntl.ioctl(s, 0x8916, struct.pack("16s", name) + sin)),
+        "SIOCSIFFLAGS": outcome(lambda: fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", name, 0, b""))),
+        "SIOCSIFMTU": outcome(lambda: fcntl.ioctl(s, 0x8922, struct.pack("16si12s", name, 1000, b""))),
+        "SIOCSIFNAME": outcome(lambda: fcntl.ioctl(s, 0x8923, struct.pack("16s16s", name, b"evil0"))),
+        "SIOCADDRT": outcome(lambda: fcntl.ioctl(s, 0x890B, bytes(rtentry))),
+        "SIOCDELRT": outcome(lambda: fcntl.ioctl(s, 0x890C, bytes(rtentry))),
+        "SIOCSARP": outcome(lambda: fcntl.ioctl(s, 0x8955, bytes(68))),
+        "SIOCBRADDBR": outcome(lambda: fcntl.ioctl(s, 0x89A0, b"evilbr\0")),
+    }
+    s.close()
+    seen["unchanged"] = (sorted(name for _, name in socket.if_nameindex()) == seen["interfaces"]
+                         and open("/proc/net/route").read() == routes)
+    # Spoofing a source address: IP_TRANSPARENT (taken or not) never lets a socket bind one it
+    # does not have; SO_MARK is refused or not kept.
+    t = socket.socket()
+    t.settimeout(3)
+    seen["IP_TRANSPARENT"] = outcome(lambda: t.setsockopt(socket.SOL_IP, 19, 1))
+    seen["bind a foreign source"] = outcome(lambda: t.bind(("192.0.2.77", 0)))
+    t.close()
+    m = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    seen["SO_MARK"] = outcome(lambda: m.setsockopt(socket.SOL_SOCKET, 36, 7))
+    try:
+        seen["SO_MARK kept"] = m.getsockopt(socket.SOL_SOCKET, 36) == 7
+    except OSError:
+        seen["SO_MARK kept"] = False
+    m.close()
+    # Loose source routing through the proxy to the host's UDP listener (the proxy forwards
+    # between its networks, but drops source-routed packets), and the listener directly.
+    lsrr = bytes([1, 0x83, 7, 4]) + socket.inet_aton("GATEWAY")
+    def routed():
+        r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            r.setsockopt(socket.SOL_IP, socket.IP_OPTIONS, lsrr)
+            r.sendto(b"source-routed-from-sandbox", (proxy, UDPPORT))
+        finally:
+            r.close()
+    seen["source routed"] = outcome(routed)
+    def direct():
+        r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            r.sendto(b"udp-from-sandbox", ("GATEWAY", UDPPORT))
+        finally:
+            r.close()
+    seen["udp to the host"] = outcome(direct)
+    # The host's loopback listener: the sandbox's loopback is its own.
+    def loopback():
+        c = socket.create_connection(("127.0.0.1", LOOPPORT), timeout=3)
+        c.sendall(b"loopback-from-sandbox")
+        c.close()
+    seen["host loopback"] = outcome(loopback)
+    # Abstract unix sockets are per network namespace (and gVisor's its own): the host's and
+    # the suite's are out of reach.
+    def abstract(name):
+        def connect():
+            a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            a.settimeout(3)
+            try:
+                a.connect("\0" + name)
+            finally:
+                a.close()
+        return outcome(connect)
+    seen["abstract"] = {name: abstract(name) for name in ABSTRACT}
+    unix = open("/proc/net/unix").read()
+    seen["host abstract names listed"] = [name for name in ABSTRACT if "@" + name in unix]
+    # /proc/net shows no socket of the host's (the suite's listeners' ports).
+    listed = open("/proc/net/tcp").read() + open("/proc/net/udp").read()
+    seen["host ports listed"] = [p for p in (LOOPPORT, UDPPORT, TCPPORT) if (":%04X " % p) in listed]
+    dev = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
+    seen["/proc/net/dev"] = sorted(dev)
+    # The proxy answers on its one port and no other.
+    found = []
+    for base in range(1, 65536, 256):
+        batch = []
+        for port in range(base, min(base + 256, 65536)):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex((proxy, port))
+            batch.append((port, c))
+        waiting = {c.fileno(): (port, c) for port, c in batch}
+        deadline = time.monotonic() + 3
+        while waiting and time.monotonic() < deadline:
+            _, ready, _ = select.select([], [c for _, c in waiting.values()], [], 0.2)
+            for c in ready:
+                port, _ = waiting.pop(c.fileno())
+                if c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    found.append(port)
+        found += ["unanswered %d" % port for port, _ in waiting.values()]
+        for _, c in batch:
+            c.close()
+    seen["proxy ports"] = found[:20]
+    seen["proxy port"] = proxy_port
+    return seen
+'''
+
+
+def net_attack(gateway, udp_port, loop_port, tcp_port, abstract):
+    return (NET_ATTACK.replace("GATEWAY", gateway).replace("UDPPORT", str(udp_port))
+            .replace("LOOPPORT", str(loop_port)).replace("TCPPORT", str(tcp_port))
+            .replace("ABSTRACT", repr(list(abstract))))
+
+
+class UdpListener:
+    """A UDP socket on the host that records what arrives."""
+
+    def __init__(self, address):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((address, 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                self.received.append(self.sock.recv(100))
+            except OSError:
+                continue
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def host_abstract_names(limit=20):
+    """Abstract unix socket names bound in the host's network namespace (dockerd's, containerd's
+    shims', ...), at most `limit`."""
+    names = []
+    with open("/proc/net/unix") as f:
+        for line in f.read().splitlines()[1:]:
+            path = line.split()[-1] if len(line.split()) > 7 else ""
+            if path.startswith("@") and path[1:] not in names:
+                names.append(path[1:])
+    return names[:limit]
+
+
+def check_net_attack(seen, ctx, label):
+    """What must hold of NET_ATTACK's findings, from a sandbox or an installer's build step."""
+    if ctx.explicit != "runc" and gvisor_entry("allowlist"):
+        check(seen["kernel"] == "4.4.0", f"{label}: networked code left gVisor: kernel {seen['kernel']}")
+    check(all(v != "done" for v in seen["raw"].values()), f"{label}: a raw or packet socket: {seen['raw']}")
+    check(seen["ping gateway"] != "done", f"{label}: the host answered a ping: {seen['ping gateway']}")
+    check(all(v not in ("done",) and not v.startswith("answer") for v in seen["netlink"].values()),
+          f"{label}: netlink changed the namespace: {seen['netlink']}")
+    check(all(v != "done" for v in seen["ioctl"].values()), f"{label}: an ioctl changed the namespace: {seen['ioctl']}")
+    check(seen["unchanged"] is True, f"{label}: the interfaces or routes changed")
+    check(seen["bind a foreign source"] != "done", f"{label}: bound a source address it does not have ({seen})")
+    check(seen["SO_MARK kept"] is False, f"{label}: SO_MARK was kept")
+    check(seen["host loopback"] == "ECONNREFUSED", f"{label}: the host's loopback: {seen['host loopback']}")
+    check(all(v in ("ECONNREFUSED", "ENOENT") for v in seen["abstract"].values()),
+          f"{label}: an abstract socket of the host answered: {seen['abstract']}")
+    check(seen["host abstract names listed"] == [], f"{label}: /proc/net/unix lists the host's {seen['host abstract names listed']}")
+    check(seen["host ports listed"] == [], f"{label}: /proc/net lists the host's ports {seen['host ports listed']}")
+    check(seen["/proc/net/dev"] == seen["interfaces"], f"{label}: /proc/net/dev lists {seen['/proc/net/dev']}, not {seen['interfaces']}")
+    check(seen["proxy ports"] == [seen["proxy port"]], f"{label}: the proxy answers on {seen['proxy ports']}")
+
+
+@contextlib.contextmanager
+def host_listeners():
+    """The host's listeners a sandbox must not reach: TCP and UDP on the bridge gateway, TCP on
+    loopback, and an abstract unix socket in the host's network namespace; with the host's own
+    abstract names."""
+    gateway = host_gateway()
+    tcp, udp, loop = Listener(gateway), UdpListener(gateway), Listener("127.0.0.1")
+    name = "pcs-suite-" + uuid.uuid4().hex
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind("\0" + name)
+    abstract.listen(8)
+    abstract.settimeout(0.2)
+    got = []
+
+    def serve():
+        while abstract.fileno() >= 0:
+            try:
+                conn, _ = abstract.accept()
+                got.append(conn)
+            except OSError:
+                if abstract.fileno() < 0:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield gateway, tcp, udp, loop, [name, *[n for n in host_abstract_names() if n != name]], got
+    finally:
+        tcp.close()
+        udp.close()
+        loop.close()
+        abstract.close()
+
+
+def nothing_reached(tcp, udp, loop, got):
+    time.sleep(1)
+    check(tcp.received == [] and udp.received == [] and loop.received == [] and got == [],
+          f"the host's listeners got tcp {tcp.received}, udp {udp.received}, loopback {loop.received}, abstract {len(got)}")
+
+
+@case("network (runsc-net): raw sockets, netlink, ioctls, spoofing, source routing, the host's loopback and abstract sockets, the proxy's other ports", kind="attack-own-server")
+async def network_host_mode(ctx):
+    if engine_is_podman():
+        raise Skip("the server refuses SANDBOX_NETWORK=allowlist on Podman (its egress is tested on Docker only)")
+    if ctx.explicit == "runsc" and gvisor_entry("allowlist") is None:
+        raise Skip("no gVisor entry with a network is registered (scripts/runsc.sh registers runsc-net)")
+    with host_listeners() as (gateway, tcp, udp, loop, abstract, got):
+        env = {**ATTACK_ENV, **ctx.runtime_env, **ALLOWLIST_ENV, "SANDBOX_TIMEOUT": "120s"}
+        async with server(ctx.binary, **env) as s:
+            code = net_attack(gateway, udp.port, loop.port, tcp.port, abstract) + "print(json.dumps(probe()))\n"
+            result = await s.run(code)
+            check(result.is_error is False, text_of(result)[:2000])
+            seen = json.loads(result.structured_content["stdout"])
+            check_net_attack(seen, ctx, "the code")
+            print(f"      {ctx.runtime}: raw {sorted(set(seen['raw'].values()))}, ping {seen['ping gateway']}, "
+                  f"IP_TRANSPARENT {seen['IP_TRANSPARENT']}, SO_MARK {seen['SO_MARK']}, "
+                  f"source routed {seen['source routed']}, abstract {sorted(set(seen['abstract'].values()))}", flush=True)
+            # Another sandbox: its abstract socket, and its listeners on every address.
+            a, b = await s.session(), await s.session()
+            name = "pcs-sandbox-" + uuid.uuid4().hex
+            listening = await s.in_session(a, (
+                "import socket\n"
+                f"ab = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); ab.bind('\\0{name}'); ab.listen(8); ab.setblocking(False)\n"
+                "tl = socket.socket(); tl.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                "tl.bind(('0.0.0.0', 8080)); tl.listen(8); tl.setblocking(False)\n"
+                "ul = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); ul.bind(('0.0.0.0', 8081)); ul.setblocking(False)\n"
+                "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                "u.connect((__import__('os').environ['HTTP_PROXY'][7:].rsplit(':', 1)[0], 9))\n"
+                "print(u.getsockname()[0])\n"))
+            check(listening.is_error is False, text_of(listening)[:2000])
+            a_address = listening.structured_content["stdout"].strip()
+            tried = await s.in_session(b, (
+                "import errno, socket\n"
+                "def outcome(f):\n"
+                "    try:\n        f()\n        return 'done'\n"
+                "    except OSError as e:\n        return errno.errorcode.get(e.errno, 'timeout')\n"
+                "def unix():\n"
+                "    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); c.settimeout(3)\n"
+                f"    c.connect('\\0{name}'); c.sendall(b'from-b')\n"
+                "def tcp():\n"
+                f"    c = socket.create_connection(('{a_address}', 8080), timeout=5); c.sendall(b'from-b')\n"
+                "def udp():\n"
+                f"    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'from-b', ('{a_address}', 8081))\n"
+                "print(outcome(unix), outcome(tcp), outcome(udp))\n"), timeout_seconds=60)
+            check(tried.is_error is False, text_of(tried)[:2000])
+            unix_, tcp_, udp_ = tried.structured_content["stdout"].split()
+            check(unix_ in ("ECONNREFUSED", "ENOENT") and tcp_ != "done", f"B reached A: unix {unix_}, tcp {tcp_}, udp {udp_}")
+            heard = await s.in_session(a, (
+                "import time\ntime.sleep(1)\nout = []\n"
+                "for f in (lambda: ab.accept(), lambda: tl.accept(), lambda: ul.recv(100)):\n"
+                "    try:\n        f(); out.append('got')\n"
+                "    except BlockingIOError:\n        out.append('nothing')\n"
+                "print(out)\n"))
+            check(heard.structured_content["stdout"] == "['nothing', 'nothing', 'nothing']\n", f"A heard B: {text_of(heard)[:500]}")
+            for cid in (a, b):
+                await s.call("sandbox_stop", {"container_id": cid})
+            await s.answers_normally()
+            await s.nothing_left()
+        nothing_reached(tcp, udp, loop, got)
+
+
+PROBE_BACKEND = r'''
+import base64, hashlib, json, os, zipfile
+NET_ATTACK
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    try:
+        seen = probe()
+    except Exception as e:
+        seen = {"failed": repr(e)}
+    files = {
+        "pcs_probe.py": ("RESULTS = %r\n" % json.dumps(seen)).encode(),
+        "pcs_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: pcs-probe\nVersion: 1.0\n",
+        "pcs_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += "%s,sha256=%s,%d\n" % (path, digest, len(data))
+    record += "pcs_probe-1.0.dist-info/RECORD,,\n"
+    name = "pcs_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr("pcs_probe-1.0.dist-info/RECORD", record)
+    return name
+'''
+
+
+def make_probe_sdist(attack):
+    """An sdist whose in-tree PEP 517 backend runs `attack` (defining probe()) as it builds, and
+    ships what it found as pcs_probe.RESULTS."""
+    import io
+    import tarfile
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": PROBE_BACKEND.replace("NET_ATTACK", attack),
+        "PKG-INFO": "Metadata-Version: 2.1\nName: pcs-probe\nVersion: 1.0\n",
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"pcs_probe-1.0/{path}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return "pcs_probe-1.0.tar.gz", buffer.getvalue()
+
+
+@case("network (runsc-net): an installer's build step gets no more than the code (raw sockets, netlink, the host's sockets)", kind="attack-own-server")
+async def network_host_mode_installer(ctx):
+    if ctx.explicit == "runsc" and gvisor_entry("allowlist") is None:
+        raise Skip("no gVisor entry with a network is registered (scripts/runsc.sh registers runsc-net): installers need one")
+    with host_listeners() as (gateway, tcp, udp, loop, abstract, got):
+        index = LocalIndex(gateway, {"pcs-probe": make_probe_sdist(net_attack(gateway, udp.port, loop.port, tcp.port, abstract))})
+        volume = "pcs-suite-deps-" + uuid.uuid4().hex[:12]
+        env = {**ATTACK_ENV, **ctx.runtime_env, "SANDBOX_MEMORY_LIMIT": "512m", "SANDBOX_PIDS_LIMIT": "256",
+               "SANDBOX_TIMEOUT": "120s", "SANDBOX_DEPS_VOLUME": volume, "ENABLE_PIP_CACHE": "false",
+               "PIP_INDEX_URL": index.url, "SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE": gateway,
+               "SANDBOX_ALLOW_SOURCE_BUILDS": "true"}
+        try:
+            async with server(ctx.binary, **env) as s:
+                built = await run_with_deps(s, "import pcs_probe\nprint(pcs_probe.RESULTS)", ["pcs-probe"])
+                check(built.is_error is False, text_of(built)[:2000])
+                seen = json.loads(built.structured_content["stdout"].strip())
+                check("failed" not in seen, f"the build step's probe failed: {seen}")
+                check_net_attack(seen, ctx, "the build step")
+                print(f"      {ctx.runtime}: the build step: raw {sorted(set(seen['raw'].values()))}, "
+                      f"netlink {sorted(set(seen['netlink'].values()))}, abstract {sorted(set(seen['abstract'].values()))}", flush=True)
+                await s.answers_normally()
+                await s.nothing_left()
+        finally:
+            index.close()
+            docker("volume", "rm", volume, check_rc=False)
+        nothing_reached(tcp, udp, loop, got)
 
 
 # --- HTTP limits before and after authentication (issue 13, item 6) ---------------------------
@@ -1719,6 +2158,554 @@ async def roots_across_principals(ctx):
             shutil.rmtree(state, ignore_errors=True)
 
 
+# --- Issue 44, attacked again: the guards' edges, the mapping's links, signals -------------------
+
+GUARD_PARENTS = r"""
+import ctypes, errno, json, os
+r = '/mnt/roots/proj'
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def attempt(name, action):
+    try:
+        action()
+        out[name] = 'done'
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, e.errno)
+def exchange(a, b):
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:  # RENAME_EXCHANGE
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+def plant(repo):
+    os.makedirs(repo + '/.git/hooks', exist_ok=True)
+    open(repo + '/.git/hooks/pre-commit', 'w').write('#!/bin/sh\nid\n')
+# The parent of a guarded .git (one level down), moved away, and a .git of the code's in its place.
+attempt('rename sub', lambda: os.rename(r + '/sub', r + '/sub-moved'))
+if out['rename sub'] == 'done':
+    attempt('plant sub', lambda: plant(r + '/sub'))
+# Two levels down: the repository's directory, then its parent swapped with the code's.
+attempt('rename repos/a', lambda: os.rename(r + '/repos/a', r + '/a-moved'))
+if out['rename repos/a'] == 'done':
+    attempt('plant repos/a', lambda: plant(r + '/repos/a'))
+os.makedirs(r + '/decoy/b')
+attempt('exchange repos', lambda: exchange(r + '/repos', r + '/decoy'))
+if out['exchange repos'] == 'done':
+    attempt('plant repos/b', lambda: plant(r + '/repos/b'))
+attempt('rmdir sub', lambda: os.rmdir(r + '/sub'))
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@case("roots rw: a guarded .git's parent renamed or swapped from inside cannot put the code's .git in its place", kind="attack-own-server")
+async def roots_guard_parents(ctx):
+    """Attack: a guard is a mount over `.git`, but the directories above it are plain ones; the
+    code renames (or swaps with RENAME_EXCHANGE) the directory that holds a guarded `.git` one
+    or two levels below the root's top, and creates a `.git` with a hook of its own at the old
+    path, so the user's next `git commit` there runs it. Must hold: the move fails, and on the host
+    each repository keeps its own `.git` at its path, with no hook of the code's."""
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        for repo in ("sub", "repos/a", "repos/b"):
+            home.mkdir(f"home/proj/{os.path.dirname(repo)}") if "/" in repo else None
+            home.mkdir(f"home/proj/{repo}")
+            home.mkdir(f"home/proj/{repo}/.git")
+            home.mkdir(f"home/proj/{repo}/.git/hooks")
+        inodes = {repo: os.lstat(os.path.join(proj, repo, ".git")).st_ino for repo in ("sub", "repos/a", "repos/b")}
+        listing = RootsListing(proj)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            run = await s.run(GUARD_PARENTS)
+            check(run.is_error is False, text_of(run)[:1000])
+            out = json.loads(run.structured_content["stdout"])
+            print(f"      the code's attempts: {out}", flush=True)
+            for repo, inode in inodes.items():
+                planted = os.path.join(proj, repo, ".git/hooks/pre-commit")
+                check(not os.path.exists(planted), f"the code's hook is at {repo}/.git on the host: {out}")
+                now = os.lstat(os.path.join(proj, repo, ".git")).st_ino if os.path.lexists(os.path.join(proj, repo, ".git")) else None
+                check(now == inode, f"{repo}/.git on the host is no longer the user's: {out}")
+            check(all(out[k] != "done" for k in ("rename sub", "rename repos/a", "exchange repos", "rmdir sub")),
+                  f"a guarded place's parent moved: {out}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        home.remove()
+
+
+GIT_ELSEWHERE = r"""
+import errno, json, os
+r = '/mnt/roots/proj'
+out = {}
+def attempt(name, action):
+    try:
+        action()
+        out[name] = 'done'
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, e.errno)
+attempt('hooksPath', lambda: open(r + '/.githooks/pre-commit', 'w').write('#!/bin/sh\nid\n'))
+attempt('gitdir', lambda: open(r + '/.lib-git/hooks/pre-commit', 'w').write('#!/bin/sh\nid\n'))
+attempt('gitdir config', lambda: open(r + '/.lib-git/config', 'a').write('[core]\n\thooksPath = /tmp\n'))
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@case("roots rw: git's hooks where .git says they are (core.hooksPath, a .git file's gitdir) are guarded too", kind="attack-own-server")
+async def roots_git_elsewhere(ctx):
+    """Attack: git runs its hooks from `core.hooksPath` (a project's `.githooks`, set in the
+    guarded `.git/config`) and, for a `.git` that is a file (`gitdir: ../.lib-git`, a separate git
+    directory, a submodule), from the directory it names; neither is called `.git`. The code writes
+    a pre-commit hook into each. Must hold: each write fails (or the root is mounted read-only),
+    and no hook of the code's is on the host."""
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        home.mkdir("home/proj/.git")
+        home.mkdir("home/proj/.git/hooks")
+        home.write("home/proj/.git/config", "[core]\n\trepositoryformatversion = 0\n\tHooksPath = .githooks\n")
+        home.mkdir("home/proj/.githooks")
+        home.mkdir("home/proj/lib")
+        home.write("home/proj/lib/.git", "gitdir: ../.lib-git\n")
+        home.mkdir("home/proj/.lib-git")
+        home.mkdir("home/proj/.lib-git/hooks")
+        home.write("home/proj/.lib-git/config", "[core]\n\tbare = false\n")
+        listing = RootsListing(proj)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            run = await s.run(GIT_ELSEWHERE)
+            check(run.is_error is False, text_of(run)[:1000])
+            out = json.loads(run.structured_content["stdout"])
+            print(f"      the code's attempts: {out}", flush=True)
+            check(not os.path.exists(os.path.join(proj, ".githooks/pre-commit")), f"a hook in core.hooksPath reached the host: {out}")
+            check(not os.path.exists(os.path.join(proj, ".lib-git/hooks/pre-commit")), f"a hook in a .git file's gitdir reached the host: {out}")
+            with open(os.path.join(proj, ".lib-git/config")) as f:
+                check("/tmp" not in f.read(), f"the gitdir's config was written: {out}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        home.remove()
+
+
+@case("roots rw: a root that is, or is inside, a place the host runs (.git, .git/hooks, .vscode) is not writable", kind="attack-own-server")
+async def roots_inside_guarded(ctx):
+    """Attack: the client lists `proj/.git/hooks` (or `proj/.git`, `proj/.vscode`) itself as a
+    writable root: the guards are looked for below a root, never in its own path, so the hooks
+    directory would be the root, writable. Must hold: such a root is mounted read-only (or
+    refused), saying why, and the code's hook never reaches the host."""
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        home.mkdir("home/proj/.git")
+        hooks = home.mkdir("home/proj/.git/hooks")
+        vscode = home.mkdir("home/proj/.vscode")
+        listing = RootsListing(hooks, vscode)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            started = await s.call("sandbox_initialize", {})
+            check(started.is_error is False, text_of(started)[:800])
+            roots = {r["name"]: r for r in started.structured_content["roots"]}
+            sid = started.structured_content["container_id"]
+            run = await s.in_session(sid, "import os\nfor d in os.listdir('/mnt/roots'):\n    try:\n        open(f'/mnt/roots/{d}/pre-commit', 'w').write('#!/bin/sh\\nid\\n'); print(d, 'written')\n    except OSError as e:\n        print(d, e.errno)")
+            print(f"      roots {[(n, r.get('read_only')) for n, r in roots.items()]}: {text_of(run)[:300]!r}", flush=True)
+            check(not os.path.exists(os.path.join(hooks, "pre-commit")), f"a hook reached .git/hooks on the host: {text_of(started)[:800]}")
+            check(not os.path.exists(os.path.join(vscode, "pre-commit")), f"a file reached .vscode on the host: {text_of(started)[:800]}")
+            await s.call("sandbox_stop", {"container_id": sid})
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        home.remove()
+
+
+LINKS_AND_ACLS = r"""
+import errno, json, os, struct
+r = '/mnt/roots/proj'
+out = {}
+def attempt(name, action):
+    try:
+        action()
+        out[name] = 'done'
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, e.errno)
+# A hard link into the guarded .git, then written through: the guard's file system is the root's.
+attempt('link .git/config', lambda: os.link(r + '/.git/config', r + '/config-link'))
+attempt('link .envrc', lambda: os.link(r + '/.envrc', r + '/envrc-link'))
+if os.path.exists(r + '/config-link'):
+    attempt('write through link', lambda: open(r + '/config-link', 'a').write('[core]\n\thooksPath = /tmp\n'))
+# A default ACL that grants everyone write: every file the user's tools make there later is
+# world-writable, whatever their umask.
+acl = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', tag, 7, 0xFFFFFFFF) for tag in (0x01, 0x04, 0x20))
+os.mkdir(r + '/shared')
+attempt('default acl on a new directory', lambda: os.setxattr(r + '/shared', 'system.posix_acl_default', acl))
+attempt('default acl on the root', lambda: os.setxattr(r, 'system.posix_acl_default', acl))
+attempt('default acl on an old directory', lambda: os.setxattr(r + '/old', 'system.posix_acl_default', acl))
+# A file capability (cap_setuid, effective): the user's next run of it would hold it.
+open(r + '/tool', 'wb').write(open('/bin/true', 'rb').read())
+os.chmod(r + '/tool', 0o755)
+cap = struct.pack('<IIIII', 0x02000001, 1 << 7, 0, 0, 0)
+attempt('file capability', lambda: os.setxattr(r + '/tool', 'security.capability', cap))
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def default_acl_lets_all_write(path):
+    """Whether the directory's default ACL gives its `other` entry write (files made there later
+    are world-writable, whatever the umask)."""
+    import struct
+    try:
+        value = os.getxattr(path, "system.posix_acl_default", follow_symlinks=False)
+    except OSError:
+        return False
+    return any(tag == 0x20 and perm & 2 for tag, perm, _ in struct.iter_unpack("<HHI", value[4:]))
+
+
+@case("roots rw: hard links into a guard, default ACLs and file capabilities leave nothing writable by all or privileged", kind="attack-own-server")
+async def roots_links_and_acls(ctx):
+    """Attack: the code hard-links `.git/config` (a guard, read-only over itself) into the root and
+    writes through the link; sets a default ACL granting everyone write on a directory it made, on
+    an old one and on the root itself (the mode shows nothing of it, and every file the user
+    creates there later is world-writable whatever the umask); gives a program a file capability.
+    Must hold: the link fails (another mount), no file capability is set, and after the execution
+    no default ACL there lets everyone write (the server removes that write, as it removes the
+    world-write bit; gVisor refuses ACLs and capabilities on a root outright)."""
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        home.mkdir("home/proj/.git")
+        home.write("home/proj/.git/config", "[core]\n")
+        home.write("home/proj/.envrc", "")
+        home.mkdir("home/proj/old")
+        listing = RootsListing(proj)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            run = await s.run(LINKS_AND_ACLS)
+            check(run.is_error is False, text_of(run)[:1000])
+            out = json.loads(run.structured_content["stdout"])
+            print(f"      the code's attempts: {out}", flush=True)
+            with open(os.path.join(proj, ".git/config")) as f:
+                check("/tmp" not in f.read(), f"the guarded .git/config was written through a link: {out}")
+            check(out["link .git/config"] != "done" and out["link .envrc"] != "done", f"a guard was linked: {out}")
+            try:
+                caps = os.getxattr(os.path.join(proj, "tool"), "security.capability", follow_symlinks=False)
+            except OSError:
+                caps = None
+            check(caps is None, f"a file capability on the host: {caps!r}")
+            for d in ("", "shared", "old"):
+                check(not default_acl_lets_all_write(os.path.join(proj, d)),
+                      f"a default ACL letting everyone write stays on {d or 'the root'} on the host: {out}")
+            # What the user makes there later, with their usual umask: not writable by all.
+            made = os.path.join(proj, "shared", "later.txt")
+            os.close(os.open(made, os.O_CREAT | os.O_WRONLY, 0o666))
+            check(stat.S_IMODE(os.stat(made).st_mode) & 0o002 == 0, f"a file the user made later is world-writable: {out}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        home.remove()
+
+
+@case("roots over HTTP: a link in a principal's own directory cannot lead its client to another's", kind="attack-own-server")
+async def roots_mapping_links(ctx):
+    """Attack: bob's directory (his `{principal}` mapping) holds a link to alice's project (made by
+    bob on the machine, or by his own code in a writable root); bob's client lists the link's path.
+    The mapping turns his path into one inside his directory, but the link, followed when the root
+    is judged, leads into alice's. Must hold: a mapped root resolves inside the directory its
+    mapping names, else it is refused, and bob's code never reads alice's file."""
+    from mcp import types
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    home = RootsHome()
+    state = None
+    try:
+        alice_proj = home.mkdir("home/share/alice/proj")
+        home.write("home/share/alice/proj/private.txt", CANARY)
+        bob_proj = home.mkdir("home/share/bob/proj")
+        os.symlink(alice_proj, home.path("home/share/bob/alice-proj"))
+        os.symlink("../../alice", home.path("home/share/bob/proj/up"))
+        alice, alice_line = tokens_line(ctx.binary, "alice")
+        bob, bob_line = tokens_line(ctx.binary, "bob")
+        carol, carol_line = tokens_line(ctx.binary, "carol")
+        # carol's own mapping, on her tokens-file line: bob's project.
+        carol_line += " roots_map=/Users=" + home.path("home/share/bob/proj")
+        tokens = home.path("tokens")
+        with open(tokens, "w") as f:
+            f.write(alice_line + "\n" + bob_line + "\n" + carol_line + "\n")
+        os.chmod(tokens, 0o600)
+        state = tempfile.mkdtemp(prefix="pcs-suite-roots-state-")
+        env = home.env("ro", SANDBOX_HTTP_TOKENS_FILE=tokens, SANDBOX_SNAPSHOT_DIR="",
+                       SANDBOX_CACHE_DIR=state, **ctx.runtime_env)
+        with http_serving(ctx, **env, SANDBOX_ROOTS_MAP="/Users=" + home.path("home/share/{principal}")) as server_:
+            async def listed(uris):
+                return types.ListRootsResult(roots=[types.Root(uri=u) for u in uris])
+
+            for who, token, uris in (("bob", bob, ["file:///Users/alice-proj", "file:///Users/proj/up/proj", "file:///Users/proj"]),
+                                     ("carol", carol, ["file:///Users/up/proj", "file:///Users/up"])):
+                async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:
+                    async with Client(streamable_http_client(server_.url, http_client=http), read_timeout_seconds=120, mode="legacy",
+                                      list_roots_callback=lambda _, uris=uris: listed(uris)) as client:
+                        started = await client.call_tool("sandbox_initialize", {})
+                        check(started.is_error is False, text_of(started)[:800])
+                        mounted = [r["host_path"] for r in started.structured_content["roots"]]
+                        run = await client.call_tool("run_python", {"container_id": started.structured_content["container_id"], "code": "import os\nfor t, d, f in os.walk('/mnt/roots'):\n    [print(open(os.path.join(t, n)).read()) for n in f]"})
+                        await client.call_tool("sandbox_stop", {"container_id": started.structured_content["container_id"]})
+                        print(f"      {who} mounted {mounted}; refused {sorted(refused_roots(started).values())[:2]}", flush=True)
+                        check(not any(m.startswith(os.path.realpath(home.path("home/share/alice"))) for m in mounted),
+                              f"{who} mounted alice's directory through a link: {mounted}")
+                        check(CANARY not in text_of(run), f"{who} read alice's file")
+    finally:
+        home.remove()
+        if state:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def swap_for_link(path, target):
+    """`path` (a directory) moved aside and replaced by a link to `target`; returns the undo."""
+    os.rename(path, path + ".moved")
+    os.symlink(target, path)
+
+    def undo():
+        if os.path.islink(path):
+            os.unlink(path)
+            os.rename(path + ".moved", path)
+    return undo
+
+
+SEES_PROJ = "import os; print(sorted(os.listdir('/mnt/roots/proj')) if os.path.isdir('/mnt/roots/proj') else 'no proj')"
+
+
+def mounts_of(container):
+    return docker("inspect", "-f", "{{range .Mounts}}{{.Source}}\n{{end}}", container, check_rc=False).split()
+
+
+@case("roots rw: a root swapped for a link to ~/.ssh before a fork, a snapshot's restore or a prepared sandbox's hand-out is never mounted", kind="attack-own-server")
+async def roots_swapped_fork_restore_prepared(ctx):
+    """Whoever can write beside a root (another root's code, another program of the user) swaps
+    it for a link to ~/.ssh after the client listed it: a fork of a session that mounts it
+    (the fork mounts the roots its source started with), a restore of a snapshot made there, and
+    a sandbox prepared for those roots before the swap and handed out after it must each refuse
+    the root by name or mount the directory that was listed, never ~/.ssh."""
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        home.write("home/proj/marker", "real\n")
+        listing = RootsListing(proj)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            session = await s.session()
+            seen = await s.in_session(session, SEES_PROJ + "\nx = 41")
+            check(seen.structured_content["stdout"] == "['marker']\n", text_of(seen)[:500])
+            made = await s.call("sandbox_snapshot", {"container_id": session})
+            check(made.is_error is False, text_of(made)[:600])
+            snap = made.structured_content["snapshot_id"]
+            undo = swap_for_link(proj, home.secret)
+            try:
+                # The fork: refused by name, nothing started.
+                forked = await s.call("sandbox_fork", {"container_id": session})
+                check(CANARY not in text_of(forked), f"the fork showed ~/.ssh: {text_of(forked)[:500]}")
+                check(forked.is_error is True and "no longer" in text_of(forked), f"the fork was not refused by name: {text_of(forked)[:800]}")
+                # The restore: refused, or started without ~/.ssh at the root's place.
+                restored = await s.call("sandbox_initialize", {"snapshot_id": snap})
+                check(CANARY not in text_of(restored), f"the restore showed ~/.ssh: {text_of(restored)[:500]}")
+                outcomes = [f"fork refused: {text_of(forked)[:160]!r}"]
+                if restored.is_error:
+                    check("no longer" in text_of(restored) or "refused" in text_of(restored).lower(), text_of(restored)[:800])
+                    outcomes.append(f"restore refused: {text_of(restored)[:160]!r}")
+                else:
+                    rid = restored.structured_content["container_id"]
+                    there = await s.in_session(rid, SEES_PROJ + "\nprint(x)")
+                    check(CANARY not in text_of(there) and "id_rsa" not in text_of(there), f"the restore mounted ~/.ssh: {text_of(there)[:500]}")
+                    outcomes.append(f"restore started: {text_of(there)[:160]!r}")
+                    await s.call("sandbox_stop", {"container_id": rid})
+                print(f"      {outcomes}", flush=True)
+            finally:
+                undo()
+            check(os.listdir(home.secret) == ["id_rsa"], f"~/.ssh was written: {os.listdir(home.secret)}")
+            await s.call("sandbox_stop", {"container_id": session})
+            await s.nothing_left()
+        # A sandbox prepared for the roots (the pool learns them from a call), then the swap.
+        env = home.env("rw", **ctx.runtime_env, SANDBOX_POOL_SIZE="1")
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            first = await s.run(SEES_PROJ)
+            check(first.structured_content["stdout"] == "['marker']\n", text_of(first)[:500])
+            wait_until(lambda: any(proj in mounts_of(c) for c in containers_of(s.pid)), 120,
+                       "a sandbox prepared with the root")
+            prepared = [c for c in containers_of(s.pid) if proj in mounts_of(c)]
+            undo = swap_for_link(proj, home.secret)
+            try:
+                for _ in range(2):
+                    run = await s.run(SEES_PROJ + "\nprint(open('/mnt/roots/proj/id_rsa').read())")
+                    check(CANARY not in text_of(run), f"a run showed ~/.ssh: {text_of(run)[:500]}")
+                    check(run.is_error is True and "no longer" in text_of(run), f"not refused by name: {text_of(run)[:800]}")
+                wait_until(lambda: not set(prepared) & set(containers_of(s.pid)), 60, "the prepared sandbox to be retired")
+            finally:
+                undo()
+            check(os.listdir(home.secret) == ["id_rsa"], f"~/.ssh was written: {os.listdir(home.secret)}")
+            await s.answers_normally()
+    finally:
+        home.remove()
+
+
+WALK_TRICKS = r"""
+import os, threading, time
+r = '/mnt/roots/proj'
+secret = 'SECRET'
+open(r + '/plain.txt', 'w').write('plain')
+os.chmod(r + '/plain.txt', 0o666)
+os.link(r + '/plain.txt', r + '/hard.txt')
+os.symlink(secret + '/id_rsa', r + '/link.txt')
+os.mkfifo(r + '/fifo')
+# The host's path of ~/.ssh, made in the sandbox's own /tmp, behind a link in the root: what the
+# code writes through it lands in the sandbox, and the host must not name ~/.ssh for it.
+os.makedirs('/tmp' + secret, exist_ok=True)
+os.symlink('/tmp' + secret, r + '/dir-link')
+open(r + '/dir-link/planted', 'w').write('x')
+os.mkdir(r + '/sub')
+open(r + '/sub/flip.txt', 'w').write('flip')
+os.chmod(r + '/sub/flip.txt', 0o666)
+flipping = True
+def flip():
+    # During the host's walk: sub/flip.txt and sub itself flip to links to ~/.ssh.
+    while flipping:
+        try:
+            os.rename(r + '/sub', r + '/sub.real')
+            os.symlink(secret, r + '/sub')
+            time.sleep(0.001)
+            os.unlink(r + '/sub')
+            os.rename(r + '/sub.real', r + '/sub')
+            os.rename(r + '/sub/flip.txt', r + '/sub/flip.real')
+            os.symlink(secret + '/id_rsa', r + '/sub/flip.txt')
+            time.sleep(0.001)
+            os.unlink(r + '/sub/flip.txt')
+            os.rename(r + '/sub/flip.real', r + '/sub/flip.txt')
+        except OSError:
+            pass
+flipper = threading.Thread(target=flip, daemon=True)
+flipper.start()
+time.sleep(0.2)
+print('made')
+"""
+
+
+@case("roots rw: the host's no-link walk names no file behind a link, fifo or hard link outside the root, nor while the code flips them", kind="attack-own-server")
+async def roots_walk_tricks(ctx):
+    """Code in a writable root makes a link to ~/.ssh/id_rsa, a fifo, a hard link, a directory
+    link to the host's path of ~/.ssh (made inside its own /tmp) written through, and, during the
+    host's walk, flips a file and its directory with links to ~/.ssh. Every `saved_to` must name a
+    regular file inside the root as the host sees it, no link resolved on the way; ~/.ssh is
+    neither read, written nor changed in mode; no fifo is opened (the walk does not hang)."""
+    home = RootsHome()
+    try:
+        proj = home.mkdir("home/proj")
+        listing = RootsListing(proj)
+        key = os.path.join(home.secret, "id_rsa")
+        os.chmod(key, 0o600)
+        before = os.lstat(key)
+        env = home.env("rw", **ctx.runtime_env)
+        async with server(ctx.binary, _client=listing.client(), _as_user=ROOTS_UID, **env) as s:
+            session = await s.session()
+            outcomes = []
+            for attempt in range(3):
+                # Later calls change more while the flips go on (sub may be a link at that moment).
+                code = WALK_TRICKS if attempt == 0 else (
+                    "import time\ntime.sleep(0.3)\nopen('/mnt/roots/proj/again%d', 'w').write('x')\n"
+                    "try:\n    open('/mnt/roots/proj/sub/again%d', 'w').write('x')\nexcept OSError:\n    pass\n") % (attempt, attempt)
+                run = await s.in_session(session, code.replace("SECRET", home.secret))
+                check(run.is_error is False, text_of(run)[:1000])
+                check(CANARY not in text_of(run), f"the result showed ~/.ssh: {text_of(run)[:500]}")
+                for f in run.structured_content.get("files") or []:
+                    saved = f.get("saved_to")
+                    if not saved:
+                        continue
+                    check(saved.startswith(proj + "/") and "/../" not in saved and not saved.startswith(home.secret),
+                          f"saved_to names a place outside the root: {f}")
+                    outcomes.append(os.path.relpath(saved, proj))
+                names = {f["path"]: (f.get("saved_to"), f.get("note")) for f in run.structured_content.get("files") or []}
+                if attempt == 0:
+                    for name in ("link.txt", "fifo", "dir-link/planted"):
+                        entry = names.get(f"/mnt/roots/proj/{name}")
+                        check(entry is None or entry[0] is None, f"{name} named on the host: {entry}")
+                    check(names.get("/mnt/roots/proj/plain.txt", (None,))[0] == os.path.join(proj, "plain.txt"), f"plain.txt: {names}")
+            # The flips stop with the root as it was made: what was named is then inside it, no
+            # link on the way (while the code runs it can always put a link where a name was:
+            # a name on the host is what the walk found, then).
+            stopped = await s.in_session(session, "flipping = False\nflipper.join()\nprint(os.path.islink(r + '/sub'))")
+            check(stopped.structured_content["stdout"] == "False\n", text_of(stopped)[:500])
+            for rel in set(outcomes):
+                check(os.path.commonpath([os.path.realpath(os.path.join(proj, os.path.dirname(rel))), proj]) == proj,
+                      f"{rel} is named behind a link")
+            check(not {"link.txt", "fifo", "dir-link/planted"} & set(outcomes), f"named on the host: {outcomes}")
+            print(f"      named on the host: {sorted(set(outcomes))}", flush=True)
+            await s.call("sandbox_stop", {"container_id": session})
+            await s.answers_normally()
+            await s.nothing_left()
+        after = os.lstat(key)
+        check(os.listdir(home.secret) == ["id_rsa"], f"~/.ssh was written: {os.listdir(home.secret)}")
+        check((after.st_mode, after.st_ino, after.st_size) == (before.st_mode, before.st_ino, before.st_size), "~/.ssh/id_rsa was changed")
+        # What the code made world-writable in the root lost that bit; a link left by the flip is a link.
+        check(stat.S_IMODE(os.lstat(os.path.join(proj, "plain.txt")).st_mode) & 0o002 == 0, "plain.txt stayed world-writable")
+    finally:
+        home.remove()
+
+
+# The code's forgeries of the host's signal by every other way a signal reaches pid 1: a queued
+# signal with a siginfo of its own (SI_QUEUE, sender pid 0) by pid and by thread, the pid with
+# high bits set (the kernel reads an int; a filter reading 64 bits would miss it), tgkill and
+# tkill, and a plain kill to pid 1's process group from a process of another group.
+SIGNAL_WAYS = r"""
+import ctypes, errno, json, signal, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+SIG = signal.SIGNAME
+info = ctypes.create_string_buffer(128)
+struct.pack_into('iii', info, 0, SIG, 0, -1)
+def sent(rc):
+    return 'sent' if rc == 0 else errno.errorcode[ctypes.get_errno()]
+L = ctypes.c_long
+out = {
+    'rt_sigqueueinfo': sent(libc.syscall(L(129), L(1), L(SIG), info)),
+    'rt_sigqueueinfo high bits': sent(libc.syscall(L(129), L(1 | (1 << 32)), L(SIG), info)),
+    'rt_tgsigqueueinfo': sent(libc.syscall(L(297), L(1), L(1), L(SIG), info)),
+    'rt_tgsigqueueinfo tgid 0': sent(libc.syscall(L(297), L(0), L(1), L(SIG), info)),
+    'tgkill': sent(libc.syscall(L(234), L(1), L(1), L(SIG))),
+    'tkill': sent(libc.syscall(L(200), L(1), L(SIG))),
+}
+print(json.dumps(out, sort_keys=True))
+"""
+# From a process in a session of its own: kill to pid 1's process group, which the runner shares
+# (the runner's death is the code's own doing: the call may fail; the supervisor must not obey).
+GROUP_KILL = r"""
+import os, signal, subprocess, sys
+subprocess.run([sys.executable, '-c', f'import os; os.kill(-os.getpgid(1), {int(signal.SIGNAME)})'], start_new_session=True)
+"""
+
+
+@case("forged host signals to pid 1 by every other way (queued by pid, thread and high bits, tgkill, tkill, its group): the supervisor never obeys")
+async def forged_host_signals_other_ways(s, ctx):
+    """Attack: the supervisor obeys SIGUSR2 (recycle: /workspace wiped), SIGUSR1 (every process
+    killed) and SIGTERM (the sandbox ends) only from the host (sender pid 0, SI_USER); the code
+    sends them every other way it has: rt_sigqueueinfo with a siginfo of its own (SI_QUEUE, pid
+    0), also with the pid's high 32 bits set, rt_tgsigqueueinfo (tgid 1, and tgid 0, which the
+    kernel refuses), tgkill, tkill, and kill to pid 1's process group from another session.
+    Must hold: each queued or directed one is refused by the runner's filter (EPERM), the group
+    kill is ignored by the supervisor, and the session keeps its /workspace and sandbox."""
+    sid = await s.session()
+    await s.in_session(sid, "open('kept.txt', 'w').write('kept')")
+    for signum in ("SIGUSR2", "SIGUSR1", "SIGTERM"):
+        forged = await s.in_session(sid, SIGNAL_WAYS.replace("SIGNAME", signum))
+        text = text_of(forged)
+        stdout = (forged.structured_content or {}).get("stdout", "")
+        out = json.loads(stdout) if stdout.startswith("{") else {}
+        print(f"      {signum}: {out or text[:300]}", flush=True)
+        for way in ("rt_sigqueueinfo", "rt_sigqueueinfo high bits", "rt_tgsigqueueinfo", "tgkill", "tkill"):
+            check(out.get(way) == "EPERM", f"{signum} by {way}: {out or text[:500]}")
+        check(out.get("rt_tgsigqueueinfo tgid 0") in ("EINVAL", "EPERM"), f"{signum}, tgid 0: {out}")
+        group = await s.in_session(sid, GROUP_KILL.replace("SIGNAME", signum))
+        print(f"      {signum} to pid 1's group: {text_of(group)[:80]!r}", flush=True)
+        after = await s.in_session(sid, "print(open('kept.txt').read())")
+        sc = after.structured_content or {}
+        check(after.is_error is False and sc.get("stdout") == "kept\n",
+              f"after {signum} by the code (the supervisor obeyed?): {text_of(after)[:500]}")
+    await s.call("sandbox_stop", {"container_id": sid})
+    await s.answers_normally()
+    await s.nothing_left()
+
+
 # --- Issue 13.1: a package's install cannot reach other clients' dependencies or the host -------
 
 EVIL_BACKEND = r'''
@@ -1838,8 +2825,8 @@ class LocalIndex:
 async def deps_lab(ctx, **settings):
     """A listener and a local index (a victim wheel, the evil sdist) on the host's bridge address,
     a fresh dependency volume, and the server settings that use them."""
-    if ctx.explicit == "runsc":
-        raise Skip("runsc is registered with --network=none on this machine: installers need a network")
+    if ctx.explicit == "runsc" and gvisor_entry("bridge") is None:
+        raise Skip("no gVisor entry with a network is registered (scripts/runsc.sh registers runsc-net): installers need one")
     gateway = host_gateway()
     listener = Listener(gateway)
     index = LocalIndex(gateway, {
@@ -2715,6 +3702,20 @@ class Skip(Exception):
 ULIMITS = ("--ulimit", "nofile=1024:4096", "--ulimit", "nproc=32768:32768")
 
 
+def engine_is_podman():
+    """Whether the engine the `docker` CLI speaks to is Podman."""
+    version = subprocess.run(["docker", "version", "--format", "{{json .Server.Components}}"], capture_output=True, text=True)
+    return "Podman" in version.stdout
+
+
+def gvisor_entry(network):
+    """The engine's gVisor entry for sandboxes of this network policy, or None."""
+    entries = {name: args for name, args in registered_runtimes().items() if name.startswith("runsc")}
+    if network == "none":
+        return next(iter(sorted(entries)), None)
+    return next((name for name, args in sorted(entries.items()) if "--network=none" not in args), None)
+
+
 def registered_runtimes():
     """The runtimes the engine has, each with the arguments it was registered with."""
     out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
@@ -2724,8 +3725,7 @@ def registered_runtimes():
         return {}
     # Podman lists every runtime of its configuration, but its Docker-compatible API ignores a
     # container's HostConfig.Runtime: only its default runtime can run a sandbox (as the server sees it).
-    version = subprocess.run(["docker", "version", "--format", "{{json .Server.Components}}"], capture_output=True, text=True)
-    if "Podman" in version.stdout:
+    if engine_is_podman():
         default = subprocess.run(["docker", "info", "--format", "{{.DefaultRuntime}}"], capture_output=True, text=True)
         return {name: args for name, args in runtimes.items() if name == default.stdout.strip()}
     return runtimes
@@ -2737,11 +3737,10 @@ class Context:
         # The runtime the run names (`--runtime`), or None for the server's default choice.
         self.explicit = runtime
         # The runtime the code really runs under: with no SANDBOX_RUNTIME the server chooses gVisor
-        # when the engine has it and it can serve the network policy (registered here with
-        # --network=none, so allowlist falls back to runc).
+        # when the engine has an entry for it that can serve the network policy (scripts/runsc.sh
+        # registers runsc with --network=none and runsc-net with a network).
         if runtime is None:
-            gvisor = registered_runtimes().get("runsc")
-            runtime = "runsc" if gvisor is not None and (network == "none" or "--network=none" not in gvisor) else "runc"
+            runtime = "runsc" if gvisor_entry(network) else "runc"
         self.runtime = runtime
         self.network = network
         # Under gVisor the pids limit bounds its kernel's host threads: it needs 256 of them.

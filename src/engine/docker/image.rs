@@ -35,8 +35,10 @@ pub const ONLINE_BASE: &str = "python:3.11-slim";
 pub const OFFLINE_BASE: &str = "python-code-sandbox-base:bookworm";
 /// Packages of the offline rootfs.
 const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates";
-/// Packages of the egress proxy's image: Debian's Squid, and Python for its relay.
-const PROXY_INCLUDE: &str = "squid,python3";
+/// Packages of the egress proxy's image: Debian's Squid built with OpenSSL (it bumps the TLS of
+/// hosts a secret is bound to), OpenSSL's tool (the proxy makes its CA with it), and Python for its
+/// relay.
+const PROXY_INCLUDE: &str = "squid-openssl,openssl,python3";
 /// The egress proxy's online base: the same Debian release, its packages from apt.
 const PROXY_ONLINE_BASE: &str = "debian:bookworm-slim";
 /// Label carrying a hash of the recipe, so a stale image is recognisable.
@@ -139,7 +141,9 @@ pub fn missing_hint(image: &str) -> String {
 
 /// Makes `image` available: present already, else built (the default image) or pulled.
 pub async fn ensure(docker: &Docker, image: &str, index: &Index) -> Result<(), BackendError> {
-    if docker.inspect_image(image).await.is_ok() {
+    // The proxy's image is checked against its package list too: one made from an older list
+    // (Squid without OpenSSL) is made again.
+    if image != PROXY_IMAGE && docker.inspect_image(image).await.is_ok() {
         return Ok(());
     }
     if image == PROXY_IMAGE {
@@ -514,6 +518,25 @@ struct BuildFailure {
 
 /// The most of one step's output kept to explain its failure.
 const STEP_OUTPUT_MAX: usize = 64 << 10;
+/// The most of one line of build output kept, in characters (pip prints what the index gives it:
+/// a list of versions can be megabytes on one line).
+const LINE_MAX: usize = 2000;
+/// Output without a line's end is taken as a line once this long (bytes).
+const PENDING_MAX: usize = 1 << 20;
+
+/// A line of build output as shown: without escapes or other control characters, trimmed and
+/// bounded.
+fn shown_line(raw: &str) -> String {
+    let line: String = crate::engine::deps::strip_ansi(raw)
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    let line = line.trim();
+    match line.char_indices().nth(LINE_MAX) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line.to_string(),
+    }
+}
 
 /// Follows the engine's build output: each `Step N/M : …` line and each line the recipe marks
 /// with [`STEP_MARK`] is a step, the rest is logged; the last lines explain a failure, never the
@@ -540,15 +563,16 @@ async fn follow_build(
         let Some(chunk) = step.stream else { continue };
         // The engine sends output in chunks that need not end at a line's end.
         pending.push_str(&chunk);
-        while let Some(end) = pending.find('\n') {
-            let raw: String = pending.drain(..=end).collect();
+        loop {
+            let raw: String = match pending.find('\n') {
+                Some(end) => pending.drain(..=end).collect(),
+                None if pending.len() > PENDING_MAX => std::mem::take(&mut pending),
+                None => break,
+            };
             // The engine colours stderr; what the build printed is shown, so it goes without
-            // escapes or other control characters.
-            let line: String = crate::engine::deps::strip_ansi(&raw)
-                .chars()
-                .filter(|c| !c.is_control())
-                .collect();
-            let line = line.trim();
+            // escapes or other control characters, and bounded.
+            let line = shown_line(&raw);
+            let line = line.as_str();
             if line.is_empty() {
                 continue;
             }
@@ -596,5 +620,57 @@ fn without_script(message: &str) -> String {
             format!("a step of the recipe failed (exit code {code})")
         }
         _ => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(text: &str) -> Result<BuildInfo, bollard::errors::Error> {
+        Ok(BuildInfo {
+            stream: Some(text.to_string()),
+            ..Default::default()
+        })
+    }
+
+    fn failed(message: &str) -> Result<BuildInfo, bollard::errors::Error> {
+        Ok(BuildInfo {
+            error_detail: Some(bollard::models::ErrorDetail {
+                message: Some(message.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// A hostile index makes pip print what it likes (a version list of megabytes, escapes in a
+    /// reason phrase): a failed build's text shows none of the escapes and is bounded, whatever
+    /// the lines' length, and so is the recipe's own account of the failure.
+    #[tokio::test]
+    async fn a_failed_build_shows_bounded_lines_without_escapes() {
+        let huge = "9".repeat(4 << 20);
+        let steps = vec![
+            output("Step 5/20 : RUN something\n"),
+            output(&format!("\u{1b}[31mERROR: versions: {huge}\u{1b}[0m\n")),
+            output(&format!("pcs-flavour-error: pin installed {huge}\n")),
+            output(&format!("{huge} without an end")),
+            failed("The command '/bin/sh -c x' returned a non-zero code: 1"),
+        ];
+        let progress: ProgressSink = std::sync::Arc::new(|_: &str| {});
+        let failure = follow_build(futures_util::stream::iter(steps), &progress)
+            .await
+            .expect_err("the build failed");
+        let text = failure.error.to_string();
+        assert!(text.len() < 64 << 10, "{} bytes shown", text.len());
+        assert!(!text.contains('\u{1b}'), "an escape is shown");
+        assert!(text.contains("ERROR: versions: 999"), "{}", &text[..200]);
+        let marked = failure.marked.expect("the recipe's account");
+        assert!(marked.len() <= 4 << 10, "{} bytes of account", marked.len());
+        assert!(
+            failure.step_output.len() <= STEP_OUTPUT_MAX + (4 << 10),
+            "{} bytes of step output",
+            failure.step_output.len()
+        );
     }
 }

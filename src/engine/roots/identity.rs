@@ -32,6 +32,8 @@ pub struct Handle {
     any: bool,
     /// Its permission bits when it was opened.
     mode: u32,
+    /// Whether its default ACL let everyone write what is made in it, when it was opened.
+    acl_other_write: bool,
 }
 
 impl PartialEq for Handle {
@@ -114,12 +116,14 @@ impl Handle {
     fn open_as(path: &Path, any: bool) -> io::Result<Handle> {
         let fd = open_no_follow(path, any)?;
         let stat = stat_of(&fd)?;
+        let acl_other_write = default_acl_other_write(&fd).is_some();
         Ok(Handle {
             fd: Arc::new(fd),
             dev: stat.st_dev,
             ino: stat.st_ino,
             any,
             mode: stat.st_mode & 0o7777,
+            acl_other_write,
         })
     }
 
@@ -171,21 +175,24 @@ impl Handle {
     }
 
     /// The set-uid, set-gid and world-write bits this directory has now and had not when it
-    /// was judged are removed (code running in it may change its mode); returns them.
-    pub fn tidy_itself(&self) -> u32 {
+    /// was judged are removed (code running in it may change its mode), and so is the write its
+    /// default ACL gives everyone when it did not then; returns the bits, and whether the ACL's
+    /// write was removed.
+    pub fn tidy_itself(&self) -> (u32, bool) {
+        let acl = !self.acl_other_write && strip_default_acl_other_write(&self.fd);
         let Ok(stat) = stat_of(&self.fd) else {
-            return 0;
+            return (0, acl);
         };
         let mode = stat.st_mode & 0o7777;
         let unwanted = mode & (libc::S_ISUID | libc::S_ISGID | libc::S_IWOTH) & !self.mode;
         if unwanted == 0 {
-            return 0;
+            return (0, acl);
         }
         match chmod_through(&self.fd, mode & !unwanted) {
-            Ok(()) => unwanted,
+            Ok(()) => (unwanted, acl),
             Err(e) => {
                 tracing::warn!("could not remove the bits {unwanted:o} from a root: {e}");
-                0
+                (0, acl)
             }
         }
     }
@@ -212,12 +219,82 @@ impl Handle {
                 ),
             }
         }
+        let acl_removed = kind == libc::S_IFDIR && strip_default_acl_other_write(&fd);
         Some(Found {
             file: kind == libc::S_IFREG,
             executable: kind == libc::S_IFREG && mode & 0o111 != 0,
             stripped,
+            acl_removed,
         })
     }
+}
+
+/// A directory's default ACL: what its new entries' access ACLs start from (the mode shows
+/// nothing of it; its `other` entry is what everyone may do with a file the user makes there
+/// later, whatever their umask).
+const DEFAULT_ACL: &std::ffi::CStr = c"system.posix_acl_default";
+/// The tag of an ACL's `other` entry, and the write permission (linux/posix_acl_xattr.h).
+const ACL_OTHER: u16 = 0x20;
+const ACL_WRITE: u16 = 0x02;
+
+/// The default ACL of what `fd` holds (through its `/proc/self/fd` entry), when it has one that
+/// lets everyone write; the ACL's bytes with that write removed.
+fn default_acl_other_write(fd: &OwnedFd) -> Option<Vec<u8>> {
+    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let mut value = vec![0u8; 4 + 8 * 64];
+    // SAFETY: valid C strings and a writable buffer of the length given.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            DEFAULT_ACL.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    value.truncate(n);
+    // A version 2 header, then entries of (tag u16, permissions u16, id u32), little-endian.
+    if n < 4 || (n - 4) % 8 != 0 || value[..4] != 2u32.to_le_bytes() {
+        return None;
+    }
+    let mut granted = false;
+    for entry in value[4..].chunks_exact_mut(8) {
+        let tag = u16::from_le_bytes([entry[0], entry[1]]);
+        let perm = u16::from_le_bytes([entry[2], entry[3]]);
+        if tag == ACL_OTHER && perm & ACL_WRITE != 0 {
+            entry[2..4].copy_from_slice(&(perm & !ACL_WRITE).to_le_bytes());
+            granted = true;
+        }
+    }
+    granted.then_some(value)
+}
+
+/// Removes the write a default ACL gives everyone on what `fd` holds; whether there was one.
+fn strip_default_acl_other_write(fd: &OwnedFd) -> bool {
+    let Some(value) = default_acl_other_write(fd) else {
+        return false;
+    };
+    let Ok(path) = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return false;
+    };
+    // SAFETY: valid C strings and a buffer of the length given.
+    let done = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            DEFAULT_ACL.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    } == 0;
+    if !done {
+        tracing::warn!(
+            "could not remove the write everyone had through a default ACL the code set in a \
+             root: {}",
+            io::Error::last_os_error()
+        );
+    }
+    done
 }
 
 /// `chmod` of what `fd` (an `O_PATH` handle) holds, through its `/proc/self/fd` entry: the entry
@@ -241,6 +318,8 @@ pub struct Found {
     pub executable: bool,
     /// The set-uid, set-gid and world-write bits removed from it.
     pub stripped: u32,
+    /// Whether the write its default ACL gave everyone was removed.
+    pub acl_removed: bool,
 }
 
 #[cfg(test)]
@@ -319,10 +398,44 @@ mod tests {
         let proj = root.join("proj");
         std::fs::set_permissions(&proj, std::fs::Permissions::from_mode(0o757)).unwrap();
         let handle = Handle::open(&proj).unwrap();
-        assert_eq!(handle.tidy_itself(), 0);
+        assert_eq!(handle.tidy_itself(), (0, false));
         std::fs::set_permissions(&proj, std::fs::Permissions::from_mode(0o2777)).unwrap();
-        assert_eq!(handle.tidy_itself(), 0o2000);
+        assert_eq!(handle.tidy_itself(), (0o2000, false));
         let mode = std::fs::metadata(&proj).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o777);
+        // A default ACL that lets everyone write what is made there: that write goes, from a
+        // directory the code made and from the root (which had none when it was judged).
+        let acl: Vec<u8> = [2u32.to_le_bytes().to_vec()]
+            .into_iter()
+            .chain([0x01u16, 0x04, 0x20].map(|tag| {
+                [tag.to_le_bytes(), 7u16.to_le_bytes()]
+                    .concat()
+                    .into_iter()
+                    .chain(u32::MAX.to_le_bytes())
+                    .collect()
+            }))
+            .flatten()
+            .collect();
+        let set = |path: &Path| {
+            let path = CString::new(path.as_os_str().as_bytes()).unwrap();
+            // SAFETY: valid C strings and a buffer of the length given.
+            let rc = unsafe {
+                libc::setxattr(
+                    path.as_ptr(),
+                    DEFAULT_ACL.as_ptr(),
+                    acl.as_ptr().cast(),
+                    acl.len(),
+                    0,
+                )
+            };
+            rc == 0
+        };
+        if set(&shared) && set(&proj) {
+            assert!(handle.tidy(Path::new("shared")).unwrap().acl_removed);
+            assert_eq!(handle.tidy_itself(), (0, true));
+            let fd = open_no_follow(&shared, false).unwrap();
+            assert!(default_acl_other_write(&fd).is_none());
+            assert!(!handle.tidy(Path::new("shared")).unwrap().acl_removed);
+        }
     }
 }

@@ -75,12 +75,14 @@ pub struct Root {
     pub guards: Vec<Guard>,
 }
 
-/// A place inside a writable root that is mounted read-only over itself.
+/// A place inside a writable root that is mounted over itself: read-only (a place the host runs
+/// things from), or writable (a directory holding one, so that it cannot be moved away).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// Its path under the root (no link on the way).
     pub relative: PathBuf,
     pub handle: Handle,
+    pub read_only: bool,
 }
 
 impl Root {
@@ -101,7 +103,7 @@ impl Root {
             (
                 self.host.join(&guard.relative),
                 format!("{}/{}", self.container_path(), guard.relative.display()),
-                true,
+                guard.read_only,
                 &guard.handle,
             )
         }))
@@ -225,7 +227,10 @@ impl RootSet {
             }
             let host = match path_of(&item.uri)
                 .and_then(|path| mapped(path, context.map))
-                .and_then(|path| judge(&path, policy, protected))
+                .and_then(|(path, base)| {
+                    let host = judge(&path, policy, protected)?;
+                    inside_mapping(&host, base.as_deref()).map(|()| host)
+                })
                 .and_then(|host| apart(&host, &set, writable, context.writable).map(|()| host))
             {
                 Ok(host) => host,
@@ -251,7 +256,9 @@ impl RootSet {
                 }
             };
             let (read_only, guards) = if writable {
-                match guards::find(&host, &handle) {
+                match guards::inside_protected(&host)
+                    .map_or_else(|| guards::find(&host, &handle), Err)
+                {
                     Ok(guards) => (false, guards),
                     Err(why) => {
                         set.refused
@@ -311,7 +318,8 @@ impl RootSet {
             let mode = if root.read_only { "ro" } else { "rw" };
             key.push_str(&format!("{}\0{}\0{mode}\0", root.name, root.host.display()));
             for guard in &root.guards {
-                key.push_str(&format!("guard\0{}\0", guard.relative.display()));
+                let mode = if guard.read_only { "ro" } else { "rw" };
+                key.push_str(&format!("guard\0{}\0{mode}\0", guard.relative.display()));
             }
         }
         key
@@ -424,10 +432,14 @@ fn path_of(uri: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(std::ffi::OsString::from_vec(decoded)))
 }
 
-/// Over HTTP, the client's path through its mapping; over stdio, itself.
-fn mapped(path: PathBuf, map: Option<&[RootMapping]>) -> Result<PathBuf, String> {
+/// Over HTTP, the client's path through its mapping, and the directory the mapping names; over
+/// stdio, itself.
+fn mapped(
+    path: PathBuf,
+    map: Option<&[RootMapping]>,
+) -> Result<(PathBuf, Option<PathBuf>), String> {
     let Some(map) = map else {
-        return Ok(path);
+        return Ok((path, None));
     };
     for mapping in map {
         if let Ok(rest) = path.strip_prefix(&mapping.client) {
@@ -437,10 +449,27 @@ fn mapped(path: PathBuf, map: Option<&[RootMapping]>) -> Result<PathBuf, String>
             {
                 break;
             }
-            return Ok(mapping.host.join(rest));
+            return Ok((mapping.host.join(rest), Some(mapping.host.clone())));
         }
     }
     Err(UNMAPPED.into())
+}
+
+/// Over HTTP, whether the resolved `host` is still inside the directory its mapping names
+/// (`base`): a link there (its principal's to make, by hand or by code in a writable root) is
+/// followed when the root is judged, and may lead into another principal's directory.
+fn inside_mapping(host: &Path, base: Option<&Path>) -> Result<(), String> {
+    let Some(base) = base else {
+        return Ok(());
+    };
+    if within(host, &resolved(base)) {
+        return Ok(());
+    }
+    Err(format!(
+        "it leads, through a link, out of the directory its SANDBOX_ROOTS_MAP entry names ({}): \
+         over HTTP a root stays inside its principal's own directory",
+        base.display()
+    ))
 }
 
 /// Whether `host` stays apart from what code can write: the writable roots accepted before it
@@ -815,6 +844,21 @@ mod tests {
         }];
         let set = RootSet::resolve(&listed, &policy, &protected, http(&policy));
         assert_eq!(set.roots[0].host, tree.path("home/me/proj"));
+        // A link in the mapped directory that leads out of it is refused, even to an allowed
+        // directory.
+        std::fs::create_dir(tree.path("home/me/theirs")).unwrap();
+        std::os::unix::fs::symlink(tree.path("home/me/theirs"), tree.path("home/me/proj/l"))
+            .unwrap();
+        policy.map[0].host = tree.path("home/me/proj");
+        let out = [Listed {
+            uri: "file:///Users/me/src/l".into(),
+            name: None,
+        }];
+        assert!(
+            reason(&RootSet::resolve(&out, &policy, &protected, http(&policy)))
+                .contains("out of the directory its SANDBOX_ROOTS_MAP entry names"),
+        );
+        policy.map[0].host = tree.path("home/me");
         // Over stdio the same URI is this machine's path, which does not exist.
         assert!(reason(&RootSet::resolve(
             &listed,
