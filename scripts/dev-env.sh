@@ -7,8 +7,9 @@
 # bounded time, until the daemon answers. Exit code 1 with a clear message when that fails.
 # Then gVisor: where this machine can (root, apt-get, a local dockerd), scripts/runsc.sh installs
 # the newest runsc Debian's archive offers it (bookworm: bookworm-backports, pinned to runsc
-# alone; trixie and later: the release's own), upgrading an older one, and registers it, so the
-# agent's code runs under gVisor, the server's default when it is registered. Where it cannot, it
+# alone; trixie and later: the release's own), upgrading an older one, and registers it (runsc
+# without a network, runsc-net with one), so the agent's code runs under gVisor, the server's
+# default when it is registered, whatever its network policy. Where it cannot, it
 # says why and how, and the engine stays usable (runc).
 # SKIP_GVISOR=1 leaves the runtimes alone.
 set -euo pipefail

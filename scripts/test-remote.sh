@@ -85,8 +85,10 @@ restart_over_tls() {
 
 # `setup` on the second engine through its unix socket (a local engine to setup): without runsc
 # it says the code runs under runc and gives the exact command for gVisor; `setup --gvisor` then
-# registers runsc in that dockerd's own daemon.json (keeping its other keys, with a backup),
-# reloads it, and the doctor and the hello world run under gVisor. The engine's empty
+# registers runsc and runsc-net in that dockerd's own daemon.json (keeping its other keys, with
+# one backup), reloads it, probes runsc-net (gVisor's own network stack, or host-network mode
+# where runsc refuses it, as on these machines), and the doctor and the hello world run under
+# gVisor. The engine's empty
 # daemon.json is put back and reloaded afterwards (the other parts expect runc there).
 setup_gvisor() {
     local sock=unix://$DIR/docker.sock out status=0
@@ -108,6 +110,7 @@ setup_gvisor() {
         "dockerd (pid $(cat "$DIR/dockerd.pid")) reads $DIR/daemon.json" \
         "the agent's code runs under runsc (gVisor)" \
         "ok   runtime: the agent's code runs under runsc (gVisor)" \
+        "runsc-net starts networked sandboxes with" \
         "Hello from the sandbox"; do
         grep -qF "$expected" <<<"$out" || { echo "FAIL: setup --gvisor did not say: $expected" >&2; status=1; }
     done
@@ -116,9 +119,28 @@ import glob, json, sys
 config = json.load(open(sys.argv[1]))
 assert config["log-level"] == "info", config
 assert config["runtimes"]["runsc"]["runtimeArgs"] == ["--network=none"], config
+assert config["runtimes"]["runsc-net"]["runtimeArgs"] in ([], ["--network=host"]), config
 backups = glob.glob(sys.argv[1] + ".backup-*")
 assert len(backups) == 1 and json.load(open(backups[0])) == {"log-level": "info"}, backups
 PY
+    # A networked entry with gVisor's own stack on this host (where runsc refuses it) is refused
+    # at start with the fix, never run under a weaker runtime.
+    python3 - "$DIR/daemon.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["runtimes"]["runsc-net"]["runtimeArgs"] = []
+json.dump(config, open(sys.argv[1], "w"))
+PY
+    kill -HUP "$(cat "$DIR/dockerd.pid")"
+    sleep 2
+    local refused=0
+    out=$(cd / && DOCKER_HOST=$sock SANDBOX_NETWORK=bridge "$BIN" run "$ROOT/examples/hello.py" 2>&1) || refused=$?
+    printf '%s\n' "$out"
+    if [[ $refused == 0 ]] || ! grep -qF "runsc refuses on this host" <<<"$out" ||
+        ! grep -qF "register it in host-network mode" <<<"$out"; then
+        echo "FAIL: a networked sandbox under gVisor's own refused stack was not refused with the fix" >&2
+        status=1
+    fi
     rm -f "$DIR"/daemon.json.backup-*
     printf '%s\n' "$before" >"$DIR/daemon.json"
     kill -HUP "$(cat "$DIR/dockerd.pid")"

@@ -21,8 +21,8 @@
 #      through cargo package, publish --dry-run and cargo install, run from `/`,
 #   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks and faults (one
 #      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
-#      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (runc: gVisor has no
-#      network here),
+#      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (gVisor through its
+#      networked entry, runsc-net, in host-network mode here),
 #   7. side by side with the allowlist attack list, each the only user of its engine, the engines
 #      beside the local Docker: rootful Podman (scripts/test-podman.sh: engine tests, the original
 #      tool set's MCP tests and the attack list; the refusal under rootless Podman), and a second
@@ -160,10 +160,10 @@ stage "adversarial and fault suite (official Python SDK; the default runtime, gV
 # It restarts dockerd (a fault case): it runs after the MCP suites, alone.
 "$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runc
 
-stage "side by side: the allowlist attack list (runc), Podman (scripts/test-podman.sh), a remote engine over TLS and SSH (scripts/test-remote.sh)"
+stage "side by side: the allowlist attack list (gVisor, runsc-net), Podman (scripts/test-podman.sh), a remote engine over TLS and SSH (scripts/test-remote.sh)"
 # Three engines, each the only user of its own: this Docker engine runs the attacks again with the
-# code's sandboxes on the egress network (gVisor is registered with --network=none here, so runc
-# only; the faults, which restart dockerd and find it by pidof, ran above, alone); Podman and the
+# code's sandboxes on the egress network, under gVisor's networked entry (runsc-net; the faults,
+# which restart dockerd and find it by pidof, ran above, alone); Podman and the
 # second Docker engine are engines of their own (their tests look only at theirs). Their logs
 # follow the attack list's, each whole.
 side=.cache/side-by-side

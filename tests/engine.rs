@@ -1216,9 +1216,9 @@ async fn sandboxes_run_under_another_runtime() {
 }
 
 /// With no `SANDBOX_RUNTIME`, the strongest runtime the engine has runs the code: gVisor where it
-/// can, runc where it cannot give what a setting needs (here runsc is registered with
-/// `--network=none`, so a networked policy falls back), and a runtime the operator names is
-/// obeyed or refused, never weakened.
+/// can (here `runsc` without a network, and `runsc-net` in host-network mode for a networked
+/// policy, as scripts/runsc.sh registers them), runc where it cannot give what a setting needs,
+/// and a runtime the operator names is obeyed or refused, never weakened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_strongest_runtime_runs_the_code_by_default() {
     if skip_without_engine() {
@@ -1248,19 +1248,36 @@ async fn the_strongest_runtime_runs_the_code_by_default() {
             c.network = NetworkPolicy::Bridge;
         });
         let platform = networked.platform().await.expect("the engine is usable");
-        assert!(!platform.code.gvisor, "{:?}", platform.code);
+        assert!(platform.code.gvisor, "{:?}", platform.code);
+        assert_eq!(platform.code.name.as_deref(), Some("runsc-net"));
         assert!(
-            platform.code.why.contains("--network=none"),
+            platform.code.why.contains("host-network mode"),
             "{}",
             platform.code.why
         );
         let seen = run(&networked, kernel).await;
-        assert_eq!(text(&seen.stdout).trim(), host_kernel.trim());
+        assert!(
+            text(&seen.stdout).starts_with("Linux version 4.4.0"),
+            "{}",
+            text(&seen.stdout)
+        );
         assert_nothing_left(&networked).await;
 
+        // A pids limit gVisor cannot live with still gets runc, said so.
+        let few_pids = engine_with(|c| {
+            c.pool_size = 0;
+            c.network = NetworkPolicy::Bridge;
+            c.limits.pids = 64;
+        });
+        let platform = few_pids.platform().await.expect("the engine is usable");
+        assert!(!platform.code.gvisor, "{:?}", platform.code);
+        let seen = run(&few_pids, kernel).await;
+        assert_eq!(text(&seen.stdout).trim(), host_kernel.trim());
+        assert_nothing_left(&few_pids).await;
+
         for (runtime, network, expected) in [
-            ("runsc", NetworkPolicy::Bridge, "--network=none"),
             ("no-such-runtime", NetworkPolicy::None, "not registered"),
+            ("no-such-runtime", NetworkPolicy::Bridge, "not registered"),
         ] {
             let named = engine_with(|c| {
                 c.pool_size = 0;

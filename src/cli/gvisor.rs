@@ -11,15 +11,20 @@
 //!    `runsc` on the PATH as it is;
 //! 3. finds the `dockerd` serving the endpoint (its `-H`/`--host` arguments) and its
 //!    configuration file (`--config-file`, else `/etc/docker/daemon.json`);
-//! 4. merges `runtimes.runsc` into that file (every other key kept, the old file backed up,
-//!    replaced atomically), registered with `--network=none` like `scripts/runsc.sh`: the code's
-//!    sandboxes have no network by default, and a networked policy runs under runc instead (an
-//!    entry that exists keeps its arguments; only its path is written);
+//! 4. merges two entries into that file (every other key kept, the old file backed up, replaced
+//!    atomically), like `scripts/runsc.sh`: `runsc` with `--network=none`, for the code's
+//!    sandboxes without a network (the default policy), and `runsc-net` for networked sandboxes
+//!    and installers (an entry that exists keeps its arguments; only its path is written);
 //! 5. sends `dockerd` SIGHUP (it reloads its runtimes without stopping a container) and waits,
-//!    bounded, until the engine lists `runsc` at that path.
+//!    bounded, until the engine lists both at that path;
+//! 6. starts one container under `runsc-net` on the default bridge ([`PROBE_SCRIPT`],
+//!    `src/cli/probe-runsc-network.sh`): gVisor's own network stack is kept where it works; where
+//!    runsc refuses it on this host ("cannot run with network enabled in root network
+//!    namespace") the entry is written again in host-network mode (`--network=host`) and probed
+//!    again; an entry that starts nothing is removed, so networked sandboxes run under runc.
 //!
-//! Where runsc is registered already, steps 3 to 5 are done only when step 2 installed or
-//! upgraded it (a reload, so that new sandboxes run it) or it is at another path than the one
+//! Where both are registered already, steps 3 to 6 are done only when step 2 installed or
+//! upgraded runsc (a reload, so that new sandboxes run it) or it is at another path than the one
 //! registered. Where it cannot be installed here (another machine, Podman, not root), a
 //! registered runsc is left as it is, and said so.
 //!
@@ -35,10 +40,18 @@ use super::replace;
 use crate::engine::backend::{Backend, BackendInfo};
 use crate::engine::platform::{self, GVISOR_INSTALL_GUIDE};
 
-/// The name gVisor is registered under (what `SANDBOX_RUNTIME=runsc` and the platform look for).
+/// The name gVisor is registered under for sandboxes without a network (what
+/// `SANDBOX_RUNTIME=runsc` and the platform look for).
 pub const RUNTIME_NAME: &str = "runsc";
 /// The arguments it is registered with (see the module's documentation).
 pub const RUNTIME_ARGS: &[&str] = &["--network=none"];
+/// The name of gVisor's entry for networked sandboxes and installers.
+pub const NETWORKED_NAME: &str = "runsc-net";
+/// Its arguments where runsc refuses its own network stack on the host.
+pub const HOST_NETWORK_ARGS: &[&str] = &["--network=host"];
+/// The probe of a networked entry, shared with `scripts/runsc.sh`: stdout is `works`,
+/// `netstack-refused` or `failed REASON` (the script's header says more).
+pub const PROBE_SCRIPT: &str = include_str!("probe-runsc-network.sh");
 /// Where dockerd reads its configuration when no `--config-file` is given.
 const DEFAULT_DAEMON_JSON: &str = "/etc/docker/daemon.json";
 /// The socket dockerd listens on when no `-H` is given.
@@ -106,8 +119,8 @@ pub enum GvisorError {
         #[source]
         source: std::io::Error,
     },
-    #[error("dockerd did not list runsc at {} within {}s of reloading {}: see its log (a syntax error in the file, or an older dockerd that reloads no runtimes: restart it)", runsc.display(), RELOAD_WAIT.as_secs(), path.display())]
-    NotReloaded { path: PathBuf, runsc: PathBuf },
+    #[error("dockerd did not list runsc and runsc-net as {} has them within {}s of reloading it: see its log (a syntax error in the file, or an older dockerd that reloads no runtimes: restart it)", path.display(), RELOAD_WAIT.as_secs())]
+    NotReloaded { path: PathBuf },
 }
 
 /// What registration did.
@@ -145,11 +158,13 @@ pub async fn register(
     }
     let installed = install_newest()?;
     say(&installed.said());
-    let same_path = engine
-        .runtime_paths
-        .get(RUNTIME_NAME)
-        .is_some_and(|path| same_binary(path, &installed.path));
-    if registered && same_path && !installed.changed {
+    let same_path = |name: &str| {
+        engine
+            .runtime_paths
+            .get(name)
+            .is_some_and(|path| same_binary(path, &installed.path))
+    };
+    if registered && same_path(RUNTIME_NAME) && same_path(NETWORKED_NAME) && !installed.changed {
         return Ok(Registered::Already);
     }
     let daemon = find_daemon(&engine.endpoint)?;
@@ -159,9 +174,103 @@ pub async fn register(
         daemon.pid,
         file.display()
     ));
-    if !(registered && same_path) {
-        write_entry(&file, &installed.path, say)?;
+    write_entries(&file, &installed.path, Networked::Keep, true, say)?;
+    let mut info = reload(backend, &daemon, &file, say).await?;
+    let mut probe = probe_networked(&engine.endpoint);
+    if probe == Probe::NetstackRefused {
+        say("runsc-net: runsc refuses gVisor's own network stack on this host (\"cannot run with network enabled in root network namespace\"): host-network mode (--network=host) instead");
+        write_entries(&file, &installed.path, Networked::Host, false, say)?;
+        info = reload(backend, &daemon, &file, say).await?;
+        probe = probe_networked(&engine.endpoint);
     }
+    match probe {
+        Probe::Works => {
+            let args = info
+                .runtimes
+                .get(NETWORKED_NAME)
+                .map(|args| platform::GvisorNetwork::of(args))
+                .unwrap_or(platform::GvisorNetwork::Netstack);
+            say(&format!(
+                "runsc-net starts networked sandboxes with {}",
+                args.describe()
+            ));
+        }
+        Probe::NetstackRefused | Probe::Failed(_) => {
+            let why = match probe {
+                Probe::Failed(why) => why,
+                _ => "runsc refuses its network on this host in both modes".to_string(),
+            };
+            say(&format!(
+                "runsc-net starts no networked sandbox here ({why}): removed, so networked \
+                 sandboxes run under runc"
+            ));
+            write_entries(&file, &installed.path, Networked::Remove, false, say)?;
+            info = reload(backend, &daemon, &file, say).await?;
+        }
+    }
+    Ok(Registered::Now(Box::new(info)))
+}
+
+/// What becomes of the networked entry when the file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Networked {
+    /// Its own arguments where it has some, else none (gVisor's own network stack).
+    Keep,
+    /// Host-network mode.
+    Host,
+    /// Dropped: it starts nothing here.
+    Remove,
+}
+
+/// What the probe of the networked entry said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Probe {
+    Works,
+    NetstackRefused,
+    Failed(String),
+}
+
+/// Starts one container under the networked entry on the default bridge (see [`PROBE_SCRIPT`]).
+fn probe_networked(endpoint: &str) -> Probe {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(PROBE_SCRIPT)
+        .arg("probe-runsc-network")
+        .arg(NETWORKED_NAME)
+        .env("DOCKER_HOST", endpoint)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => read_probe(&String::from_utf8_lossy(&out.stdout)),
+        Ok(out) => Probe::Failed(format!("the probe could not run ({})", out.status)),
+        Err(e) => Probe::Failed(format!("cannot run bash for the probe: {e}")),
+    }
+}
+
+/// The probe's one line, read.
+fn read_probe(stdout: &str) -> Probe {
+    let line = crate::text::one_line(stdout.trim(), 300);
+    match line.as_str() {
+        "works" => Probe::Works,
+        "netstack-refused" => Probe::NetstackRefused,
+        other => Probe::Failed(
+            other
+                .strip_prefix("failed ")
+                .unwrap_or("the probe said nothing it should")
+                .to_string(),
+        ),
+    }
+}
+
+/// Sends dockerd SIGHUP and waits, bounded, until the engine lists the runtimes as `file` has
+/// them; how the engine describes itself then.
+async fn reload(
+    backend: &dyn Backend,
+    daemon: &Daemon,
+    file: &Path,
+    say: &dyn Fn(&str),
+) -> Result<BackendInfo, GvisorError> {
     // SAFETY: kill with a pid read from /proc and a valid signal number.
     if unsafe { libc::kill(daemon.pid, libc::SIGHUP) } != 0 {
         return Err(GvisorError::Signal {
@@ -170,30 +279,58 @@ pub async fn register(
         });
     }
     say("dockerd reloads its configuration (SIGHUP): new sandboxes run this runsc");
+    let written = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .and_then(|value| value.get("runtimes").cloned())
+        .unwrap_or(Value::Null);
+    let args_of = |name: &str| -> Option<Vec<String>> {
+        let entry = written.get(name)?;
+        Some(
+            entry
+                .get("runtimeArgs")
+                .and_then(Value::as_array)
+                .map(|args| {
+                    args.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    };
+    let expected = [
+        (RUNTIME_NAME, args_of(RUNTIME_NAME)),
+        (NETWORKED_NAME, args_of(NETWORKED_NAME)),
+    ];
     let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
     loop {
         if let Ok(info) = backend.info().await {
-            let listed = info.runtimes.contains_key(RUNTIME_NAME)
-                && info
-                    .runtime_paths
-                    .get(RUNTIME_NAME)
-                    .is_none_or(|path| same_binary(path, &installed.path));
+            let listed = expected
+                .iter()
+                .all(|(name, args)| info.runtimes.get(*name) == args.as_ref());
             if listed {
-                return Ok(Registered::Now(Box::new(info)));
+                return Ok(info);
             }
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(GvisorError::NotReloaded {
-                path: file,
-                runsc: installed.path,
+                path: file.to_path_buf(),
             });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// Writes the runtime's entry into dockerd's configuration file (the old file backed up).
-fn write_entry(file: &Path, runsc: &Path, say: &dyn Fn(&str)) -> Result<(), GvisorError> {
+/// Writes the runtimes' entries into dockerd's configuration file (the old file backed up on
+/// the first write of a registration: a backup is the file as it was before setup).
+fn write_entries(
+    file: &Path,
+    runsc: &Path,
+    networked: Networked,
+    first: bool,
+    say: &dyn Fn(&str),
+) -> Result<(), GvisorError> {
     let old = match std::fs::read_to_string(file) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -204,20 +341,29 @@ fn write_entry(file: &Path, runsc: &Path, say: &dyn Fn(&str)) -> Result<(), Gvis
             })
         }
     };
-    let merged = with_runtime(old.as_deref(), runsc).map_err(|why| GvisorError::NotJson {
-        path: file.to_path_buf(),
-        why,
-    })?;
+    let merged =
+        with_runtimes(old.as_deref(), runsc, networked).map_err(|why| GvisorError::NotJson {
+            path: file.to_path_buf(),
+            why,
+        })?;
+    if old.as_deref() == Some(merged.as_str()) {
+        return Ok(());
+    }
     let backup = match &old {
-        Some(text) => Some(
+        Some(text) if first => Some(
             replace::keep_backup(file, text.as_bytes())
                 .map_err(|(path, source)| GvisorError::Backup { path, source })?,
         ),
-        None => None,
+        _ => None,
     };
     replace::replace(file, merged.as_bytes(), 0o644)?;
     say(&format!(
-        "wrote runtimes.{RUNTIME_NAME} ({}) into {}{}",
+        "wrote runtimes.{RUNTIME_NAME}{} ({}) into {}{}",
+        match networked {
+            Networked::Remove => format!(" (and removed runtimes.{NETWORKED_NAME})"),
+            Networked::Host => format!(" and runtimes.{NETWORKED_NAME} in host-network mode"),
+            Networked::Keep => format!(" and runtimes.{NETWORKED_NAME}"),
+        },
         runsc.display(),
         file.display(),
         backup
@@ -335,8 +481,9 @@ fn install_newest() -> Result<Installed, GvisorError> {
         .map_err(|why| GvisorError::InstallOutput { why })
 }
 
-/// `daemon.json`'s text with the runtime added (or its entry replaced), every other key kept.
-fn with_runtime(old: Option<&str>, runsc: &Path) -> Result<String, String> {
+/// `daemon.json`'s text with both runtimes added (or their entries' paths replaced), every
+/// other key kept.
+fn with_runtimes(old: Option<&str>, runsc: &Path, networked: Networked) -> Result<String, String> {
     let mut config = match old.map(str::trim) {
         None | Some("") => Map::new(),
         Some(text) => match serde_json::from_str::<Value>(text) {
@@ -352,16 +499,34 @@ fn with_runtime(old: Option<&str>, runsc: &Path) -> Result<String, String> {
         return Err("its \"runtimes\" is not an object".into());
     };
     // Arguments an entry has already (an administrator's) are kept; only the path is new.
-    let args = runtimes
-        .get(RUNTIME_NAME)
-        .and_then(|entry| entry.get("runtimeArgs"))
-        .filter(|args| args.is_array())
-        .cloned()
-        .unwrap_or_else(|| json!(RUNTIME_ARGS));
+    let kept = |runtimes: &Map<String, Value>, name: &str| {
+        runtimes
+            .get(name)
+            .and_then(|entry| entry.get("runtimeArgs"))
+            .filter(|args| args.is_array())
+            .cloned()
+    };
+    let args = kept(runtimes, RUNTIME_NAME).unwrap_or_else(|| json!(RUNTIME_ARGS));
     runtimes.insert(
         RUNTIME_NAME.to_string(),
         json!({ "path": runsc.to_string_lossy(), "runtimeArgs": args }),
     );
+    let networked_args = match networked {
+        Networked::Remove => None,
+        Networked::Host => Some(json!(HOST_NETWORK_ARGS)),
+        Networked::Keep => Some(kept(runtimes, NETWORKED_NAME).unwrap_or_else(|| json!([]))),
+    };
+    match networked_args {
+        Some(args) => {
+            runtimes.insert(
+                NETWORKED_NAME.to_string(),
+                json!({ "path": runsc.to_string_lossy(), "runtimeArgs": args }),
+            );
+        }
+        None => {
+            runtimes.remove(NETWORKED_NAME);
+        }
+    }
     let mut text = serde_json::to_string_pretty(&Value::Object(config))
         .map_err(|e| format!("cannot write it back: {e}"))?;
     text.push('\n');
@@ -502,9 +667,10 @@ mod tests {
     #[test]
     fn the_runtime_is_merged_keeping_every_other_key() {
         let runsc = Path::new("/usr/bin/runsc");
-        let merged = with_runtime(
+        let merged = with_runtimes(
             Some(r#"{"log-level": "warn", "runtimes": {"crun": {"path": "/usr/bin/crun"}}}"#),
             runsc,
+            Networked::Keep,
         )
         .expect("merged");
         let value: Value = serde_json::from_str(&merged).expect("json");
@@ -516,16 +682,21 @@ mod tests {
             json!(["--network=none"])
         );
         let fresh: Value =
-            serde_json::from_str(&with_runtime(None, runsc).expect("new")).expect("json");
+            serde_json::from_str(&with_runtimes(None, runsc, Networked::Keep).expect("new"))
+                .expect("json");
         assert_eq!(fresh["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
-        assert!(with_runtime(Some("  \n"), runsc).is_ok(), "an empty file");
-        assert!(with_runtime(Some("[1]"), runsc).is_err());
-        assert!(with_runtime(Some("{ // comment\n}"), runsc).is_err());
-        assert!(with_runtime(Some(r#"{"runtimes": []}"#), runsc).is_err());
+        assert!(
+            with_runtimes(Some("  \n"), runsc, Networked::Keep).is_ok(),
+            "an empty file"
+        );
+        assert!(with_runtimes(Some("[1]"), runsc, Networked::Keep).is_err());
+        assert!(with_runtimes(Some("{ // comment\n}"), runsc, Networked::Keep).is_err());
+        assert!(with_runtimes(Some(r#"{"runtimes": []}"#), runsc, Networked::Keep).is_err());
         let kept: Value = serde_json::from_str(
-            &with_runtime(
+            &with_runtimes(
                 Some(r#"{"runtimes": {"runsc": {"path": "/usr/local/bin/runsc", "runtimeArgs": ["--network=none", "--platform=ptrace"]}}}"#),
                 runsc,
+                Networked::Keep,
             )
             .expect("merged"),
         )
@@ -536,6 +707,47 @@ mod tests {
             json!(["--network=none", "--platform=ptrace"]),
             "an existing entry's arguments are kept"
         );
+    }
+
+    #[test]
+    fn the_networked_entry_is_kept_switched_to_host_mode_or_removed() {
+        let runsc = Path::new("/usr/bin/runsc");
+        let entry = |text: &str| -> Value {
+            serde_json::from_str::<Value>(text).expect("json")["runtimes"].clone()
+        };
+        let fresh = entry(&with_runtimes(None, runsc, Networked::Keep).expect("new"));
+        assert_eq!(fresh["runsc-net"]["path"], "/usr/bin/runsc");
+        assert_eq!(
+            fresh["runsc-net"]["runtimeArgs"],
+            json!([]),
+            "gVisor's own stack first"
+        );
+        let old = r#"{"runtimes": {"runsc": {"path": "/old/runsc", "runtimeArgs": ["--network=none"]},
+                      "runsc-net": {"path": "/old/runsc", "runtimeArgs": ["--network=host", "--debug"]}}}"#;
+        let kept = entry(&with_runtimes(Some(old), runsc, Networked::Keep).expect("kept"));
+        assert_eq!(kept["runsc-net"]["path"], "/usr/bin/runsc");
+        assert_eq!(
+            kept["runsc-net"]["runtimeArgs"],
+            json!(["--network=host", "--debug"])
+        );
+        let host = entry(&with_runtimes(Some(old), runsc, Networked::Host).expect("host"));
+        assert_eq!(host["runsc-net"]["runtimeArgs"], json!(["--network=host"]));
+        assert_eq!(host["runsc"]["runtimeArgs"], json!(["--network=none"]));
+        let removed = entry(&with_runtimes(Some(old), runsc, Networked::Remove).expect("removed"));
+        assert!(removed.get("runsc-net").is_none());
+        assert_eq!(removed["runsc"]["path"], "/usr/bin/runsc");
+    }
+
+    #[test]
+    fn the_probes_line_is_read() {
+        assert_eq!(read_probe("works\n"), Probe::Works);
+        assert_eq!(read_probe("netstack-refused\n"), Probe::NetstackRefused);
+        assert_eq!(
+            read_probe("failed docker: Error response from daemon: Unknown runtime\n"),
+            Probe::Failed("docker: Error response from daemon: Unknown runtime".into())
+        );
+        assert!(matches!(read_probe(""), Probe::Failed(_)));
+        assert!(matches!(read_probe("works\x1b[2J"), Probe::Failed(_)));
     }
 
     #[test]

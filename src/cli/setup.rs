@@ -457,6 +457,15 @@ async fn runtime(backend: &DockerBackend, config: &Config, gvisor: bool) -> Resu
                 platform.code.label(&platform.engine),
                 platform.code.why
             );
+            if config.network == crate::config::NetworkPolicy::None {
+                if let Some(networked) = platform::networked_code(config, &platform.engine) {
+                    println!(
+                        "   with SANDBOX_NETWORK=allowlist or bridge it would run under {}: {}",
+                        networked.label(&platform.engine),
+                        networked.why
+                    );
+                }
+            }
             Ok(())
         }
         Err(refusal) => {

@@ -3,7 +3,28 @@
 
 use super::backend::BackendError;
 use super::deps;
+use super::platform::NETSTACK_REFUSAL;
 use super::protocol::ProtocolError;
+
+/// A start the engine refused, explained where the cause is the runtime's registration: a
+/// gVisor entry with its own network stack on a host where runsc refuses it (the registration's
+/// probe would have chosen host-network mode) is a refusal naming the fix, not a passing failure
+/// worth another try. The server never falls back to a weaker runtime on its own.
+pub fn explain_start_failure(error: BackendError, runtime: Option<&str>) -> EngineError {
+    match (&error, runtime) {
+        (BackendError::Refused { message, .. }, Some(name))
+            if super::platform::is_gvisor_name(name) && message.contains(NETSTACK_REFUSAL) =>
+        {
+            EngineError::Refused(super::platform::Refusal(format!(
+                "gVisor's runtime {name} gives its sandboxes gVisor's own network stack, which \
+                 runsc refuses on this host (\"{NETSTACK_REFUSAL}\"): register it in \
+                 host-network mode (`sudo python-code-sandbox setup --gvisor` probes and does), \
+                 or set SANDBOX_RUNTIME=runc to run networked code under runc"
+            )))
+        }
+        _ => EngineError::Backend(error),
+    }
+}
 
 impl EngineError {
     /// A start failure worth one more try on a new sandbox: the engine or the runtime failed
@@ -208,5 +229,43 @@ impl EngineError {
                 | EngineError::InstallFailed(_)
                 | EngineError::UnreadableAnswer { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_netstack_is_a_refusal_naming_the_fix() {
+        let refused = || {
+            BackendError::Refused {
+            status: 500,
+            message: format!(
+                "OCI runtime start failed: starting container: setting up network: {NETSTACK_REFUSAL}: unknown"
+            ),
+        }
+        };
+        match explain_start_failure(refused(), Some("runsc-net")) {
+            EngineError::Refused(refusal) => {
+                assert!(refusal.0.contains("host-network mode"), "{refusal}");
+                assert!(refusal.0.contains("setup --gvisor"), "{refusal}");
+            }
+            other => panic!("not a refusal: {other:?}"),
+        }
+        assert!(!explain_start_failure(refused(), Some("runsc-net")).is_transient_start());
+        // Under another runtime, or for another reason, the engine's error is kept.
+        assert!(matches!(
+            explain_start_failure(refused(), None),
+            EngineError::Backend(_)
+        ));
+        let other = BackendError::Refused {
+            status: 500,
+            message: "no space left on device".into(),
+        };
+        assert!(matches!(
+            explain_start_failure(other, Some("runsc")),
+            EngineError::Backend(_)
+        ));
     }
 }

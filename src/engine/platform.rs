@@ -21,6 +21,8 @@ pub struct RuntimeChoice {
     pub name: Option<String>,
     /// The runtime is gVisor.
     pub gvisor: bool,
+    /// How that gVisor entry networks its sandboxes (`None` when it is not gVisor).
+    pub gvisor_network: Option<GvisorNetwork>,
     pub why: String,
 }
 
@@ -32,12 +34,117 @@ impl RuntimeChoice {
             .clone()
             .or_else(|| engine.default_runtime.clone())
             .unwrap_or_else(|| "the engine's default".to_string());
-        if self.gvisor {
-            format!("{name} (gVisor)")
-        } else {
-            name
+        match self.gvisor_network {
+            Some(GvisorNetwork::Host) if self.gvisor => {
+                format!("{name} (gVisor, host-network mode)")
+            }
+            _ if self.gvisor => format!("{name} (gVisor)"),
+            _ => name,
         }
     }
+
+    fn runc(why: String) -> RuntimeChoice {
+        RuntimeChoice {
+            name: None,
+            gvisor: false,
+            gvisor_network: None,
+            why,
+        }
+    }
+
+    fn gvisor(entry: &GvisorEntry, why: String) -> RuntimeChoice {
+        RuntimeChoice {
+            name: Some(entry.name.clone()),
+            gvisor: true,
+            gvisor_network: Some(entry.network),
+            why,
+        }
+    }
+}
+
+/// How a gVisor entry gives its sandboxes a network, read from its registered arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GvisorNetwork {
+    /// `--network=none`: none at all, whatever the container asks.
+    None,
+    /// gVisor's own network stack (runsc's default): the container's interfaces copied into the
+    /// sandbox, every packet handled by gVisor.
+    Netstack,
+    /// `--network=host`: the sandbox's sockets are served by the host kernel, inside the
+    /// container's own network namespace (its bridge or egress network, nothing more); the rest
+    /// of the kernel stays gVisor's. Registered where runsc refuses its own stack on the host.
+    Host,
+}
+
+impl GvisorNetwork {
+    /// The mode an entry's arguments give (the last `--network=` wins, as in runsc's flags).
+    pub fn of(args: &[String]) -> GvisorNetwork {
+        args.iter()
+            .rev()
+            .find_map(|arg| {
+                arg.strip_prefix("--network=")
+                    .or_else(|| arg.strip_prefix("-network="))
+            })
+            .map(|mode| match mode {
+                "none" => GvisorNetwork::None,
+                "host" => GvisorNetwork::Host,
+                _ => GvisorNetwork::Netstack,
+            })
+            .unwrap_or(GvisorNetwork::Netstack)
+    }
+
+    /// In words, for the start-up log, `doctor` and `setup`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            GvisorNetwork::None => "no network (--network=none)",
+            GvisorNetwork::Netstack => "gVisor's own network stack",
+            GvisorNetwork::Host => {
+                "host-network mode (--network=host: the host kernel serves the sandbox's sockets \
+                 inside the container's own network namespace; the registration chooses it where \
+                 runsc refuses gVisor's own network stack)"
+            }
+        }
+    }
+}
+
+/// A runtime registered with the engine that is gVisor.
+#[derive(Debug, Clone)]
+struct GvisorEntry {
+    name: String,
+    network: GvisorNetwork,
+}
+
+/// The gVisor entries the engine lists: the one for sandboxes without a network (`runsc`
+/// registered with `--network=none`, as `setup --gvisor` does) and the one for networked
+/// sandboxes (`runsc-net`, or any other gVisor entry with a network). A `runsc` registered with
+/// a network serves both.
+fn gvisor_entries(engine: &BackendInfo) -> (Option<GvisorEntry>, Option<GvisorEntry>) {
+    let mut entries: Vec<GvisorEntry> = engine
+        .runtimes
+        .iter()
+        .filter(|(name, _)| is_gvisor_name(name))
+        .map(|(name, args)| GvisorEntry {
+            name: name.clone(),
+            network: GvisorNetwork::of(args),
+        })
+        .collect();
+    // The conventional names first, then the rest by name (the map is sorted).
+    let rank = |entry: &GvisorEntry| match entry.name.as_str() {
+        "runsc" => 0,
+        "runsc-net" => 1,
+        _ => 2,
+    };
+    entries.sort_by_key(rank);
+    let offline = entries
+        .iter()
+        .find(|e| e.network == GvisorNetwork::None)
+        .or_else(|| entries.first())
+        .cloned();
+    let networked = entries
+        .iter()
+        .find(|e| e.network != GvisorNetwork::None)
+        .cloned();
+    (offline, networked)
 }
 
 /// The engine as the server uses it.
@@ -56,27 +163,7 @@ pub struct Platform {
 #[error("{0}")]
 pub struct Refusal(pub String);
 
-/// The registered runtime that is gVisor: named `runsc`, or any name whose binary is runsc.
-fn gvisor_runtime(engine: &BackendInfo) -> Option<(&String, &Vec<String>)> {
-    engine
-        .runtimes
-        .iter()
-        .find(|(name, _)| name.as_str() == "runsc")
-        .or_else(|| {
-            engine
-                .runtimes
-                .iter()
-                .find(|(name, _)| name.starts_with("runsc"))
-        })
-}
-
-/// gVisor registered with `--network=none` gives a sandbox no network at all.
-fn without_network(args: &[String]) -> bool {
-    args.iter()
-        .any(|arg| arg == "--network=none" || arg == "-network=none")
-}
-
-/// A runtime registered under this name is taken to be gVisor (`runsc`, `runsc-debug`, ...).
+/// A runtime registered under this name is taken to be gVisor (`runsc`, `runsc-net`, ...).
 pub fn is_gvisor_name(name: &str) -> bool {
     name.starts_with("runsc")
 }
@@ -99,23 +186,23 @@ pub fn decide(config: &Config, engine: BackendInfo) -> Result<Platform, Refusal>
         None => automatic(config, &engine, code_needs_network),
     };
     // Installers reach the index: the code's runtime when it gives them a network, else the
-    // best one that does.
+    // networked gVisor entry, else the engine's default.
     let installer = if code_needs_network || !code.gvisor {
         code.clone()
     } else {
-        match gvisor_runtime(&engine) {
-            Some((name, args)) if !without_network(args) => RuntimeChoice {
-                name: Some(name.clone()),
-                gvisor: true,
-                why: "gVisor gives installers their network".to_string(),
-            },
-            _ => RuntimeChoice {
-                name: None,
-                gvisor: false,
-                why: "installers need a network, which gVisor is registered without \
-                      (--network=none)"
+        match gvisor_entries(&engine).1 {
+            Some(entry) => RuntimeChoice::gvisor(
+                &entry,
+                format!(
+                    "gVisor gives installers their network through {}",
+                    entry.network.describe()
+                ),
+            ),
+            None => RuntimeChoice::runc(
+                "installers need a network, and no gVisor entry with one is registered \
+                 (`sudo python-code-sandbox setup --gvisor` registers runsc-net)"
                     .to_string(),
-            },
+            ),
         }
     };
     Ok(Platform {
@@ -123,6 +210,20 @@ pub fn decide(config: &Config, engine: BackendInfo) -> Result<Platform, Refusal>
         code,
         installer,
     })
+}
+
+/// What runsc says when it refuses gVisor's own network stack on a host.
+pub const NETSTACK_REFUSAL: &str = "cannot run with network enabled in root network namespace";
+
+/// The runtime networked code would get on this engine (`SANDBOX_NETWORK=allowlist` or
+/// `bridge`), for `doctor` and `setup` to say when the policy is `none`; `None` when the engine
+/// would refuse it.
+pub fn networked_code(config: &Config, engine: &BackendInfo) -> Option<RuntimeChoice> {
+    let networked = Config {
+        network: NetworkPolicy::Bridge,
+        ..config.clone()
+    };
+    decide(&networked, engine.clone()).ok().map(|p| p.code)
 }
 
 /// `SANDBOX_ROOTS=rw` runs the code as the server's uid so that what it writes to the user's
@@ -198,21 +299,49 @@ fn explicit(
             known.join(", ")
         )));
     }
-    let gvisor = is_gvisor_name(name);
-    if gvisor && needs_network && registered.is_some_and(|args| without_network(args)) {
-        return Err(Refusal(format!(
+    if !is_gvisor_name(name) {
+        return Ok(RuntimeChoice {
+            name: Some(name.to_string()),
+            gvisor: false,
+            gvisor_network: None,
+            why: "SANDBOX_RUNTIME chooses it".to_string(),
+        });
+    }
+    let network = registered
+        .map(|args| GvisorNetwork::of(args))
+        .unwrap_or(GvisorNetwork::Netstack);
+    let named = GvisorEntry {
+        name: name.to_string(),
+        network,
+    };
+    if !needs_network || network != GvisorNetwork::None {
+        return Ok(RuntimeChoice::gvisor(
+            &named,
+            "SANDBOX_RUNTIME chooses it".to_string(),
+        ));
+    }
+    // SANDBOX_RUNTIME names gVisor: its entry with a network serves networked sandboxes.
+    match gvisor_entries(engine).1 {
+        Some(entry) => Ok(RuntimeChoice::gvisor(
+            &entry,
+            format!(
+                "SANDBOX_RUNTIME={name} chooses gVisor, and {name} has no network \
+                 (--network=none): SANDBOX_NETWORK={} runs under {}, gVisor with {}",
+                config.network.as_str(),
+                entry.name,
+                entry.network.describe()
+            ),
+        )),
+        None => Err(Refusal(format!(
             "SANDBOX_RUNTIME={name} cannot give sandboxes a network: {} registers it with \
-             --network=none, and SANDBOX_NETWORK={} needs one. Unset SANDBOX_RUNTIME (runc is then \
-             chosen for networked sandboxes) or set SANDBOX_NETWORK=none",
+             --network=none and lists no gVisor entry with a network, and SANDBOX_NETWORK={} \
+             needs one. Register one (`sudo python-code-sandbox setup --gvisor` adds runsc-net), \
+             unset SANDBOX_RUNTIME (runc is then chosen for networked sandboxes) or set \
+             SANDBOX_NETWORK=none",
             engine.name,
             config.network.as_str()
-        )));
+        ))),
     }
-    Ok(RuntimeChoice {
-        name: Some(name.to_string()),
-        gvisor,
-        why: "SANDBOX_RUNTIME chooses it".to_string(),
-    })
 }
 
 /// gVisor's own installation guide, for engines `setup --gvisor` cannot register it with.
@@ -266,35 +395,47 @@ pub fn gvisor_registrable(engine: &BackendInfo) -> Result<(), String> {
 
 /// No `SANDBOX_RUNTIME`: gVisor when it is registered and can provide what the settings need.
 fn automatic(config: &Config, engine: &BackendInfo, needs_network: bool) -> RuntimeChoice {
-    let runc = |why: String| RuntimeChoice {
-        name: None,
-        gvisor: false,
-        why,
-    };
-    let Some((name, args)) = gvisor_runtime(engine) else {
-        return runc(format!(
+    let (offline, networked) = gvisor_entries(engine);
+    let Some(offline) = offline else {
+        return RuntimeChoice::runc(format!(
             "gVisor (runsc) is not registered with {}; for its stronger isolation: {}",
             engine.name,
             how_to_get_gvisor(engine)
         ));
     };
-    if needs_network && without_network(args) {
-        return runc(format!(
-            "gVisor is registered with --network=none, and SANDBOX_NETWORK={} needs a network",
-            config.network.as_str()
-        ));
-    }
+    let entry = if needs_network {
+        let Some(networked) = networked else {
+            return RuntimeChoice::runc(format!(
+                "gVisor is registered with --network=none only, and SANDBOX_NETWORK={} needs a \
+                 network: {} registers runsc-net, gVisor's entry for networked sandboxes",
+                config.network.as_str(),
+                match gvisor_registrable(engine) {
+                    Ok(()) => "`sudo python-code-sandbox setup --gvisor`".to_string(),
+                    Err(_) => "registering gVisor again as docs/install.md says".to_string(),
+                }
+            ));
+        };
+        networked
+    } else {
+        offline
+    };
     if config.limits.pids < GVISOR_MIN_PIDS {
-        return runc(format!(
+        return RuntimeChoice::runc(format!(
             "SANDBOX_PIDS_LIMIT={} is below the {GVISOR_MIN_PIDS} gVisor needs",
             config.limits.pids
         ));
     }
-    RuntimeChoice {
-        name: Some(name.clone()),
-        gvisor: true,
-        why: "gVisor is registered with the engine (SANDBOX_RUNTIME=runc chooses runc)".to_string(),
-    }
+    let why = if needs_network {
+        format!(
+            "gVisor is registered with the engine, and {} gives networked sandboxes {} \
+             (SANDBOX_RUNTIME=runc chooses runc)",
+            entry.name,
+            entry.network.describe()
+        )
+    } else {
+        "gVisor is registered with the engine (SANDBOX_RUNTIME=runc chooses runc)".to_string()
+    };
+    RuntimeChoice::gvisor(&entry, why)
 }
 
 #[cfg(test)]
@@ -341,7 +482,96 @@ mod tests {
         assert_eq!(platform.code.label(&platform.engine), "runsc (gVisor)");
         // Installers need a network, which this runsc cannot give.
         assert_eq!(platform.installer.name, None);
-        assert!(platform.installer.why.contains("--network=none"));
+        assert!(
+            platform.installer.why.contains("runsc-net"),
+            "{:?}",
+            platform.installer
+        );
+    }
+
+    /// What `setup --gvisor` and `scripts/runsc.sh` register where runsc refuses its own network
+    /// stack (this machine): an entry without a network and one in host-network mode.
+    const TWO: &[(&str, &[&str])] = &[
+        ("runc", &[]),
+        ("runsc", &["--network=none"]),
+        ("runsc-net", &["--network=host"]),
+    ];
+
+    #[test]
+    fn networked_code_and_installers_keep_gvisor_through_its_networked_entry() {
+        let networked = Config {
+            network: NetworkPolicy::Allowlist,
+            ..Config::default()
+        };
+        let platform = decide(&networked, engine(TWO)).expect("decided");
+        assert_eq!(platform.code.name.as_deref(), Some("runsc-net"));
+        assert_eq!(platform.code.gvisor_network, Some(GvisorNetwork::Host));
+        assert!(
+            platform.code.why.contains("host-network mode"),
+            "{}",
+            platform.code.why
+        );
+        assert_eq!(
+            platform.code.label(&platform.engine),
+            "runsc-net (gVisor, host-network mode)"
+        );
+        assert_eq!(platform.installer, platform.code);
+
+        // Without a network the code keeps the entry that has none; installers get the other.
+        let platform = decide(&Config::default(), engine(TWO)).expect("decided");
+        assert_eq!(platform.code.name.as_deref(), Some("runsc"));
+        assert_eq!(platform.code.gvisor_network, Some(GvisorNetwork::None));
+        assert_eq!(platform.installer.name.as_deref(), Some("runsc-net"));
+        assert!(platform.installer.gvisor);
+
+        // gVisor's own stack, where the host accepts it.
+        let netstack = engine(&[("runsc", &["--network=none"]), ("runsc-net", &[])]);
+        let platform = decide(&networked, netstack).expect("decided");
+        assert_eq!(platform.code.gvisor_network, Some(GvisorNetwork::Netstack));
+        assert_eq!(platform.code.label(&platform.engine), "runsc-net (gVisor)");
+
+        // SANDBOX_RUNTIME=runsc means gVisor: a networked policy gets its networked entry.
+        let named = Config {
+            runtime: Some("runsc".into()),
+            network: NetworkPolicy::Bridge,
+            ..Config::default()
+        };
+        let platform = decide(&named, engine(TWO)).expect("decided");
+        assert_eq!(platform.code.name.as_deref(), Some("runsc-net"));
+        assert!(
+            platform.code.why.contains("SANDBOX_RUNTIME=runsc"),
+            "{}",
+            platform.code.why
+        );
+        // An explicit networked entry is taken as named.
+        let named = Config {
+            runtime: Some("runsc-net".into()),
+            ..Config::default()
+        };
+        let platform = decide(&named, engine(TWO)).expect("decided");
+        assert_eq!(platform.code.name.as_deref(), Some("runsc-net"));
+    }
+
+    #[test]
+    fn an_entrys_network_is_read_from_its_arguments() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(GvisorNetwork::of(&args(&[])), GvisorNetwork::Netstack);
+        assert_eq!(
+            GvisorNetwork::of(&args(&["--network=none"])),
+            GvisorNetwork::None
+        );
+        assert_eq!(
+            GvisorNetwork::of(&args(&["-network=host"])),
+            GvisorNetwork::Host
+        );
+        assert_eq!(
+            GvisorNetwork::of(&args(&["--network=sandbox", "--platform=systrap"])),
+            GvisorNetwork::Netstack
+        );
+        assert_eq!(
+            GvisorNetwork::of(&args(&["--network=none", "--network=host"])),
+            GvisorNetwork::Host
+        );
     }
 
     #[test]

@@ -40,13 +40,14 @@ pub fn test_config() -> Config {
 }
 
 /// The test binaries whose sandboxes run under the engine's own choice of runtime (gVisor where
-/// registered, as the product runs by default): the lifecycle and hardening tests. The others
+/// registered, as the product runs by default): the lifecycle and hardening tests, and the egress
+/// network's (networked code keeps gVisor through its networked entry, `runsc-net`). The others
 /// (files, dependencies, flavours, preload, ...) test what does not depend on the runtime, under
 /// runc: a sandbox start costs about 2 s of CPU under gVisor on this machine kind's ptrace
 /// platform, and half the engine tests' time was gVisor's. `PCS_ENGINE_RUNTIME` says otherwise
 /// for all of them (`default`: the engine's choice; a name: that runtime). The MCP suite does the
 /// same (tests/mcp/conftest.py, `PCS_MCP_RUNTIME`).
-const UNDER_DEFAULT_RUNTIME: &[&str] = &["engine"];
+const UNDER_DEFAULT_RUNTIME: &[&str] = &["engine", "egress"];
 
 /// The runtime [`test_config`] names (see [`UNDER_DEFAULT_RUNTIME`]); `None` is the engine's choice.
 pub fn suite_runtime() -> Option<String> {
