@@ -47,6 +47,9 @@ pub enum FailureKind {
         port: u16,
         how: NoAnswer,
     },
+    /// The index URL names loopback (`127.0.0.1`, `localhost`, `::1`): inside the installer's
+    /// sandbox that is the installer itself, which the proxy never carries.
+    OwnLoopback { host: String, port: u16 },
     /// The index's TLS certificate is not trusted (TLS interception, a private CA).
     UntrustedCertificate,
     /// The index answered 401 or 407 (credentials wanted) or 403 (refused).
@@ -176,6 +179,13 @@ fn kind_of(evidence: &Evidence<'_>, setting: &Setting<'_>) -> FailureKind {
             stopped,
         };
     }
+    // An index on loopback is the installer's own loopback: never the proxy's to reach, so it
+    // leaves no record, only the installer's words about a refused connection.
+    if evidence.route == Route::EgressProxy {
+        if let Some(kind) = own_loopback(setting.index) {
+            return kind;
+        }
+    }
     let failed = stopped(NetworkOutcome::Failed).chain(stopped(NetworkOutcome::Refused));
     for (host, port, stopped) in failed {
         match stopped {
@@ -254,6 +264,22 @@ fn kind_of(evidence: &Evidence<'_>, setting: &Setting<'_>) -> FailureKind {
         return FailureKind::NoWheel;
     }
     FailureKind::Other
+}
+
+/// The first index's host, when it is loopback.
+fn own_loopback(index: &IndexConfig) -> Option<FailureKind> {
+    let primary = index.index_url.as_deref().unwrap_or(DEFAULT_INDEX);
+    let (host, port) = crate::config::url_host_port(primary)?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare.eq_ignore_ascii_case("localhost")
+        || bare.to_ascii_lowercase().ends_with(".localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    loopback.then(|| FailureKind::OwnLoopback {
+        host: clean(&host),
+        port,
+    })
 }
 
 /// A connection pip made itself that failed, from its words, named by the first index's host.
@@ -423,6 +449,18 @@ impl fmt::Display for InstallFailure {
                 allow = SANDBOX_DEPS_EGRESS_ALLOW.name,
                 url = PIP_INDEX_URL.name,
                 extra = PIP_EXTRA_INDEX_URL.name,
+            )?,
+            FailureKind::OwnLoopback { host, port } => write!(
+                f,
+                "the index {index} is on {host}, loopback: inside the installer's sandbox that \
+                 is the installer itself (nothing of the host's is there, and loopback never \
+                 goes through the egress proxy), so nothing answered at {host}:{port}. Serve \
+                 the index where the engine's containers reach it: publish its port on the host \
+                 and set {url} to the host's address on the engine's network (such as the \
+                 bridge gateway, 172.17.0.1 on Docker's default), with \
+                 {private}=HOST where that address is not public.",
+                url = PIP_INDEX_URL.name,
+                private = SANDBOX_DEPS_EGRESS_ALLOW_PRIVATE.name,
             )?,
             FailureKind::Unresolved { host, port } if self.route == Route::ImageBuild => write!(
                 f,
@@ -616,6 +654,52 @@ mod tests {
         assert!(text.contains("publish its port on the host"), "{text}");
     }
 
+    #[test]
+    fn an_index_on_loopback_is_the_installers_own_and_said_so() {
+        for url in [
+            "http://127.0.0.1:8765/simple/",
+            "http://localhost:8765/simple/",
+            "http://[::1]:8765/simple/",
+        ] {
+            let index = IndexConfig {
+                index_url: Some(url.into()),
+                ..IndexConfig::default()
+            };
+            let evidence = |route| Evidence {
+                route,
+                output: "error: Request failed after 3 retries\n  Caused by: Connection refused",
+                diagnosis: "",
+                connections: &[],
+                timed_out: false,
+            };
+            let setting = Setting {
+                index: &index,
+                projects: &["pcs-fake".to_string()],
+                timeout: Duration::from_secs(60),
+                install_max_bytes: 1 << 30,
+            };
+            let text = classify(&evidence(Route::EgressProxy), &setting).to_string();
+            assert!(text.contains("is on "), "{text}");
+            assert!(text.contains("the installer itself"), "{text}");
+            assert!(text.contains("PIP_INDEX_URL"), "{text}");
+            assert!(
+                text.contains("The installer said:\nerror: Request failed"),
+                "{text}"
+            );
+            // A build's own loopback is said by its own words.
+            let build = classify(&evidence(Route::ImageBuild), &setting);
+            assert!(
+                !matches!(build.kind, FailureKind::OwnLoopback { .. }),
+                "{build}"
+            );
+        }
+        let public = IndexConfig {
+            index_url: Some("http://127.example.test/simple/".into()),
+            ..IndexConfig::default()
+        };
+        assert!(own_loopback(&public).is_none());
+    }
+
     fn entry(host: &str, port: u16, outcome: NetworkOutcome, stopped: Stopped) -> NetworkEntry {
         NetworkEntry {
             host: host.into(),
@@ -626,6 +710,7 @@ mod tests {
             bytes_received: 0,
             reason: None,
             stopped: Some(stopped),
+            secret: None,
         }
     }
 
