@@ -421,7 +421,7 @@ pub fn target_of(host: &str) -> Option<Target> {
 }
 
 /// Validates and normalizes a name (not a pattern): lower case, one trailing dot removed.
-fn name(text: &str) -> Result<String, &'static str> {
+pub(super) fn name(text: &str) -> Result<String, &'static str> {
     let lower = text.to_ascii_lowercase();
     let name = lower.strip_suffix('.').unwrap_or(&lower);
     if name.is_empty() {

@@ -54,4 +54,13 @@ pub enum ValueError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     LogFilter(#[from] tracing_subscriber::filter::ParseError),
+    /// Boxed: it carries where in the file, which would make every setting's error large.
+    #[error(transparent)]
+    Secrets(Box<super::secrets::SecretsError>),
+}
+
+impl From<super::secrets::SecretsError> for ValueError {
+    fn from(error: super::secrets::SecretsError) -> ValueError {
+        ValueError::Secrets(Box::new(error))
+    }
 }

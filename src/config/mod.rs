@@ -18,6 +18,7 @@
 //!   the code's egress proxy takes (`SANDBOX_NETWORK=allowlist`);
 //! - `validate`: the rules between settings (a workspace that fits in memory, ...);
 //! - `roots`: MCP roots' mode, allowed prefixes and HTTP mappings (`SANDBOX_ROOTS*`);
+//! - [`secrets`]: the secrets the egress proxy adds to the code's requests (`SANDBOX_SECRETS_FILE`);
 //! - `paths`: the per-user default directories;
 //! - `error`: [`ConfigError`], which keeps the parser's own error as its source.
 
@@ -30,6 +31,7 @@ mod error;
 mod parse;
 mod paths;
 mod roots;
+pub mod secrets;
 pub mod settings;
 mod validate;
 
@@ -321,6 +323,8 @@ pub struct Config {
     pub network: NetworkPolicy,
     /// Who the code may reach with `SANDBOX_NETWORK=allowlist` (`SANDBOX_EGRESS_*`).
     pub egress: EgressPolicy,
+    /// The secrets the egress proxy adds to the code's requests (`SANDBOX_SECRETS_FILE`).
+    pub secrets: std::sync::Arc<secrets::Secrets>,
     /// Host CA bundle trusted by the containers that reach a package index (the image build,
     /// flavours, installers) and made available inside sandboxes that have a network.
     pub ca_bundle: Option<PathBuf>,
@@ -393,6 +397,7 @@ impl Default for Config {
             },
             network: NetworkPolicy::None,
             egress: EgressPolicy::default(),
+            secrets: Default::default(),
             ca_bundle: None,
             ca_bundle_source: CaBundleSource::NotFound,
             runtime: None,
@@ -521,6 +526,34 @@ impl Config {
         }
         validate::relations(&mut config, &env)?;
         Ok(config)
+    }
+
+    /// Why secrets brokered at the egress cannot be used with these settings, if they cannot
+    /// (for `SANDBOX_SECRETS_FILE` and a principal's `secrets=`): they are added by the allowlist
+    /// network's egress proxy, and the sandboxes' trust in its CA is mounted from this machine.
+    pub fn secrets_refusal(&self) -> Option<String> {
+        if self.network != NetworkPolicy::Allowlist {
+            return Some(format!(
+                "secrets need SANDBOX_NETWORK=allowlist (this server's is {}): the allowlist \
+                 network's egress proxy adds them; set SANDBOX_NETWORK=allowlist",
+                self.network.as_str()
+            ));
+        }
+        if self.remote_engine {
+            return Some(
+                "secrets need the engine on this machine (DOCKER_HOST names another): the \
+                 sandboxes trust the egress proxy's CA through a file of this machine, which \
+                 that engine cannot mount"
+                    .to_string(),
+            );
+        }
+        None
+    }
+
+    /// The secrets brokered at the egress, in one line (names, variables, headers and hosts,
+    /// never a value), for `doctor` and the start-up log; `None` without secrets.
+    pub fn secrets_summary(&self) -> Option<String> {
+        self.secrets.summary()
     }
 
     /// The host's own CA bundle (`SSL_CERT_FILE`, else the system's), whatever the setting says;

@@ -361,6 +361,29 @@ pub const SANDBOX_EGRESS_SUBNETS: Setting = Setting {
     }),
 };
 
+/// Read here is only the path; the file is read and checked in `validate`, which knows the
+/// network, the engine and the principals it needs (and the environment its `value_env` names).
+pub const SANDBOX_SECRETS_FILE: Setting = Setting {
+    name: "SANDBOX_SECRETS_FILE",
+    default: Shown::Prose("none"),
+    doc: "`allowlist`: a TOML file of API keys the egress proxy adds to the code's HTTPS requests to the hosts each is bound to, so that no key enters a sandbox (the code's variable holds a placeholder): a `[[secret]]` table each, with `name`, `value_env` or `value_file`, `hosts`, `header`, `format` and `env` (see [Secrets brokered at the egress](#secrets-brokered-at-the-egress)); read once at start-up; not with an engine on another machine, nor with several principals (each gets its own with `secrets=` on its tokens-file line)",
+    read: Read::Value(|config, var, v| {
+        let path = PathBuf::from(v);
+        if !path.is_absolute() {
+            return Err(ConfigError::new(
+                var,
+                v,
+                "the absolute path of a secrets file (TOML), such as /etc/python-code-sandbox/secrets.toml",
+            ));
+        }
+        config.secrets = std::sync::Arc::new(super::secrets::Secrets {
+            entries: Vec::new(),
+            file: Some(path),
+        });
+        Ok(())
+    }),
+};
+
 /// `SANDBOX_EGRESS_ALLOW` or `SANDBOX_EGRESS_ASK`; the error names the entry and why.
 fn parse_egress_rules(var: &'static str, v: &str) -> Result<EgressRules, ConfigError> {
     EgressRules::parse(v).map_err(|why| {
@@ -409,7 +432,7 @@ fn parse_resolve_pair(
 pub const SANDBOX_RUNTIME: Setting = Setting {
     name: "SANDBOX_RUNTIME",
     default: Shown::Prose("`auto`: gVisor (`runsc`) when the engine has it and it can do what the settings need, else the engine's default (runc)"),
-    doc: "OCI runtime of the sandboxes that run the agent's code. `auto` chooses gVisor whenever it is registered with the engine (`python-code-sandbox setup --gvisor` registers it with a local Docker engine; `scripts/dev-env.sh` does too), except where it cannot provide what a setting needs: gVisor registered with `--network=none` gives no network, so `SANDBOX_NETWORK=bridge|allowlist` falls back to runc, as does a pids limit under `256`; `doctor` and the start-up log say which runtime runs the code and why. A name (`runc`, `runsc`) forces that runtime, and the server refuses to start sandboxes when it is not registered or cannot give the network asked for. Installers run under the code's runtime when it gives them a network, else the engine's default. Under gVisor the pids limit bounds gVisor's own host threads, not the processes inside, so it must be at least `256`; a fork bomb then ends the sandbox (reported as lost) instead of stopping at the limit",
+    doc: "OCI runtime of the sandboxes that run the agent's code. `auto` chooses gVisor whenever it is registered with the engine (`python-code-sandbox setup --gvisor` registers it with a local Docker engine; `scripts/dev-env.sh` does too), except where it cannot provide what a setting needs: `SANDBOX_NETWORK=bridge|allowlist` runs under gVisor's networked entry (`runsc-net`: gVisor's own network stack, or host-network mode where runsc refuses it; `setup --gvisor` and `scripts/runsc.sh` register both entries and probe which mode works), and falls back to runc only where no gVisor entry has a network, as does a pids limit under `256`; `doctor` and the start-up log say which runtime runs the code and why. A name (`runc`, `runsc`) forces that runtime (`runsc` means gVisor: a networked policy takes its networked entry), and the server refuses to start sandboxes when it is not registered or cannot give the network asked for. Installers run under the code's runtime when it gives them a network, else gVisor's networked entry, else the engine's default. Under gVisor the pids limit bounds gVisor's own host threads, not the processes inside, so it must be at least `256`; a fork bomb then ends the sandbox (reported as lost) instead of stopping at the limit",
     read: Read::Value(|config, var, v| {
         if v == "auto" {
             config.runtime = None;
@@ -1392,6 +1415,7 @@ pub const SETTINGS: &[Setting] = &[
     SANDBOX_EGRESS_RESOLVE,
     SANDBOX_EGRESS_UPLINK,
     SANDBOX_EGRESS_SUBNETS,
+    SANDBOX_SECRETS_FILE,
     SANDBOX_RUNTIME,
     SANDBOX_CA_BUNDLE,
     SANDBOX_ALLOWED_IMAGES,
@@ -1909,6 +1933,9 @@ mod tests {
         OfSettings,
         /// These, each of which the file must write as a literal (`"NAME"`).
         These(&'static [&'static str]),
+        /// The variables a secrets file's `value_env` names: the operator's own, documented
+        /// with the file ("Secrets brokered at the egress").
+        OfSecretsFiles,
     }
 
     /// Reads whose variable is not a literal: (file under `src/`, argument, what it names).
@@ -1931,6 +1958,8 @@ mod tests {
             "name",
             Names::These(&["DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"]),
         ),
+        // A principal's `secrets=` file: its `value_env` variables (`secrets::server_env`).
+        ("config/secrets.rs", "name", Names::OfSecretsFiles),
     ];
 
     /// What a scan found: each variable with the files that read it, and the reads whose

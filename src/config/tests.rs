@@ -715,3 +715,96 @@ fn roots_settings_parse_and_their_relations_hold() {
     let e = super::validate::roots(&rw, &env, 1000).unwrap_err();
     assert_eq!(e.var, "SANDBOX_ROOTS_ALLOW");
 }
+
+/// A secrets file in a directory of its own, with one secret whose value is `$PCS_TEST_KEY`.
+fn secrets_file() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pcs-secrets-cfg-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let file = dir.join("secrets.toml");
+    std::fs::write(
+        &file,
+        "[[secret]]\nname = \"openai\"\nvalue_env = \"PCS_TEST_KEY\"\nhosts = [\"api.openai.com\"]\nenv = \"OPENAI_API_KEY\"\n",
+    )
+    .expect("written");
+    file
+}
+
+#[test]
+fn secrets_are_read_with_the_allowlist_network_only() {
+    let file = secrets_file();
+    let path = file.display().to_string();
+    let key = ("PCS_TEST_KEY", "sk-test-123");
+    let allowlist = ("SANDBOX_NETWORK", "allowlist");
+    let secrets = ("SANDBOX_SECRETS_FILE", path.as_str());
+
+    // Nothing else to reach is needed: the secret's host is reachable.
+    let c = config(&[secrets, allowlist, key]).unwrap();
+    assert_eq!(c.secrets.entries.len(), 1);
+    assert_eq!(c.secrets.entries[0].value.expose(), "sk-test-123");
+    assert_eq!(c.secrets.file.as_deref(), Some(file.as_path()));
+    let summary = c.secrets_summary().unwrap();
+    assert!(summary.contains("openai ($OPENAI_API_KEY"), "{summary}");
+    assert!(!format!("{c:?}").contains("sk-test-123"));
+    assert!(config(&[allowlist]).is_err(), "nothing to reach");
+    assert_eq!(config(&[]).unwrap().secrets_summary(), None);
+
+    for (network, shown) in [(None, "none"), (Some("bridge"), "bridge")] {
+        let mut vars = vec![secrets, key];
+        vars.extend(network.map(|n| ("SANDBOX_NETWORK", n)));
+        let e = config(&vars).unwrap_err();
+        assert_eq!(e.var, "SANDBOX_SECRETS_FILE");
+        assert!(
+            e.to_string().contains(&format!(
+                "secrets need SANDBOX_NETWORK=allowlist (this server's is {shown})"
+            )),
+            "{e}"
+        );
+    }
+
+    let remote = ("DOCKER_HOST", "ssh://me@engine.example");
+    let e = config(&[secrets, allowlist, key, remote]).unwrap_err();
+    assert_eq!(e.var, "SANDBOX_SECRETS_FILE");
+    assert!(e.to_string().contains("the engine on this machine"), "{e}");
+
+    let e = config(&[
+        secrets,
+        allowlist,
+        key,
+        ("SANDBOX_OAUTH_ISSUER", "https://auth.example.com"),
+        ("SANDBOX_OAUTH_JWKS", "https://auth.example.com/jwks"),
+        (
+            "SANDBOX_HTTP_RESOURCE_URL",
+            "https://sandbox.example.com/mcp",
+        ),
+    ])
+    .unwrap_err();
+    assert_eq!(e.var, "SANDBOX_SECRETS_FILE");
+    assert!(e.to_string().contains("SANDBOX_OAUTH_ISSUER"), "{e}");
+
+    // The file's own faults, with the entry and the field; the value never.
+    let e = config(&[secrets, allowlist]).unwrap_err();
+    assert_eq!(e.var, "SANDBOX_SECRETS_FILE");
+    assert!(
+        e.to_string().contains(
+            "[[secret]] #1 (name \"openai\"), field `value_env`: $PCS_TEST_KEY is unset or empty"
+        ),
+        "{e}"
+    );
+    let e = config(&[secrets, allowlist, ("PCS_TEST_KEY", "sk test")]).unwrap_err();
+    assert!(e.to_string().contains("character 3 of 7 is a space"), "{e}");
+    assert!(!e.to_string().contains("sk test"), "{e}");
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the typed error is kept"
+    );
+    let e = config(&[("SANDBOX_SECRETS_FILE", "secrets.toml"), allowlist]).unwrap_err();
+    assert!(e.to_string().contains("the absolute path"), "{e}");
+    let missing = file.with_file_name("missing.toml");
+    let e = config(&[
+        ("SANDBOX_SECRETS_FILE", &missing.display().to_string()),
+        allowlist,
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("cannot be read"), "{e}");
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}

@@ -4,13 +4,15 @@
 
 use super::address::{redact_url, url_has_credentials};
 use super::error::ConfigError;
+use super::secrets::Secrets;
 use super::settings::{
     Env, DOCKER_CERT_PATH, DOCKER_HOST, DOCKER_TLS_VERIFY, SANDBOX_ALLOW_SOURCE_BUILDS,
     SANDBOX_EGRESS_ALLOW, SANDBOX_EGRESS_ALLOW_ALL, SANDBOX_EGRESS_ASK, SANDBOX_EGRESS_RESOLVE,
     SANDBOX_FILES_MAX_BYTES, SANDBOX_HTTP_RESOURCE_URL, SANDBOX_HTTP_TOKEN,
     SANDBOX_HTTP_TOKENS_FILE, SANDBOX_HTTP_TOKEN_FILE, SANDBOX_NETWORK, SANDBOX_OAUTH_ISSUER,
     SANDBOX_OAUTH_JWKS, SANDBOX_PIDS_LIMIT, SANDBOX_POOL_MAX_MEMORY, SANDBOX_ROOTS,
-    SANDBOX_ROOTS_ALLOW, SANDBOX_ROOTS_MAP, SANDBOX_SNAPSHOT_MAX_TOTAL, SANDBOX_WORKSPACE_SIZE,
+    SANDBOX_ROOTS_ALLOW, SANDBOX_ROOTS_MAP, SANDBOX_SECRETS_FILE, SANDBOX_SNAPSHOT_MAX_TOTAL,
+    SANDBOX_WORKSPACE_SIZE,
 };
 use super::{Config, NetworkPolicy, RootsMode, DEFAULT_WORKSPACE_BYTES, GVISOR_MIN_PIDS};
 
@@ -105,6 +107,7 @@ pub(super) fn relations(config: &mut Config, env: &Env) -> Result<(), ConfigErro
 
     egress(config, env)?;
     oauth(config, env)?;
+    secrets(config, env)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     roots(config, env, unsafe { libc::geteuid() })?;
 
@@ -260,15 +263,56 @@ fn egress(config: &Config, env: &Env) -> Result<(), ConfigError> {
              meant, or name the hosts (or put `*` in SANDBOX_EGRESS_ASK to ask the user)",
         ));
     }
-    if egress.allow.is_empty() && egress.ask.is_empty() {
+    // A secret's hosts are reachable by the code that can use it.
+    if egress.allow.is_empty() && egress.ask.is_empty() && config.secrets.file.is_none() {
         return Err(ConfigError::new(
             SANDBOX_NETWORK.name,
             env.get(&SANDBOX_NETWORK).unwrap_or_default(),
             "with SANDBOX_NETWORK=allowlist, at least one host in SANDBOX_EGRESS_ALLOW or \
-             SANDBOX_EGRESS_ASK (with both empty nothing could be reached: use \
-             SANDBOX_NETWORK=none for no network)",
+             SANDBOX_EGRESS_ASK, or a secret's in SANDBOX_SECRETS_FILE (with none nothing \
+             could be reached: use SANDBOX_NETWORK=none for no network)",
         ));
     }
+    Ok(())
+}
+
+/// `SANDBOX_SECRETS_FILE`: only where secrets can be used ([`Config::secrets_refusal`]), not
+/// with OAuth (its principals are any number, and one set would be every one's); then the file
+/// is read, with `value_env` looked up in the same environment as the settings.
+fn secrets(config: &mut Config, env: &Env) -> Result<(), ConfigError> {
+    let Some(file) = config.secrets.file.clone() else {
+        return Ok(());
+    };
+    let shown = file.display().to_string();
+    if let Some(why) = config.secrets_refusal() {
+        return Err(ConfigError::new(
+            SANDBOX_SECRETS_FILE.name,
+            shown,
+            format!("unset: {why}; or unset SANDBOX_SECRETS_FILE"),
+        ));
+    }
+    if config.http.oauth.issuer.is_some() {
+        return Err(ConfigError::new(
+            SANDBOX_SECRETS_FILE.name,
+            shown,
+            "unset with SANDBOX_OAUTH_ISSUER: OAuth callers are principals, any number of \
+             them, and one set of secrets would be every one's; give token holders their own \
+             with secrets=PATH on their SANDBOX_HTTP_TOKENS_FILE line",
+        ));
+    }
+    let secrets = Secrets::load(&file, env.0).map_err(|e| {
+        ConfigError::new(
+            SANDBOX_SECRETS_FILE.name,
+            shown,
+            format!(
+                "a TOML file of [[secret]] tables (docs/configuration.md, \"Secrets brokered at \
+                 the egress\"); {}",
+                e.where_and_why()
+            ),
+        )
+        .because(e)
+    })?;
+    config.secrets = std::sync::Arc::new(secrets);
     Ok(())
 }
 

@@ -82,6 +82,8 @@ pub mod paths {
     pub const WORKSPACE: &str = "/workspace";
     pub const TMP: &str = "/tmp";
     pub const CA_BUNDLE: &str = "/etc/ssl/certs/sandbox-ca-bundle.crt";
+    /// The image's system bundle (Debian's), which the same bundle is mounted over.
+    pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
     /// Installed dependency sets, one directory per cache key (read-only in sandboxes).
     pub const DEPS: &str = "/opt/deps";
     /// The runner's IPython set where the sandbox image carries it (`image build` puts it there).

@@ -176,6 +176,8 @@ pub struct NetworkEntry {
     /// The same as data, where the proxy or the installers' policy says it as such (the first
     /// attempt's, for entries that count several).
     pub stopped: Option<Stopped>,
+    /// The secret the egress proxy added to these requests (its name; never its value).
+    pub secret: Option<String>,
 }
 
 /// What stopped a connection through the egress proxy.

@@ -497,7 +497,10 @@ impl Sandbox {
     }
 
     async fn start_runner(&mut self) -> Result<(), EngineError> {
-        let streams = self.backend.start(&self.id).await?;
+        let streams =
+            self.backend.start(&self.id).await.map_err(|e| {
+                super::error::explain_start_failure(e, self.spec.runtime.as_deref())
+            })?;
         // Its mounts, before any code runs (a start with the same spec goes through this too).
         self.verify_mounts().await?;
         // Adopted on the egress network under its (possibly new) address before any code runs.
@@ -529,11 +532,12 @@ impl Sandbox {
             .as_ref()
             .and_then(|l| l.role())
             .unwrap_or_else(|| attachment.role.clone());
-        self.egress = Some(
-            attachment
-                .gateway
-                .lease(attachment.network.clone(), address, role),
-        );
+        self.egress = Some(attachment.gateway.lease(
+            attachment.network.clone(),
+            address,
+            role,
+            attachment.secrets.clone(),
+        ));
         Ok(())
     }
 

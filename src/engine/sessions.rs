@@ -146,6 +146,9 @@ pub(crate) struct Session {
     pub(super) calls: std::sync::atomic::AtomicU64,
     /// The client's roots its sandbox mounts, as they were when it started (kept for good).
     pub(super) roots: Option<Arc<super::roots::RootSet>>,
+    /// The secrets its sandbox's requests get (a principal's own; `None`: the server's): a copy
+    /// of the session gets the same, with placeholders of its own.
+    pub(super) secrets: Option<Arc<crate::config::secrets::Secrets>>,
 }
 
 /// What one session's container has been paid for, so that the CPU its code uses outside calls

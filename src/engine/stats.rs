@@ -1,5 +1,5 @@
-//! What the engine tells an observer for operators: how long sandboxes took to start and how many
-//! bytes of files were copied out of them. The engine only reports events; what counts them (the
+//! What the engine tells an observer for operators: how long sandboxes took to start, how many
+//! bytes of files were copied out of them, and which secrets the egress proxy added to requests. The engine only reports events; what counts them (the
 //! server's Prometheus metrics) registers itself with [`observe`] and lives above the engine.
 //!
 //! Bytes copied out are also counted per call: code that runs a call inside [`counting_copied`]
@@ -17,6 +17,8 @@ pub trait Observer: Send + Sync {
     fn sandbox_started(&self, took: Duration);
     /// `bytes` of a workspace file were copied out of a sandbox.
     fn copied_out(&self, bytes: u64);
+    /// The egress proxy added the secret `secret` (its name) to a request to `host`.
+    fn secret_used(&self, _secret: &str, _host: &str) {}
 }
 
 static OBSERVER: OnceLock<Arc<dyn Observer>> = OnceLock::new();
@@ -50,6 +52,12 @@ pub(crate) fn copied_out(bytes: u64) {
     let _ = CALL_COPIED.try_with(|counter| counter.fetch_add(bytes, Ordering::Relaxed));
     if let Some(observer) = OBSERVER.get() {
         observer.copied_out(bytes);
+    }
+}
+
+pub(crate) fn secret_used(secret: &str, host: &str) {
+    if let Some(observer) = OBSERVER.get() {
+        observer.secret_used(secret, host);
     }
 }
 

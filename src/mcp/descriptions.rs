@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 
 use super::schema;
+use crate::config::secrets::Secrets;
 use crate::config::{Config, NetworkPolicy, RootsMode};
 use crate::text::{bytes, duration};
 
@@ -34,8 +35,28 @@ pub fn limits_line(config: &Config) -> String {
     )
 }
 
-/// The fragments a description can name as `{name}`, from the live configuration.
-fn fragments(config: &Config) -> Vec<(&'static str, String)> {
+/// What the model is told of the secrets its code may use: each one's name, variable and hosts,
+/// never a value; empty without secrets (run tools' descriptions and `sandbox_initialize`).
+pub fn secrets_line(secrets: &Secrets) -> String {
+    if secrets.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = secrets
+        .entries
+        .iter()
+        .map(|s| format!("{} in ${} for {}", s.name, s.env, s.hosts_text()))
+        .collect();
+    format!(
+        "Secrets (the proxy adds each to requests to its hosts, over HTTPS; your code reads the \
+         variable, which holds a placeholder, and sends it as usual, e.g. as the SDK's API key; \
+         the real value never enters the sandbox): {}.",
+        each.join("; ")
+    )
+}
+
+/// The fragments a description can name as `{name}`, from the live configuration and the
+/// secrets of the client it is for.
+fn fragments(config: &Config, secrets: &Secrets) -> Vec<(&'static str, String)> {
     let sessions = &config.sessions;
     let session_policy = format!(
         "At most {} sessions at once; a session unused for {} is stopped, and every session ends {} after it started.",
@@ -114,6 +135,7 @@ fn fragments(config: &Config) -> Vec<(&'static str, String)> {
         ""
     };
     vec![
+        ("secrets", secrets_line(secrets)),
         ("roots", roots),
         ("fork_roots", fork_roots.to_string()),
         ("snapshot_policy", snapshot_policy),
@@ -158,9 +180,15 @@ fn fill(template: &str, fragments: &[(&'static str, String)]) -> String {
 }
 
 /// Fills each tool's description from the live configuration, and puts its input and output
-/// schemas in the form every client reads ([`schema::standardize`]).
+/// schemas in the form every client reads ([`schema::standardize`]). The secrets named are the
+/// server's (`SANDBOX_SECRETS_FILE`); see [`describe_for`].
 pub fn describe<S>(router: &mut ToolRouter<S>, config: &Config) {
-    let fragments = fragments(config);
+    describe_for(router, config, &config.secrets)
+}
+
+/// [`describe`], naming `secrets`: a principal's own set over HTTP.
+pub fn describe_for<S>(router: &mut ToolRouter<S>, config: &Config, secrets: &Secrets) {
+    let fragments = fragments(config, secrets);
     for route in router.map.values_mut() {
         if let Some(template) = route.attr.description.take() {
             // A fragment that is empty in this configuration (roots off) leaves no gap.

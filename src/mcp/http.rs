@@ -43,7 +43,7 @@ use super::connections::{self, ConnectionLimits};
 use super::health::{self, Health};
 use super::mcp_sessions::{self, McpSessions, SESSION_HEADER};
 use super::oauth::{self, OAuth, OAuthRefusal};
-use super::principals::{self, Principal, TokensFile};
+use super::principals::{self, Principal, SecretsRules, TokensFile};
 use super::quotas::Quotas;
 use super::running::Running;
 use super::tasks::Tasks;
@@ -706,7 +706,9 @@ pub async fn serve_http(
     let bound = listener.local_addr().unwrap_or(addr);
     let mut gate = Gate::new(&config, bound);
     if let Some(path) = &config.http.tokens_file {
-        let tokens = Arc::new(TokensFile::open(path).map_err(ServeError::Principals)?);
+        let tokens = Arc::new(
+            TokensFile::open(path, SecretsRules::of(&config)).map_err(ServeError::Principals)?,
+        );
         reload_on_sighup(tokens.clone())?;
         gate = gate.with_tokens(tokens);
     }

@@ -196,6 +196,7 @@ pub struct Metrics {
     installs: Counter,
     cache_hits: Counter,
     copied_out: Counter,
+    secrets_used: Family<Labels2, Counter>,
     capacity: Capacity,
     /// Serializes scrapes: the values read from the engine are set, then encoded.
     scrape: Mutex<()>,
@@ -272,8 +273,15 @@ impl Metrics {
             "Bytes of workspace files copied out of sandboxes",
             copied_out.clone(),
         );
+        let secrets_used = Family::<Labels2, Counter>::default();
+        registry.register(
+            "sandbox_egress_secret_uses",
+            "Requests the egress proxy added a secret to, by secret (its name) and host",
+            secrets_used.clone(),
+        );
         let capacity = Capacity::register(&mut registry);
         Metrics {
+            secrets_used,
             capacity,
             registry,
             calls,
@@ -366,6 +374,12 @@ impl crate::engine::stats::Observer for Metrics {
 
     fn copied_out(&self, bytes: u64) {
         self.copied_out.inc_by(bytes);
+    }
+
+    fn secret_used(&self, secret: &str, host: &str) {
+        self.secrets_used
+            .get_or_create(&[("secret", secret.to_string()), ("host", host.to_string())])
+            .inc();
     }
 }
 
@@ -478,6 +492,7 @@ mod tests {
         metrics.sandbox_started(Duration::from_millis(300));
         metrics.copied_out(1234);
         metrics.cache_hit();
+        metrics.secret_used("llm", "api.example.test");
         assert_eq!(metrics.in_flight(), 0);
         let text = metrics.encode();
         for line in [
@@ -490,6 +505,7 @@ mod tests {
             "sandbox_startup_duration_seconds_count 1",
             "sandbox_copied_out_bytes_total 1234",
             "sandbox_dependency_cache_hits_total 1",
+            "sandbox_egress_secret_uses_total{secret=\"llm\",host=\"api.example.test\"} 1",
             "sandbox_tool_calls_in_flight 0",
         ] {
             assert!(

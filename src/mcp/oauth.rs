@@ -334,6 +334,7 @@ impl OAuth {
                 cpu_seconds_per_day: quotas.cpu_seconds_per_day,
             },
             roots_map: Vec::new(),
+            secrets: Default::default(),
         })
     }
 }

@@ -91,6 +91,34 @@ pub struct SessionOutput {
     /// What became of the hosts asked for in `network`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<Vec<HostOutput>>,
+    /// The secrets the session's code may use (none: absent): the egress proxy adds each to
+    /// requests to its hosts; the code's variable holds a placeholder, never the value.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretOutput>,
+}
+
+/// A secret the code may use: its name, the variable holding its placeholder, its hosts.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SecretOutput {
+    pub name: String,
+    /// The environment variable the code reads (and sends as usual).
+    pub env: String,
+    /// `host` (port 443) or `host:port`; `*.suffix` for any name below suffix.
+    pub hosts: Vec<String>,
+}
+
+impl SecretOutput {
+    pub fn listed(secrets: &crate::config::secrets::Secrets) -> Vec<SecretOutput> {
+        secrets
+            .entries
+            .iter()
+            .map(|s| SecretOutput {
+                name: s.name.clone(),
+                env: s.env.clone(),
+                hosts: s.hosts.iter().map(ToString::to_string).collect(),
+            })
+            .collect()
+    }
 }
 
 /// A host a session asked for, and what became of it.

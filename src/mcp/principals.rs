@@ -20,6 +20,9 @@ use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
 
+use crate::config::secrets::{server_env, Secrets};
+use crate::config::Config;
+
 /// The limits one principal may use; `None`: the server's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QuotaOverrides {
@@ -43,6 +46,10 @@ pub struct Principal {
     /// Over HTTP, where its MCP roots' paths are on this machine (`roots_map=CLIENT=HOST` on
     /// its tokens-file line; see `config::roots`).
     pub roots_map: Vec<crate::config::RootMapping>,
+    /// The secrets brokered at the egress for its code: its own (`secrets=PATH` on its
+    /// tokens-file line, read when the file is), else the server's (`SANDBOX_SECRETS_FILE`,
+    /// refused with more than one principal); empty: none (always, for an OAuth caller).
+    pub secrets: Arc<Secrets>,
 }
 
 impl Principal {
@@ -52,6 +59,7 @@ impl Principal {
             admin: false,
             quotas: QuotaOverrides::default(),
             roots_map: Vec::new(),
+            secrets: Arc::default(),
         }
     }
 
@@ -113,6 +121,29 @@ pub fn new_token() -> String {
     )
 }
 
+/// How a tokens file's `secrets=` options are read: the server's own set, and why secrets cannot
+/// be used at all (the network, the engine), if they cannot.
+#[derive(Debug, Clone, Default)]
+pub struct SecretsRules {
+    /// `SANDBOX_SECRETS_FILE`'s secrets, which a lone principal gets.
+    pub global: Arc<Secrets>,
+    /// [`Config::secrets_refusal`].
+    pub refusal: Option<String>,
+}
+
+impl SecretsRules {
+    pub fn of(config: &Config) -> SecretsRules {
+        SecretsRules {
+            global: config.secrets.clone(),
+            refusal: config.secrets_refusal(),
+        }
+    }
+}
+
+/// The options a tokens-file line may have, for messages.
+const KNOWN_OPTIONS: &str = "admin, sessions=N, executions=N, cpu_seconds_per_day=N, \
+                             roots_map=CLIENT_PATH=HOST_PATH, secrets=PATH";
+
 /// The principals of a tokens file, by the hash of their token.
 #[derive(Debug, Default)]
 pub struct TokenTable {
@@ -120,10 +151,20 @@ pub struct TokenTable {
 }
 
 impl TokenTable {
-    /// Parses a tokens file. Each line: `NAME sha256:HEX [admin] [sessions=N] [executions=N]
-    /// [cpu_seconds_per_day=N] [roots_map=CLIENT_PATH=HOST_PATH ...]`; blank lines and lines starting with `#` are skipped. An error
-    /// names the line and what is wrong with it.
+    /// Parses a tokens file, its lines only: a `secrets=` file is not read (see
+    /// [`TokenTable::parse_with`]). Each line: `NAME sha256:HEX [admin] [sessions=N]
+    /// [executions=N] [cpu_seconds_per_day=N] [roots_map=CLIENT_PATH=HOST_PATH ...]
+    /// [secrets=PATH]`; blank lines and lines starting with `#` are skipped. An error names the
+    /// line and what is wrong with it.
     pub fn parse(text: &str) -> Result<TokenTable, String> {
+        TokenTable::parse_with(text, None)
+    }
+
+    /// Parses a tokens file and, given `rules`, reads each `secrets=` file (the principal's
+    /// set; a line without one gets the server's) and refuses what the rules do not allow: a
+    /// `secrets=` where secrets cannot be used, or beside `SANDBOX_SECRETS_FILE`, and the
+    /// server's secrets with more than one principal.
+    pub fn parse_with(text: &str, rules: Option<&SecretsRules>) -> Result<TokenTable, String> {
         let mut by_hash = HashMap::new();
         let mut names = std::collections::HashSet::new();
         for (index, line) in text.lines().enumerate() {
@@ -152,8 +193,30 @@ impl TokenTable {
                 ));
             }
             let mut principal = Principal::new(name);
+            let mut secrets_file: Option<PathBuf> = None;
             for option in fields {
+                if let Some(path) = option.strip_prefix("secrets=") {
+                    let path = PathBuf::from(path);
+                    if !path.is_absolute() {
+                        return Err(format!(
+                            "line {number} (`{name}`): `secrets` takes the absolute path of a \
+                             secrets file (TOML, as SANDBOX_SECRETS_FILE's), not `{}`",
+                            path.display()
+                        ));
+                    }
+                    if secrets_file.replace(path).is_some() {
+                        return Err(format!(
+                            "line {number} (`{name}`): `secrets` given twice: one file holds \
+                             all of a principal's secrets"
+                        ));
+                    }
+                    continue;
+                }
                 parse_option(&mut principal, option)
+                    .map_err(|e| format!("line {number} (`{name}`): {e}"))?;
+            }
+            if let Some(rules) = rules {
+                principal.secrets = principal_secrets(rules, secrets_file.as_deref())
                     .map_err(|e| format!("line {number} (`{name}`): {e}"))?;
             }
             if !names.insert(name.to_string()) {
@@ -166,14 +229,23 @@ impl TokenTable {
                 ));
             }
         }
+        let shared = rules.is_some_and(|r| !r.global.is_empty());
+        if shared && by_hash.len() > 1 {
+            return Err(format!(
+                "{} principals, and SANDBOX_SECRETS_FILE gives one set of secrets to every \
+                 principal: unset SANDBOX_SECRETS_FILE and give each principal its own with \
+                 secrets=PATH on its line",
+                by_hash.len()
+            ));
+        }
         Ok(TokenTable { by_hash })
     }
 
-    /// Reads and parses a tokens file.
-    pub fn load(path: &Path) -> Result<TokenTable, String> {
+    /// Reads and parses a tokens file, and the `secrets=` files it names ([`Self::parse_with`]).
+    pub fn load(path: &Path, rules: &SecretsRules) -> Result<TokenTable, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        TokenTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        TokenTable::parse_with(&text, Some(rules)).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// The principal whose token this is.
@@ -190,6 +262,26 @@ impl TokenTable {
     }
 }
 
+/// A principal's secrets: its own file's, else the server's.
+fn principal_secrets(rules: &SecretsRules, file: Option<&Path>) -> Result<Arc<Secrets>, String> {
+    let Some(file) = file else {
+        return Ok(rules.global.clone());
+    };
+    let shown = file.display();
+    if let Some(why) = &rules.refusal {
+        return Err(format!("secrets={shown}: {why}; or remove secrets="));
+    }
+    if !rules.global.is_empty() {
+        return Err(format!(
+            "secrets={shown} beside SANDBOX_SECRETS_FILE: a principal's secrets are its own \
+             file's or the server's, not both; unset SANDBOX_SECRETS_FILE (or remove secrets=)"
+        ));
+    }
+    Secrets::load(file, &server_env)
+        .map(Arc::new)
+        .map_err(|e| format!("secrets={shown}: {}", e.where_and_why()))
+}
+
 fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
     if option == "admin" {
         principal.admin = true;
@@ -197,7 +289,7 @@ fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
     }
     let Some((key, value)) = option.split_once('=') else {
         return Err(format!(
-            "unknown option `{option}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N, roots_map=CLIENT_PATH=HOST_PATH)"
+            "unknown option `{option}` (known: {KNOWN_OPTIONS})"
         ));
     };
     let number = || {
@@ -208,9 +300,7 @@ fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
     let quotas = &mut principal.quotas;
     match key {
         "sessions" => quotas.sessions = Some(usize::try_from(number()?).unwrap_or(usize::MAX)),
-        "executions" => {
-            quotas.executions = Some(usize::try_from(number()?).unwrap_or(usize::MAX))
-        }
+        "executions" => quotas.executions = Some(usize::try_from(number()?).unwrap_or(usize::MAX)),
         "cpu_seconds_per_day" => quotas.cpu_seconds_per_day = Some(number()?),
         "roots_map" => match crate::config::parse_root_mapping(value) {
             Some(mapping) => principal.roots_map.push(mapping),
@@ -221,11 +311,7 @@ fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
                 ))
             }
         },
-        _ => {
-            return Err(format!(
-                "unknown option `{key}` (known: admin, sessions=N, executions=N, cpu_seconds_per_day=N, roots_map=CLIENT_PATH=HOST_PATH)"
-            ))
-        }
+        _ => return Err(format!("unknown option `{key}` (known: {KNOWN_OPTIONS})")),
     }
     Ok(())
 }
@@ -234,21 +320,25 @@ fn parse_option(principal: &mut Principal, option: &str) -> Result<(), String> {
 #[derive(Debug)]
 pub struct TokensFile {
     path: PathBuf,
+    /// How its `secrets=` files are read, each time it is.
+    rules: SecretsRules,
     table: RwLock<Arc<TokenTable>>,
 }
 
 impl TokensFile {
-    pub fn open(path: &Path) -> Result<TokensFile, String> {
-        let table = TokenTable::load(path)?;
+    pub fn open(path: &Path, rules: SecretsRules) -> Result<TokensFile, String> {
+        let table = TokenTable::load(path, &rules)?;
         Ok(TokensFile {
             path: path.to_path_buf(),
+            rules,
             table: RwLock::new(Arc::new(table)),
         })
     }
 
-    /// Reads the file again; on error the principals in force stay.
+    /// Reads the file again, and the `secrets=` files it names; on error the principals in
+    /// force stay.
     pub fn reload(&self) -> Result<usize, String> {
-        let table = TokenTable::load(&self.path)?;
+        let table = TokenTable::load(&self.path, &self.rules)?;
         let count = table.len();
         match self.table.write() {
             Ok(mut slot) => *slot = Arc::new(table),
@@ -327,6 +417,116 @@ mod tests {
         ] {
             let error = TokenTable::parse(&text).unwrap_err();
             assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    /// A secrets file with one secret, its value in a file beside it, in a directory of its own.
+    fn secrets_file(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pcs-principal-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{name}.toml"));
+        let key = dir.join("key");
+        std::fs::write(&key, "sk-test-key\n").unwrap();
+        std::fs::write(
+            &file,
+            format!(
+                "[[secret]]\nname = \"{name}\"\nvalue_file = \"{}\"\n\
+                 hosts = [\"api.{name}.example\"]\nenv = \"{}_KEY\"\n",
+                key.display(),
+                name.to_ascii_uppercase()
+            ),
+        )
+        .unwrap();
+        file
+    }
+
+    #[test]
+    fn a_principal_has_its_own_secrets_or_the_servers() {
+        let (alice, bob) = (new_token(), new_token());
+        let file = secrets_file("alpha");
+        let text = format!(
+            "{}\n{}\n",
+            tokens_file_line("alice", &alice, &[format!("secrets={}", file.display())]),
+            tokens_file_line("bob", &bob, &[]),
+        );
+        let rules = SecretsRules::default();
+        let table = TokenTable::parse_with(&text, Some(&rules)).unwrap();
+        let a = table.identify(&alice).unwrap();
+        assert_eq!(a.secrets.entries[0].name, "alpha");
+        assert_eq!(a.secrets.entries[0].env, "ALPHA_KEY");
+        assert_eq!(a.secrets.file.as_deref(), Some(file.as_path()));
+        assert!(table.identify(&bob).unwrap().secrets.is_empty());
+        // Without rules (the `token` command's check) the line is read, not the file.
+        assert!(TokenTable::parse(&text)
+            .unwrap()
+            .identify(&alice)
+            .unwrap()
+            .secrets
+            .is_empty());
+
+        // Where secrets cannot be used, a `secrets=` is refused with the reason.
+        let refused = SecretsRules {
+            refusal: Some("secrets need SANDBOX_NETWORK=allowlist".into()),
+            ..SecretsRules::default()
+        };
+        let e = TokenTable::parse_with(&text, Some(&refused)).unwrap_err();
+        assert!(
+            e.starts_with("line 1 (`alice`): secrets=") && e.contains("need SANDBOX_NETWORK"),
+            "{e}"
+        );
+
+        // The server's set: a lone principal's, refused beside a principal's own or with two.
+        let global = Arc::new(
+            Secrets::load(&secrets_file("beta"), &crate::config::secrets::server_env).unwrap(),
+        );
+        let shared = SecretsRules {
+            global: global.clone(),
+            refusal: None,
+        };
+        let lone = tokens_file_line("bob", &bob, &[]);
+        let table = TokenTable::parse_with(&lone, Some(&shared)).unwrap();
+        assert_eq!(table.identify(&bob).unwrap().secrets, global);
+        let e = TokenTable::parse_with(&text, Some(&shared)).unwrap_err();
+        assert!(e.contains("beside SANDBOX_SECRETS_FILE"), "{e}");
+        let two = format!("{lone}\n{}", tokens_file_line("carol", &alice, &[]));
+        let e = TokenTable::parse_with(&two, Some(&shared)).unwrap_err();
+        assert!(
+            e.contains("2 principals, and SANDBOX_SECRETS_FILE gives one set"),
+            "{e}"
+        );
+
+        // A bad file names the line, the option and the entry; never the value.
+        let bad = file.with_file_name("bad.toml");
+        let key = file.with_file_name("key");
+        std::fs::write(
+            &bad,
+            format!(
+                "[[secret]]\nname = \"x\"\nvalue_file = \"{}\"\nhosts = [\"10.0.0.1\"]\nenv = \"K\"\n",
+                key.display()
+            ),
+        )
+        .unwrap();
+        let line = tokens_file_line("alice", &alice, &[format!("secrets={}", bad.display())]);
+        let e = TokenTable::parse_with(&line, Some(&rules)).unwrap_err();
+        assert!(
+            e.contains("line 1 (`alice`): secrets=")
+                && e.contains(
+                    "[[secret]] #1 (name \"x\"), field `hosts`: 10.0.0.1 is an IP address"
+                ),
+            "{e}"
+        );
+        assert!(!e.contains("sk-test-key"), "{e}");
+        assert_eq!(a.secrets.entries[0].value.expose(), "sk-test-key");
+        for (option, expected) in [
+            ("secrets=relative.toml", "absolute path"),
+            ("secrets=/a.toml secrets=/b.toml", "given twice"),
+        ] {
+            let line = format!("{} {option}", tokens_file_line("alice", &alice, &[]));
+            let e = TokenTable::parse(&line).unwrap_err();
+            assert!(e.contains(expected), "{option}: {e}");
+        }
+        for dir in [file.parent(), bad.parent()].into_iter().flatten() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 

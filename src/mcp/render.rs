@@ -99,6 +99,10 @@ pub struct NetworkOutput {
     /// Why it was refused, is pending, or failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The secret the egress proxy added to these requests (its name; the value never leaves
+    /// the proxy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
 }
 
 impl NetworkOutput {
@@ -111,6 +115,7 @@ impl NetworkOutput {
             bytes_sent: entry.bytes_sent,
             bytes_received: entry.bytes_received,
             reason: entry.reason.clone(),
+            secret: entry.secret.clone(),
         }
     }
 }
@@ -123,7 +128,10 @@ fn network_line(entries: &[NetworkEntry]) -> Option<String> {
     let parts: Vec<String> = entries
         .iter()
         .map(|e| {
-            let what = format!("{} {}:{}", e.outcome.as_str(), e.host, e.port);
+            let mut what = format!("{} {}:{}", e.outcome.as_str(), e.host, e.port);
+            if let Some(secret) = &e.secret {
+                what.push_str(&format!(" with secret {secret}"));
+            }
             match &e.reason {
                 Some(reason) => format!("{what} ({reason})"),
                 None => format!(

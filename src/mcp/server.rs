@@ -106,6 +106,16 @@ impl SandboxServer {
         tool_router
     }
 
+    /// Every tool, described for `config` and a principal's own `secrets`.
+    fn described_tools_for(
+        config: &crate::config::Config,
+        secrets: &crate::config::secrets::Secrets,
+    ) -> ToolRouter<Self> {
+        let mut tool_router = Self::tools();
+        descriptions::describe_for(&mut tool_router, config, secrets);
+        tool_router
+    }
+
     /// A server whose principals' quotas are `quotas` (shared by every server of an HTTP listener).
     fn with_quotas(
         engine: Arc<Engine>,
@@ -156,6 +166,13 @@ impl SandboxServer {
         tools: ToolRouter<Self>,
     ) -> Self {
         let principal = principals::current();
+        // `tools` name the server's secrets; a principal with a set of its own is told of it.
+        let tools = match &principal {
+            Some(p) if *p.secrets != *engine.config().secrets => {
+                Self::described_tools_for(engine.config(), &p.secrets)
+            }
+            _ => tools,
+        };
         // Without principals the MCP session is the client, but what outlives it (snapshots)
         // belongs to whoever holds the one shared token, so its next MCP session finds them.
         let id = match &principal {
@@ -200,6 +217,16 @@ impl SandboxServer {
             None => policy.map_for(None, &[]),
         };
         super::roots::Via::Http(map.into())
+    }
+
+    /// The secrets brokered at the egress for this server's client: a principal's own (its
+    /// tokens-file line's `secrets=`, else the server's when it is the only principal; none for
+    /// an OAuth caller), else the server's (`SANDBOX_SECRETS_FILE`). Never a value shown.
+    pub fn secrets(&self) -> Arc<crate::config::secrets::Secrets> {
+        match self.principal() {
+            Some(principal) => principal.secrets.clone(),
+            None => self.engine.config().secrets.clone(),
+        }
     }
 
     /// The principal this server speaks for, when the caller is one.

@@ -41,6 +41,8 @@ class Endpoint:
 
     def __init__(self, address, body, routes=None, tls=None):
         self.requests = []
+        # Every request's Authorization headers (the secrets brokered at the egress).
+        self.authorizations = []
         self.lock = threading.Lock()
         endpoint = self
         routes = dict(routes or {})
@@ -55,6 +57,7 @@ class Endpoint:
                     path = "/" + path.split("://", 1)[1].partition("/")[2]
                 with endpoint.lock:
                     endpoint.requests.append(("GET", path, self.headers.get("Host", "")))
+                    endpoint.authorizations.append(self.headers.get_all("Authorization") or [])
                 content_type, data = routes.get(path.split("?", 1)[0], ("text/plain", body))
                 self.send_response(200)
                 self.send_header("Content-Type", content_type)

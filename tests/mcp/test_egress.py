@@ -26,6 +26,11 @@ from egress_endpoints import PROBE_WHEEL, Lab, docker
 
 pytestmark = pytest.mark.anyio
 
+# Networked code keeps gVisor (issue 46): these servers choose their runtime themselves, so the
+# code's sandboxes run under gVisor's networked entry (runsc-net) where scripts/runsc.sh
+# registered it, as the product does by default.
+UNDER_DEFAULT_RUNTIME = True
+
 LABEL_PID = "io.python-code-sandbox.pid"
 LABEL_INSTANCE = "io.python-code-sandbox.instance"
 LABEL_KIND = "io.python-code-sandbox.kind"
@@ -279,7 +284,8 @@ DIRECT = r"""
 import errno, json, os, socket
 def failure(e):
     return errno.errorcode.get(e.errno, type(e).__name__) if e.errno else type(e).__name__
-print("interfaces", json.dumps(sorted(os.listdir("/sys/class/net"))))
+print("interfaces", json.dumps(sorted(name for _, name in socket.if_nameindex())))
+print("kernel", open("/proc/version").read().split()[2])
 routes = [l.split() for l in open("/proc/net/route").read().splitlines()[1:] if l.strip()]
 print("routes", json.dumps([(r[0], r[1], r[2], r[7]) for r in routes]))
 def tcp(address, port):
@@ -337,6 +343,10 @@ async def test_the_code_has_no_direct_way_out(lab):
     # One interface besides loopback: the egress network's; no default route, only that network's.
     interfaces = json.loads(out["interfaces"])
     assert "lo" in interfaces and len(interfaces) == 2, seen
+    # Networked code keeps gVisor where scripts/runsc.sh registered its networked entry: gVisor's
+    # kernel says 4.4.0 whatever the host runs.
+    if os.environ.get("PCS_TEST_RUNTIME") == "runsc":
+        assert out["kernel"] == "4.4.0", seen
     # Docker gives a container on an --internal network a default route through the network's
     # gateway address; with inhibit_ipv4 nobody holds that address (the host has none on the
     # bridge), so every route ends on the egress network: a connection beyond it finds no host
@@ -658,3 +668,43 @@ async def test_bad_settings_stop_the_server_at_start_up(lab, overrides, setting,
     err = start_refused(lab.env(**overrides))
     assert setting in err and fragment in err, err
     poll(lambda: sandboxes() == [] and managed_networks() == [], 60, "nothing left by a refused start")
+
+
+SECRET_CALL = r"""
+import os, urllib.request
+key = os.environ["API_KEY"]
+print("placeholder", key.startswith("pcs-placeholder-api-"))
+request = urllib.request.Request("https://secure.test:PORT/with-key", headers={"Authorization": "Bearer " + key})
+print("answer", urllib.request.urlopen(request, timeout=30).read().decode().strip())
+environ = open("/proc/self/environ", "rb").read()
+print("environ", b"sk-mcp-" not in environ)
+"""
+
+
+async def test_a_secrets_file_brokers_a_key_the_sandbox_never_holds(lab):
+    """SANDBOX_SECRETS_FILE (issue 46): the tools say which secret the code may use, where; the
+    code holds a placeholder, and the HTTPS request to the bound host carries the real key,
+    added by the egress proxy; the value is in no result."""
+    value = "sk-mcp-" + uuid.uuid4().hex
+    secrets = os.path.join(lab.dir, "secrets.toml")
+    with open(secrets, "w") as f:
+        f.write('[[secret]]\nname = "api"\nvalue_env = "PCS_TEST_SECRET_VALUE"\n'
+                f'hosts = ["secure.test:{lab.secure.port}"]\nenv = "API_KEY"\n')
+    env = lab.env(SANDBOX_SECRETS_FILE=secrets, PCS_TEST_SECRET_VALUE=value)
+    before = len(lab.secure.seen())
+    async with connect(**env) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        described = tools["run_python_ephemeral"].description
+        assert "api in $API_KEY" in described and "secure.test" in described, described
+        assert value not in described
+        result = await client.call_tool("run_python_ephemeral",
+                                        {"code": SECRET_CALL.replace("PORT", str(lab.secure.port))})
+    assert result.is_error is False, text_of(result)
+    out = result.structured_content["stdout"]
+    assert "placeholder True" in out and "answer hello from secure.test" in out and "environ True" in out, out
+    whole = json.dumps(result.structured_content) + text_of(result)
+    assert value not in whole, "the value is in the result"
+    # The upstream got the value, in place of the placeholder, once.
+    assert lab.secure.authorizations[before:] == [["Bearer " + value]], lab.secure.authorizations[before:]
+    record = result.structured_content.get("network") or []
+    assert any(e["host"] == "secure.test" and e.get("secret") == "api" for e in record), record

@@ -79,9 +79,26 @@ pub async fn doctor(mut config: Config) -> ExitCode {
             platform.code.why
         ),
     );
+    if config.network == NetworkPolicy::None {
+        if let Some(networked) = crate::engine::platform::networked_code(&config, &platform.engine)
+        {
+            report.line(
+                true,
+                "networked runtime",
+                format!(
+                    "with SANDBOX_NETWORK=allowlist or bridge the code would run under {}: {}",
+                    networked.label(&platform.engine),
+                    networked.why
+                ),
+            );
+        }
+    }
     describe_gvisor(&mut report, &platform.engine).await;
     report.line(true, "roots", config.roots.summary());
     report.line(true, "CA bundle", config.ca_bundle_summary());
+    if let Some(secrets) = config.secrets_summary() {
+        report.line(true, "secrets", secrets);
+    }
     if platform.installer != platform.code {
         report.line(
             true,

@@ -167,18 +167,24 @@ impl DockerBackend {
             format!("XDG_CACHE_HOME={}/.cache", paths::TMP),
         ];
         if let (true, Some(bundle)) = (networked, &spec.ca_bundle) {
-            mounts.push(Mount {
-                target: Some(paths::CA_BUNDLE.to_string()),
-                source: Some(bundle.display().to_string()),
-                typ: Some(MountType::BIND),
-                read_only: Some(true),
-                ..Default::default()
-            });
+            // Where libraries look: the system bundle's own path, and the variables they read.
+            for target in [paths::CA_BUNDLE, paths::SYSTEM_CA_BUNDLE] {
+                mounts.push(Mount {
+                    target: Some(target.to_string()),
+                    source: Some(bundle.display().to_string()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(true),
+                    ..Default::default()
+                });
+            }
             for var in [
                 "SSL_CERT_FILE",
                 "REQUESTS_CA_BUNDLE",
                 "PIP_CERT",
                 "CURL_CA_BUNDLE",
+                "NODE_EXTRA_CA_CERTS",
+                "GIT_SSL_CAINFO",
+                "AWS_CA_BUNDLE",
             ] {
                 env.push(format!("{var}={}", paths::CA_BUNDLE));
             }

@@ -20,6 +20,7 @@ use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
+use super::broker::Request;
 use super::sources::{Decision, Role, SessionNetwork, Sources};
 use super::squid::{self, Tag};
 use crate::config::egress::SANDBOX_SUBNET_PREFIX;
@@ -44,6 +45,11 @@ pub struct Gateway {
     flushes: Arc<Flushes>,
     next_flush: AtomicU64,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The proxy's CA certificate (PEM), with secrets: the code's sandboxes trust it.
+    ca: Arc<Mutex<Option<String>>>,
+    /// The bundle the code's sandboxes trust with secrets: the host's and the proxy's CA, in a
+    /// file of this server's (removed with the proxy).
+    trust: Mutex<Option<std::path::PathBuf>>,
 }
 
 /// One sandbox's own network, with the proxy on it.
@@ -91,6 +97,8 @@ pub struct Attachment {
     pub gateway: Arc<Gateway>,
     pub network: EgressNetwork,
     pub role: Role,
+    /// The secrets the proxy adds to this sandbox's requests (none for an installer).
+    pub secrets: Arc<crate::config::secrets::Secrets>,
 }
 
 impl fmt::Debug for Attachment {
@@ -186,10 +194,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum FromProxy {
-    /// Squid accepts connections; the networks it will never reach (the relay's list).
+    /// Squid accepts connections; the networks it will never reach (the relay's list), and with
+    /// secrets the proxy's CA certificate (PEM; its key stays in the proxy).
     Listening {
         #[serde(default)]
         forbidden: Vec<String>,
+        #[serde(default)]
+        ca: Option<String>,
     },
     /// Squid asks whether the request (its transaction `conn`) may go.
     Ask {
@@ -198,6 +209,23 @@ enum FromProxy {
         src: String,
         host: String,
         port: u16,
+        #[serde(default)]
+        method: String,
+        /// Its `Host` header.
+        #[serde(default)]
+        host_header: Option<String>,
+        /// The SNI of the bumped tunnel it came through.
+        #[serde(default)]
+        sni: Option<String>,
+    },
+    /// Squid asks whether a tunnel whose TLS hello names `sni` may be bumped.
+    Sni {
+        q: u64,
+        src: String,
+        host: String,
+        port: u16,
+        #[serde(default)]
+        sni: Option<String>,
     },
     /// A request ended (see the `logformat` in [`super::squid`]).
     Logged(Logged),
@@ -244,7 +272,18 @@ impl Gateway {
         spec.ca_bundle = None;
         // gVisor may be registered without networking: the proxy needs it, and runs only our code.
         spec.runtime = None;
-        spec.command = super::proxy_command(config);
+        // With secrets, upstreams are verified against the host's bundle (bumped tunnels only).
+        let upstream = squid::brokers_secrets(config)
+            .then_some(config.ca_bundle.as_ref())
+            .flatten();
+        if let Some(bundle) = upstream {
+            spec.mounts.push(crate::config::OperatorMount {
+                host: bundle.clone(),
+                container: super::squid::UPSTREAM_BUNDLE.to_string(),
+                read_only: true,
+            });
+        }
+        spec.command = super::proxy_command(config, upstream.is_some());
         spec.image = super::PROXY_IMAGE.to_string();
         spec.open_files = Some(super::squid::PROXY_DESCRIPTORS);
         let mut proxy = None;
@@ -271,7 +310,9 @@ impl Gateway {
         let sources = Arc::new(Sources::new(
             config.egress.clone(),
             super::index_policy(config),
+            squid::secret_headers(config),
         ));
+        let ca: Arc<Mutex<Option<String>>> = Arc::default();
         let (to_proxy, mut outgoing) = mpsc::unbounded_channel::<String>();
         let flushes: Arc<Flushes> = Arc::default();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -289,6 +330,7 @@ impl Gateway {
             sources.clone(),
             to_proxy.clone(),
             flushes.clone(),
+            ca.clone(),
             ready_tx,
         ));
         let gateway = Arc::new(Gateway {
@@ -305,9 +347,35 @@ impl Gateway {
             flushes,
             next_flush: AtomicU64::new(1),
             tasks: Mutex::new(vec![writer, reader]),
+            ca: ca.clone(),
+            trust: Mutex::new(None),
         });
         match tokio::time::timeout(Duration::from_secs(30), ready_rx).await {
-            Ok(Ok(())) => Ok(gateway),
+            Ok(Ok(())) if squid::brokers_secrets(config) && lock(&ca).is_none() => {
+                gateway.stop().await;
+                Err(EngineError::Egress(
+                    "the egress proxy started without the CA it needs for SANDBOX_SECRETS_FILE \
+                     (is its image the current one? python-code-sandbox image build makes it)"
+                        .into(),
+                ))
+            }
+            Ok(Ok(())) => {
+                if let Some(pem) = gateway.ca_certificate() {
+                    match write_trust_bundle(config, &pem) {
+                        Ok(path) => *lock(&gateway.trust) = Some(path),
+                        Err(e) => {
+                            gateway.stop().await;
+                            return Err(EngineError::Egress(format!(
+                                "cannot write the bundle the code's sandboxes trust \
+                                 (SANDBOX_SECRETS_FILE: the host's CA bundle and the proxy's CA) \
+                                 under {}: {e}",
+                                config.cache_dir.display()
+                            )));
+                        }
+                    }
+                }
+                Ok(gateway)
+            }
             _ => {
                 gateway.stop().await;
                 Err(EngineError::Egress(
@@ -382,8 +450,14 @@ impl Gateway {
     }
 
     /// Adopts a sandbox started on `network` at `address`.
-    pub fn lease(self: &Arc<Self>, network: EgressNetwork, address: String, role: Role) -> Lease {
-        let generation = self.sources.adopt(&address, &network.name, role);
+    pub fn lease(
+        self: &Arc<Self>,
+        network: EgressNetwork,
+        address: String,
+        role: Role,
+        secrets: Arc<crate::config::secrets::Secrets>,
+    ) -> Lease {
+        let generation = self.sources.adopt(&address, &network.name, role, secrets);
         Lease {
             gateway: self.clone(),
             network,
@@ -393,11 +467,25 @@ impl Gateway {
         }
     }
 
+    /// The proxy's CA certificate (PEM), when it bumps TLS for secrets.
+    pub fn ca_certificate(&self) -> Option<String> {
+        lock(&self.ca).clone()
+    }
+
+    /// The CA bundle the code's sandboxes trust, when the proxy bumps TLS for secrets: the
+    /// host's bundle (`SANDBOX_CA_BUNDLE`) and the proxy's CA.
+    pub fn trust_bundle(&self) -> Option<std::path::PathBuf> {
+        lock(&self.trust).clone()
+    }
+
     /// Removes the proxy (the shutdown's sweep has removed the sandboxes; their networks go
     /// with the instance's storage after).
     pub async fn stop(&self) {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
+        }
+        if let Some(path) = lock(&self.trust).take() {
+            let _ = std::fs::remove_file(path);
         }
         if let Err(e) = self.backend.destroy(&self.proxy).await {
             tracing::warn!("could not remove the egress proxy: {e}");
@@ -411,6 +499,7 @@ async fn converse(
     sources: Arc<Sources>,
     to_proxy: mpsc::UnboundedSender<String>,
     flushes: Arc<Flushes>,
+    ca: Arc<Mutex<Option<String>>>,
     ready: oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
@@ -434,7 +523,10 @@ async fn converse(
         while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.drain(..=end).collect();
             match serde_json::from_slice::<FromProxy>(&line) {
-                Ok(FromProxy::Listening { forbidden }) => {
+                Ok(FromProxy::Listening { forbidden, ca: pem }) => {
+                    if let Some(pem) = pem.filter(|p| is_certificate(p)) {
+                        *lock(&ca) = Some(pem);
+                    }
                     for (entry, network) in sources.entries_covering(&forbidden) {
                         tracing::warn!(
                             "SANDBOX_EGRESS_ALLOW entry {entry} covers {network}, which the egress \
@@ -458,9 +550,60 @@ async fn converse(
     tracing::debug!("the egress proxy's conversation ended");
 }
 
+/// Writes the bundle the code's sandboxes trust with secrets (see [`Gateway::trust_bundle`]).
+fn write_trust_bundle(config: &Config, ca_pem: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut text = match &config.ca_bundle {
+        Some(host) => std::fs::read_to_string(host)?,
+        None => String::new(),
+    };
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str("# python-code-sandbox: the egress proxy's CA (it adds secrets to requests)\n");
+    text.push_str(ca_pem.trim());
+    text.push('\n');
+    std::fs::create_dir_all(&config.cache_dir)?;
+    let path = config.cache_dir.join(format!(
+        "egress-trust-{}.pem",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&path)?;
+    file.write_all(text.as_bytes())?;
+    Ok(path)
+}
+
+/// A PEM certificate and nothing else (what the relay says of its CA is held to that).
+fn is_certificate(pem: &str) -> bool {
+    let pem = pem.trim();
+    pem.len() < 16 << 10
+        && pem.starts_with("-----BEGIN CERTIFICATE-----")
+        && pem.ends_with("-----END CERTIFICATE-----")
+        && pem.matches("-----BEGIN").count() == 1
+}
+
 fn reply(to_proxy: &mpsc::UnboundedSender<String>, q: u64, verdict: Result<Tag, String>) {
+    reply_with(to_proxy, q, verdict, Vec::new());
+}
+
+/// The answer to question `q`, with the notes Squid acts on (see [`super::squid`]).
+fn reply_with(
+    to_proxy: &mpsc::UnboundedSender<String>,
+    q: u64,
+    verdict: Result<Tag, String>,
+    notes: Vec<(String, String)>,
+) {
     let line = match verdict {
-        Ok(tag) => json!({"a": q, "ok": true, "tag": tag.as_str()}),
+        Ok(tag) => {
+            let notes: serde_json::Map<String, serde_json::Value> =
+                notes.into_iter().map(|(k, v)| (k, v.into())).collect();
+            json!({"a": q, "ok": true, "tag": tag.as_str(), "notes": notes})
+        }
         Err(why) => json!({"a": q, "ok": false, "why": why}),
     };
     let _ = to_proxy.send(line.to_string());
@@ -487,8 +630,21 @@ fn answer(
             src,
             host,
             port,
+            method,
+            host_header,
+            sni,
         } => match sources.decide(&src, conn, &host, port) {
-            Decision::Allow(tag) => reply(to_proxy, q, Ok(tag)),
+            Decision::Allow(tag) => {
+                let request = Request {
+                    method: &method,
+                    host: &host,
+                    port,
+                    host_header: host_header.as_deref(),
+                    sni: sni.as_deref(),
+                };
+                let notes = sources.broker(&src, conn, &request).notes();
+                reply_with(to_proxy, q, Ok(tag), notes)
+            }
             Decision::Refuse(why) | Decision::Pending(why) => reply(to_proxy, q, Err(why)),
             Decision::RefuseAndAsk {
                 reason,
@@ -505,6 +661,21 @@ fn answer(
                 });
             }
         },
+        FromProxy::Sni {
+            q,
+            src,
+            host,
+            port,
+            sni,
+        } => {
+            let verdict = sources
+                .bump(&src, &host, port, sni.as_deref())
+                .map(|()| Tag::Code);
+            if let Err(why) = &verdict {
+                tracing::info!(source = src, host, port, "a tunnel is not bumped: {why}");
+            }
+            reply(to_proxy, q, verdict)
+        }
         FromProxy::Logged(line) => logged(sources, &line),
         FromProxy::Flushed { flush } => {
             if let Some(tx) = lock(flushes).remove(&flush) {

@@ -21,6 +21,7 @@
 //! the proxy's uplink neighbours never). Squid's access log gives each request's outcome and
 //! bytes: each execution's result lists what its code reached and was refused.
 
+pub mod broker;
 mod gateway;
 mod sources;
 pub mod squid;
@@ -130,15 +131,34 @@ pub fn index_policy(config: &Config) -> IndexPolicy {
     }
 }
 
-/// The proxy container's argv: the relay, with Squid's configuration and what it needs.
-pub fn proxy_command(config: &Config) -> Vec<String> {
+/// The proxy container's argv: the relay, with Squid's configuration and what it needs
+/// (`upstream_bundle`: the host's CA bundle is mounted at [`squid::UPSTREAM_BUNDLE`]).
+pub fn proxy_command(config: &Config, upstream_bundle: bool) -> Vec<String> {
     vec![
         "python3".into(),
         "-u".into(),
         "-c".into(),
         RELAY_SCRIPT.into(),
-        squid::relay_conf(config).to_string(),
+        squid::relay_conf(config, upstream_bundle).to_string(),
     ]
+}
+
+/// The variables of a code sandbox's secrets, each holding a placeholder of this sandbox's own:
+/// a random token the code sends as it would the key (SDKs that require one start unchanged),
+/// which the proxy replaces on the way to the secret's hosts and which means nothing elsewhere.
+pub fn placeholders(secrets: &crate::config::secrets::Secrets) -> Vec<String> {
+    secrets
+        .entries
+        .iter()
+        .map(|secret| {
+            format!(
+                "{}=pcs-placeholder-{}-{}",
+                secret.env,
+                secret.name,
+                uuid::Uuid::new_v4().simple()
+            )
+        })
+        .collect()
 }
 
 /// The proxy environment of a sandbox on the egress network.
@@ -211,7 +231,7 @@ mod tests {
             local.decide("172.17.0.1", 8000).is_ok(),
             "allowed explicitly"
         );
-        let argv = proxy_command(&config);
+        let argv = proxy_command(&config, false);
         assert_eq!(argv[..3], ["python3", "-u", "-c"]);
         assert!(argv[4].contains("3128"));
         let private: IpAddr = "10.0.0.1".parse().unwrap();

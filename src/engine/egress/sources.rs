@@ -13,9 +13,11 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 
+use super::broker::{Brokered, Request};
 use super::squid::Tag;
 use super::{stopped_reason, IndexPolicy};
 use crate::config::egress::{target_of, EgressPolicy, EntryTarget, Static, Target};
+use crate::config::secrets::Secrets;
 use crate::engine::outcome::{NetworkEntry, NetworkOutcome, Stopped};
 
 /// What the user answered to "Allow this sandbox to reach host:port?".
@@ -202,10 +204,14 @@ struct Attempt {
     open: bool,
     /// The requests this attempt stands for (more than one once alike ones are merged).
     requests: u32,
+    /// The secret the proxy added to it.
+    secret: Option<String>,
 }
 
 struct Source {
     generation: u64,
+    /// The secrets the proxy adds to its requests (the code's; none for an installer).
+    secrets: Arc<Secrets>,
     /// The sandbox's own egress network.
     network: String,
     role: Role,
@@ -220,6 +226,9 @@ struct Source {
 pub struct Sources {
     code: EgressPolicy,
     index: IndexPolicy,
+    /// The header names the proxy can set, in its configuration's order (see
+    /// [`super::squid::secret_headers`]).
+    headers: Vec<String>,
     inner: Mutex<Inner>,
 }
 
@@ -243,12 +252,72 @@ pub const MAX_OPEN_QUESTIONS: usize = 3;
 pub const MAX_QUESTIONS_PER_EXECUTION: u32 = 10;
 
 impl Sources {
-    pub fn new(code: EgressPolicy, index: IndexPolicy) -> Sources {
+    pub fn new(code: EgressPolicy, index: IndexPolicy, headers: Vec<String>) -> Sources {
         Sources {
             code,
             index,
+            headers,
             inner: Mutex::default(),
         }
+    }
+
+    /// The secrets of the code at `source` (none for anyone else).
+    fn secrets_of(inner: &Inner, source: &str) -> Option<Arc<Secrets>> {
+        let entry = inner.by_address.get(source)?;
+        match entry.role {
+            Role::Code(_) if !entry.secrets.is_empty() => Some(entry.secrets.clone()),
+            _ => None,
+        }
+    }
+
+    /// What the proxy adds to an allowed request of `source`'s (see [`super::broker`]): only the
+    /// code's requests carry secrets. A secret sent is recorded on the request's attempt, and
+    /// said in the log (never its value).
+    pub fn broker(&self, source: &str, conn: u64, request: &Request<'_>) -> Brokered {
+        let mut inner = self.inner();
+        let Some(secrets) = Self::secrets_of(&inner, source) else {
+            return Brokered::Nothing;
+        };
+        let brokered = super::broker::for_request(&secrets, &self.headers, request);
+        match &brokered {
+            Brokered::Add { secret, .. } => {
+                if let Some(attempt) = Self::attempt(&mut inner, conn) {
+                    attempt.secret = Some(secret.clone());
+                }
+                tracing::info!(
+                    secret,
+                    source,
+                    host = request.host,
+                    port = request.port,
+                    method = request.method,
+                    "the egress proxy adds a secret to a request"
+                );
+                crate::engine::stats::secret_used(secret, request.host);
+            }
+            Brokered::Withheld { secret, why } => tracing::info!(
+                secret,
+                source,
+                host = request.host,
+                port = request.port,
+                "a secret is not sent: {why}"
+            ),
+            Brokered::Bump { .. } | Brokered::Nothing => {}
+        }
+        brokered
+    }
+
+    /// Whether a tunnel of `source`'s to `host:port` whose TLS hello names `sni` may be bumped.
+    pub fn bump(
+        &self,
+        source: &str,
+        host: &str,
+        port: u16,
+        sni: Option<&str>,
+    ) -> Result<(), String> {
+        let Some(secrets) = Self::secrets_of(&self.inner(), source) else {
+            return Err(format!("{source} holds no secret"));
+        };
+        super::broker::for_sni(&secrets, host, port, sni)
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -256,7 +325,7 @@ impl Sources {
     }
 
     /// A sandbox started at `address`: whatever an earlier one there had is gone.
-    pub fn adopt(&self, address: &str, network: &str, role: Role) -> u64 {
+    pub fn adopt(&self, address: &str, network: &str, role: Role, secrets: Arc<Secrets>) -> u64 {
         let mut inner = self.inner();
         inner.generation += 1;
         let generation = inner.generation;
@@ -267,6 +336,7 @@ impl Sources {
                 generation,
                 network: network.to_string(),
                 role,
+                secrets,
                 attempts: Vec::new(),
                 asked: 0,
                 unlisted: 0,
@@ -338,6 +408,7 @@ impl Sources {
             counted: false,
             open: true,
             requests: 1,
+            secret: None,
         });
         inner.connections.insert(conn, source.to_string());
     }
@@ -397,7 +468,8 @@ impl Sources {
                     )),
                     _ => Ok(()),
                 };
-                self.decide_code(host, port, session, room)
+                let secrets = Self::secrets_of(&inner, source);
+                self.decide_code(host, port, session, room, secrets.as_deref())
             }
         };
         if let (Decision::RefuseAndAsk { .. }, Some(entry)) =
@@ -424,10 +496,17 @@ impl Sources {
         port: u16,
         session: Option<Arc<SessionNetwork>>,
         room: Result<(), String>,
+        secrets: Option<&Secrets>,
     ) -> Decision {
         let Some(target) = target_of(host) else {
             return Decision::Refuse(format!("{host:?} is not a host name or an IP address"));
         };
+        // A secret's hosts are the operator's to allow: the code that can use it reaches them.
+        if matches!(target, Target::Name(_))
+            && secrets.is_some_and(|s| s.bound(host, port).is_some())
+        {
+            return Decision::Allow(Tag::Code);
+        }
         match self.code.decide(&target, port) {
             Static::Allowed => Decision::Allow(Tag::Code),
             Static::Refused(why) => Decision::Refuse(why),
@@ -581,7 +660,10 @@ impl Sources {
             attempt.counted = true;
             attempt.reported = (attempt.sent, attempt.received);
             match record.iter_mut().find(|e| {
-                e.host == attempt.host && e.port == attempt.port && e.outcome == attempt.outcome
+                e.host == attempt.host
+                    && e.port == attempt.port
+                    && e.outcome == attempt.outcome
+                    && e.secret == attempt.secret
             }) {
                 Some(e) => {
                     e.connections += requests;
@@ -597,6 +679,7 @@ impl Sources {
                     bytes_received: received,
                     reason: attempt.reason.clone(),
                     stopped: attempt.stopped.clone(),
+                    secret: attempt.secret.clone(),
                 }),
             }
         }
@@ -619,6 +702,7 @@ fn merge_alike(attempts: &mut Vec<Attempt>) {
                 && k.port == attempt.port
                 && k.outcome == attempt.outcome
                 && k.reason == attempt.reason
+                && k.secret == attempt.secret
         });
         match alike {
             Some(k) => {
@@ -677,7 +761,7 @@ mod tests {
             allow: vec![("pypi.org".into(), 443)],
             private: Vec::new(),
         };
-        Sources::new(code, index)
+        Sources::new(code, index, Vec::new())
     }
 
     fn refused(decision: Decision) -> String {
@@ -698,8 +782,8 @@ mod tests {
     #[test]
     fn installers_reach_the_index_and_code_its_allowlist() {
         let s = sources();
-        s.adopt("10.0.0.2", "n2", Role::Installer);
-        s.adopt("10.0.0.3", "n3", Role::Code(None));
+        s.adopt("10.0.0.2", "n2", Role::Installer, Default::default());
+        s.adopt("10.0.0.3", "n3", Role::Code(None), Default::default());
         assert!(matches!(
             s.decide("10.0.0.2", 1, "pypi.org", 443),
             Decision::Allow(_)
@@ -727,13 +811,13 @@ mod tests {
     #[test]
     fn consent_is_asked_once_and_holds_for_the_session() {
         let s = sources();
-        s.adopt("10.0.0.3", "n3", Role::Code(None));
+        s.adopt("10.0.0.3", "n3", Role::Code(None), Default::default());
         let asker = Arc::new(FakeAsker {
             able: true,
             asked: Mutex::default(),
         });
         let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
-        let generation = s.adopt("10.0.0.4", "n4", Role::Code(None));
+        let generation = s.adopt("10.0.0.4", "n4", Role::Code(None), Default::default());
         s.bind_session("10.0.0.4", generation, &network);
         let Decision::RefuseAndAsk {
             reason, host, port, ..
@@ -763,7 +847,7 @@ mod tests {
         // The approval is this session's only: another sandbox (a new one at the same address
         // included) is not approved.
         assert!(refused(s.decide("10.0.0.3", 6, "api.test", 443)).contains("session"));
-        s.adopt("10.0.0.4", "n4", Role::Code(None));
+        s.adopt("10.0.0.4", "n4", Role::Code(None), Default::default());
         assert!(refused(s.decide("10.0.0.4", 7, "api.test", 443)).contains("session"));
         let record = s.take_record("10.0.0.4");
         assert_eq!(
@@ -782,7 +866,7 @@ mod tests {
             asked: Mutex::default(),
         });
         let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
-        let generation = s.adopt("10.0.0.5", "n5", Role::Code(None));
+        let generation = s.adopt("10.0.0.5", "n5", Role::Code(None), Default::default());
         s.bind_session("10.0.0.5", generation, &network);
         let why = refused(s.decide("10.0.0.5", 1, "api.test", 443));
         assert!(
@@ -795,8 +879,8 @@ mod tests {
     #[test]
     fn forgetting_an_earlier_sandbox_spares_a_later_one_at_its_address() {
         let s = sources();
-        let first = s.adopt("10.0.0.6", "n6", Role::Code(None));
-        let _second = s.adopt("10.0.0.6", "n6", Role::Code(None));
+        let first = s.adopt("10.0.0.6", "n6", Role::Code(None), Default::default());
+        let _second = s.adopt("10.0.0.6", "n6", Role::Code(None), Default::default());
         s.forget("10.0.0.6", first);
         assert!(matches!(
             s.decide("10.0.0.6", 1, "data.test", 8080),
@@ -812,7 +896,7 @@ mod tests {
             asked: Mutex::default(),
         });
         let network = Arc::new(SessionNetwork::new(Some(asker.clone())));
-        let generation = s.adopt("10.0.0.9", "n9", Role::Code(None));
+        let generation = s.adopt("10.0.0.9", "n9", Role::Code(None), Default::default());
         s.bind_session("10.0.0.9", generation, &network);
         let mut conn = 0;
         let mut ask = |host: &str| {
@@ -861,7 +945,7 @@ mod tests {
     #[test]
     fn attempts_past_the_record_bound_are_still_judged() {
         let s = sources();
-        s.adopt("10.0.0.10", "n10", Role::Code(None));
+        s.adopt("10.0.0.10", "n10", Role::Code(None), Default::default());
         for conn in 0..(MAX_ATTEMPTS as u64 + 50) {
             assert!(
                 matches!(
@@ -893,7 +977,7 @@ mod tests {
     #[test]
     fn records_count_each_connection_once_and_open_ones_by_what_they_add() {
         let s = sources();
-        s.adopt("10.0.0.7", "n7", Role::Code(None));
+        s.adopt("10.0.0.7", "n7", Role::Code(None), Default::default());
         assert!(matches!(
             s.decide("10.0.0.7", 1, "data.test", 8080),
             Decision::Allow(_)
@@ -955,7 +1039,7 @@ mod tests {
     #[test]
     fn an_installers_refusals_are_recorded_as_data() {
         let s = sources();
-        s.adopt("10.0.0.8", "n8", Role::Installer);
+        s.adopt("10.0.0.8", "n8", Role::Installer, Default::default());
         refused(s.decide("10.0.0.8", 1, "evil.test", 443));
         assert!(matches!(
             s.decide("10.0.0.8", 2, "pypi.org", 443),

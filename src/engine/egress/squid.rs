@@ -16,6 +16,15 @@
 //! address may be: the sandboxes' own networks and the proxy's uplink neighbours always, and a
 //! non-public address unless the tag or an address entry of `SANDBOX_EGRESS_ALLOW` for that
 //! port says it may be ([`address_rules`]).
+//!
+//! With secrets (`SANDBOX_SECRETS_FILE`), Squid terminates TLS only where a secret is to be added
+//! ([`bump_rules`]): it peeks at each tunnel's TLS hello, and bumps it (with a CA the proxy made
+//! at start-up, whose key never leaves its container) only when the server tagged the `CONNECT`
+//! `bump=yes` (a name bound to a secret of that sandbox) and a second question, with the hello's
+//! SNI, found that it names the same host; everything else is spliced, untouched. Each request
+//! inside a bumped tunnel is asked about again, with its `Host` and the SNI, and the server's yes
+//! carries the header's value as a note (`pcs_h0`, ...) that Squid puts in that header, in place
+//! of whatever the request sent there. Upstreams are verified against the host's bundle.
 
 use std::fmt::Write as _;
 
@@ -56,6 +65,53 @@ impl Tag {
     }
 }
 
+/// Where the relay keeps its files in the proxy container (its tmpfs).
+pub const HOME: &str = "/tmp/pcs";
+/// The note that asks Squid to bump a tunnel.
+pub const NOTE_BUMP: &str = "bump";
+/// Where the host's CA bundle is mounted in the proxy container (upstreams are verified against
+/// it, besides the proxy's own system store).
+pub const UPSTREAM_BUNDLE: &str = "/etc/pcs-upstream-ca.pem";
+
+/// The note that carries the value of the `index`th header of [`secret_headers`].
+pub fn header_note(index: usize) -> String {
+    format!("pcs_h{index}")
+}
+
+/// Headers the proxy can set for principals' own secrets (`secrets=` in the tokens file, read
+/// again on SIGHUP), besides those of the server's: the usual places of an API key. A
+/// principal's secret in another header is not sent, and the log says why.
+pub const COMMON_SECRET_HEADERS: &[&str] = &[
+    "Authorization",
+    "X-Api-Key",
+    "Api-Key",
+    "X-Goog-Api-Key",
+    "Private-Token",
+    "X-Auth-Token",
+];
+
+/// Whether the proxy brokers secrets: the server has some, or principals may have their own
+/// (a tokens file).
+pub fn brokers_secrets(config: &Config) -> bool {
+    !config.secrets.is_empty() || config.http.tokens_file.is_some()
+}
+
+/// The headers the proxy can set, in its configuration's order (a note's index is a header's
+/// place here): the server's secrets', then [`COMMON_SECRET_HEADERS`]. Empty when it brokers
+/// none.
+pub fn secret_headers(config: &Config) -> Vec<String> {
+    if !brokers_secrets(config) {
+        return Vec::new();
+    }
+    let mut headers = config.secrets.headers();
+    for common in COMMON_SECRET_HEADERS {
+        if !headers.iter().any(|h| h.eq_ignore_ascii_case(common)) {
+            headers.push(common.to_string());
+        }
+    }
+    headers
+}
+
 /// The refusal pages: the body a refused request gets starts with these words.
 pub const REFUSED: &str = "refused by the sandbox's egress proxy: ";
 
@@ -66,7 +122,7 @@ pub const PAGE_FORBIDDEN: &str = "ERR_PCS_FORBIDDEN";
 pub const PAGE_ADDRESS: &str = "ERR_PCS_ADDRESS";
 
 /// The relay's configuration: `python3 -c RELAY CONF`.
-pub fn relay_conf(config: &Config) -> serde_json::Value {
+pub fn relay_conf(config: &Config, upstream_bundle: bool) -> serde_json::Value {
     let resolve: serde_json::Map<String, serde_json::Value> = config
         .egress
         .resolve
@@ -75,7 +131,8 @@ pub fn relay_conf(config: &Config) -> serde_json::Value {
         .collect();
     serde_json::json!({
         "port": PROXY_PORT,
-        "squid_conf": squid_conf(config),
+        "squid_conf": squid_conf(config, upstream_bundle),
+        "bump": brokers_secrets(config),
         "resolve": resolve,
         "forbidden": [config.egress.subnets.to_string()],
         "pages": {
@@ -172,12 +229,63 @@ pub fn address_rules(config: &Config) -> String {
     out
 }
 
-/// Squid's whole configuration.
-pub fn squid_conf(config: &Config) -> String {
-    let home = "/tmp/pcs";
+/// With secrets: the TLS of a tunnel is bumped only where the server asked for it and the SNI
+/// agreed, and each header a secret goes in is replaced by the server's note (see the module's
+/// documentation). Empty without secrets.
+pub fn bump_rules(config: &Config, upstream_bundle: bool) -> String {
+    let headers = secret_headers(config);
+    if headers.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "sslcrtd_program /usr/lib/squid/security_file_certgen -s {HOME}/ssl_db -M 4MB\n\
+         sslcrtd_children 4 startup=1 idle=1\n\
+         external_acl_type pcs_sni ttl=0 negative_ttl=0 concurrency=100 children-max=2 \
+         children-startup=1 %master_xaction %SRC %DST %PORT %ssl::>sni \
+         /usr/bin/python3 {HOME}/helper.py {HOME}/sni.sock\n\
+         acl pcs_step1 at_step SslBump1\n\
+         acl pcs_bump note {NOTE_BUMP} yes\n\
+         acl pcs_sni_agrees external pcs_sni\n\
+         ssl_bump peek pcs_step1\n\
+         ssl_bump bump pcs_bump pcs_sni_agrees\n\
+         ssl_bump splice all\n\
+         on_unsupported_protocol tunnel all\n\
+         sslproxy_cert_error deny all\n"
+    );
+    if upstream_bundle {
+        let _ = writeln!(out, "tls_outgoing_options cafile={UPSTREAM_BUNDLE}");
+    }
+    for (index, header) in headers.iter().enumerate() {
+        let note = header_note(index);
+        let _ = writeln!(out, "acl pcs_inject_{index} note {note}");
+        let _ = writeln!(
+            out,
+            "request_header_access {header} deny pcs_inject_{index}"
+        );
+        // `%'` puts the note as it is (the value is printable ASCII without quotes).
+        let _ = writeln!(
+            out,
+            "request_header_add {header} \"%'{{{note}}}note\" pcs_inject_{index}"
+        );
+    }
+    out
+}
+
+/// Squid's whole configuration (`upstream_bundle`: the host's CA bundle is mounted at
+/// [`UPSTREAM_BUNDLE`]).
+pub fn squid_conf(config: &Config, upstream_bundle: bool) -> String {
+    let home = HOME;
+    let port_line = if !brokers_secrets(config) {
+        format!("http_port {PROXY_PORT}")
+    } else {
+        format!(
+            "http_port {PROXY_PORT} ssl-bump generate-host-certificates=on \
+             dynamic_cert_mem_cache_size=4MB tls-cert={home}/ca.pem tls-key={home}/ca.key"
+        )
+    };
     let mut out = format!(
         "# Written by python-code-sandbox (src/engine/egress/squid.rs).\n\
-         http_port {PROXY_PORT}\n\
+         {port_line}\n\
          pid_filename none\n\
          cache deny all\n\
          cache_mem 0\n\
@@ -207,7 +315,7 @@ pub fn squid_conf(config: &Config) -> String {
          max_filedescriptors {PROXY_DESCRIPTORS}\n\
          shutdown_lifetime 1 seconds\n\
          external_acl_type pcs_decide ttl=0 negative_ttl=0 concurrency=100 children-max=2 \
-         children-startup=1 %master_xaction %SRC %DST %PORT %METHOD \
+         children-startup=1 %master_xaction %SRC %DST %PORT %METHOD %>{{Host}} %ssl::>sni \
          /usr/bin/python3 {home}/helper.py {home}/decide.sock\n\
          acl pcs_decided external pcs_decide\n\
          acl pcs_tag_code tag {code}\n\
@@ -221,6 +329,7 @@ pub fn squid_conf(config: &Config) -> String {
         code = Tag::Code.as_str(),
         private = Tag::Private.as_str(),
     );
+    out.push_str(&bump_rules(config, upstream_bundle));
     out.push_str(&address_rules(config));
     out.push_str("http_access allow all\n");
     out
@@ -303,7 +412,7 @@ mod tests {
         // An installer's request is held to public addresses whatever the code may reach.
         let index = rules.find("deny !pcs_tag_code pcs_non_public").unwrap();
         assert!(index < rules.find("pcs_port_8443 pcs_non_public_8443").unwrap());
-        let conf = squid_conf(&config);
+        let conf = squid_conf(&config, false);
         let forbidden = conf.find("http_access deny pcs_forbidden").unwrap();
         let asked = conf.find("http_access deny !pcs_decided").unwrap();
         let private = conf.find("http_access allow pcs_tag_private").unwrap();
@@ -318,7 +427,7 @@ mod tests {
     fn without_address_entries_no_non_public_address_is_reached() {
         let rules = address_rules(&Config::default());
         assert!(rules.contains("http_access deny pcs_non_public\n"));
-        let conf = relay_conf(&Config::default());
+        let conf = relay_conf(&Config::default(), false);
         assert_eq!(conf["forbidden"][0], "10.213.0.0/16");
         assert!(conf["squid_conf"]
             .as_str()

@@ -7,13 +7,20 @@
 #   - Squid's access log (its stdout, a pipe to this relay) becomes the server's record of each
 #     request: outcome, bytes, and why one failed;
 #   - the files Squid reads (its configuration, written by the server; the networks this container
-#     sits on, found here; the test-only name map; the refusal pages) are written before it starts.
+#     sits on, found here; the test-only name map; the refusal pages) are written before it starts;
+#   - with secrets (CONF["bump"]), the proxy's CA is made here at start-up (its key stays in this
+#     container's tmpfs, readable by this uid only) and its certificate is sent to the server,
+#     which makes the code's sandboxes trust it; Squid asks a second question with a tunnel's SNI
+#     before bumping it, over a socket of its own (SNI_SOCKET), and the server's yes to a request
+#     inside a bumped tunnel carries the header values Squid adds (notes `pcs_h0`, ...).
 # When the server goes away (stdin closes), Squid is stopped and the container ends.
 import asyncio, ipaddress, json, os, signal, socket, sys, urllib.parse
 
 CONF = json.loads(sys.argv[1])
 HOME = "/tmp/pcs"
 SOCKET = HOME + "/decide.sock"
+SNI_SOCKET = HOME + "/sni.sock"
+NOTE_NAME = __import__("re").compile(r"^[a-z][a-z0-9_]{0,31}$")
 # What Squid runs as its helper: a pipe between Squid and the relay's socket, nothing more.
 HELPER = r'''
 import socket, sys, threading
@@ -80,20 +87,47 @@ def prepare():
     write(HOME + "/forbidden", "".join(n + "\n" for n in CONF["forbidden"] + own_networks()))
     for name, text in CONF["pages"].items():
         write(HOME + "/errors/" + name, text)
+    if CONF.get("bump"):
+        make_ca()
 
+
+def make_ca():
+    """The proxy's CA: made here, for this proxy only; the key never leaves this container."""
+    import subprocess
+    old = os.umask(0o077)
+    try:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", HOME + "/ca.key", "-out", HOME + "/ca.pem", "-days", "30",
+             "-subj", "/O=python-code-sandbox/CN=python-code-sandbox egress proxy " + os.urandom(6).hex(),
+             "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        subprocess.run(["/usr/lib/squid/security_file_certgen", "-c", "-s", HOME + "/ssl_db", "-M", "4MB"],
+                       check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=60)
+    finally:
+        os.umask(old)
 
 def field(text):
     return urllib.parse.unquote(text)
 
 
-def from_squid(line, writer):
-    """A helper line: `channel transaction source host port method`."""
+def optional(text):
+    """A format field Squid may leave empty (it sends `-` then)."""
+    return None if text == "-" else field(text)
+
+
+def from_squid(line, writer, kind="ask"):
+    """A helper line: `channel transaction source host port method host-header sni` (`ask`), or
+    `channel transaction source host port sni` (`sni`: the question before a tunnel is bumped)."""
     parts = line.decode("latin-1").split()
-    if len(parts) < 6:
+    wanted = 8 if kind == "ask" else 6
+    if len(parts) < wanted:
         if parts:
             writer.write(("%s ERR message=%s\n" % (parts[0], urllib.parse.quote("unreadable question"))).encode())
         return
-    channel, conn, source, host, port, method = parts[:6]
+    channel, conn, source, host, port = parts[:5]
     counter[0] += 1
     q = counter[0]
     questions[q] = (writer, channel)
@@ -101,10 +135,15 @@ def from_squid(line, writer):
         port = int(port)
     except ValueError:
         port = 0
-    if conn.isdigit():
-        unlogged.setdefault(source, set()).add(int(conn))
-    send({"op": "ask", "q": q, "conn": int(conn) if conn.isdigit() else None, "src": source,
-          "host": field(host), "port": port, "method": field(method)})
+    message = {"op": kind, "q": q, "conn": int(conn) if conn.isdigit() else None, "src": source,
+               "host": field(host), "port": port}
+    if kind == "ask":
+        if conn.isdigit():
+            unlogged.setdefault(source, set()).add(int(conn))
+        message.update(method=field(parts[5]), host_header=optional(parts[6]), sni=optional(parts[7]))
+    else:
+        message.update(sni=optional(parts[5]))
+    send(message)
 
 
 def answer(message):
@@ -113,7 +152,13 @@ def answer(message):
         return
     writer, channel = asked
     if message.get("ok"):
-        line = "%s OK tag=%s\n" % (channel, urllib.parse.quote(str(message.get("tag", "code"))))
+        line = "%s OK tag=%s" % (channel, urllib.parse.quote(str(message.get("tag", "code"))))
+        for key, value in (message.get("notes") or {}).items():
+            # The server's notes (the bump, a header's value): printable ASCII, no quotes.
+            value = str(value)
+            if NOTE_NAME.match(str(key)) and value and all(32 <= ord(c) < 127 and c not in '"\\' for c in value):
+                line += ' %s="%s"' % (key, value)
+        line += "\n"
     else:
         why = urllib.parse.quote(str(message.get("why", "refused"))[:2000])
         line = "%s ERR message=%s\n" % (channel, why)
@@ -123,14 +168,14 @@ def answer(message):
         pass
 
 
-async def helper_connected(reader, writer):
+async def helper_connected(reader, writer, kind="ask"):
     try:
         while True:
             line = await reader.readline()
             if not line:
                 break
             if len(line) <= MAX_LINE:
-                from_squid(line, writer)
+                from_squid(line, writer, kind)
     except (OSError, ValueError, asyncio.LimitOverrunError):
         pass
     finally:
@@ -289,13 +334,19 @@ async def listening(squid, port):
 async def main():
     prepare()
     helpers = await asyncio.start_unix_server(helper_connected, SOCKET, limit=MAX_LINE * 2)
+    sni_helpers = await asyncio.start_unix_server(
+        lambda r, w: helper_connected(r, w, "sni"), SNI_SOCKET, limit=MAX_LINE * 2)
     squid = await asyncio.create_subprocess_exec(
         "/usr/sbin/squid", "-N", "-f", HOME + "/squid.conf",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, limit=MAX_LINE * 2)
     log = asyncio.ensure_future(read_log(squid.stdout))
     if await listening(squid, CONF["port"]):
         with open(HOME + "/forbidden") as forbidden:
-            send({"op": "listening", "forbidden": forbidden.read().split()})
+            listening_message = {"op": "listening", "forbidden": forbidden.read().split()}
+        if CONF.get("bump"):
+            with open(HOME + "/ca.pem") as ca:
+                listening_message["ca"] = ca.read()
+        send(listening_message)
         server = asyncio.ensure_future(control(squid))
         ended = asyncio.ensure_future(squid.wait())
         await asyncio.wait([server, ended], return_when=asyncio.FIRST_COMPLETED)
@@ -307,6 +358,7 @@ async def main():
             squid.kill()
     log.cancel()
     helpers.close()
+    sni_helpers.close()
     # The server that started this proxy is gone (or Squid is): so is the proxy.
     sys.exit(0 if squid.returncode in (0, -signal.SIGTERM) else 1)
 

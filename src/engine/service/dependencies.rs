@@ -256,7 +256,7 @@ impl Engine {
             let outcome = async {
                 // On an egress network of its own, where the proxy lets it reach the index hosts.
                 let mut installer = self
-                    .launch_on_egress(&spec, crate::engine::egress::Role::Installer)
+                    .launch_on_egress(&spec, crate::engine::egress::Role::Installer, None)
                     .await?;
                 let outcome = installer
                     .execute(
@@ -436,7 +436,7 @@ impl Engine {
         spec.volumes = Vec::new();
         spec.mounts = Vec::new();
         let mut sandbox = self
-            .launch_on_egress(&spec, crate::engine::egress::Role::Installer)
+            .launch_on_egress(&spec, crate::engine::egress::Role::Installer, None)
             .await?;
         let outcome = sandbox
             .execute(Task::Python(code), Duration::from_secs(60), 1 << 20, None)

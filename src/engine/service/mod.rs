@@ -102,6 +102,9 @@ pub struct RunOptions {
     /// The client's MCP roots to mount into a sandbox this call starts (`SANDBOX_ROOTS`); a
     /// session keeps those it started with.
     pub roots: Option<Arc<RootSet>>,
+    /// The secrets the egress adds to the requests of a sandbox this call starts (a principal's
+    /// own set over HTTP); `None`: the server's (`SANDBOX_SECRETS_FILE`).
+    pub secrets: Option<Arc<crate::config::secrets::Secrets>>,
 }
 
 impl RunOptions {
@@ -111,6 +114,14 @@ impl RunOptions {
             Some(owner) => format!("{owner}/{run}"),
             None => run,
         }
+    }
+
+    /// Whether a sandbox of this call needs secrets other than the server's: then no sandbox
+    /// the server started ahead (the pool, prepared ones) serves it.
+    pub(crate) fn own_secrets(&self, server: &Arc<crate::config::secrets::Secrets>) -> bool {
+        self.secrets
+            .as_ref()
+            .is_some_and(|own| !Arc::ptr_eq(own, server) && own.as_ref() != server.as_ref())
     }
 
     /// The roots a sandbox of this call mounts, when there are any.
@@ -434,6 +445,9 @@ impl Engine {
                         "CA bundle of the containers that reach a package index: {}",
                         self.config.ca_bundle_summary()
                     );
+                    if let Some(secrets) = self.config.secrets_summary() {
+                        tracing::info!("secrets brokered at the egress: {secrets}");
+                    }
                 }
                 match &decided {
                     Ok(platform) => tracing::info!(
@@ -448,6 +462,16 @@ impl Engine {
                     ),
                     Err(refusal) => tracing::error!("{refusal}"),
                 }
+                if let Ok(platform) = &decided {
+                    if platform.installer != platform.code {
+                        tracing::info!(
+                            runtime = %platform.installer.label(&platform.engine),
+                            why = %platform.installer.why,
+                            "installers run under {}",
+                            platform.installer.label(&platform.engine)
+                        );
+                    }
+                }
                 Ok::<_, EngineError>(decided)
             })
             .await?;
@@ -460,16 +484,30 @@ impl Engine {
         &self,
         spec: &mut SandboxSpec,
         role: Role,
+        secrets: Option<&Arc<crate::config::secrets::Secrets>>,
     ) -> Result<Attachment, EngineError> {
         let gateway = self.gateway().await?;
         let network = gateway.open().await?;
         spec.network_name = Some(network.name.clone());
         spec.env
             .extend(super::egress::proxy_env(&network.proxy_address));
+        // The code's secrets: a placeholder of its own in each variable (the proxy adds the
+        // value on the way out), and the proxy's CA among those it trusts.
+        let secrets = match role {
+            Role::Code(_) => secrets.unwrap_or(&self.config.secrets).clone(),
+            Role::Installer => Arc::default(),
+        };
+        if !secrets.is_empty() {
+            spec.env.extend(super::egress::placeholders(&secrets));
+            if let Some(bundle) = gateway.trust_bundle() {
+                spec.ca_bundle = Some(bundle);
+            }
+        }
         Ok(Attachment {
             gateway,
             network,
             role,
+            secrets,
         })
     }
 
@@ -479,9 +517,10 @@ impl Engine {
         &self,
         spec: &SandboxSpec,
         role: Role,
+        secrets: Option<&Arc<crate::config::secrets::Secrets>>,
     ) -> Result<Sandbox, EngineError> {
         let mut spec = spec.clone();
-        let attachment = self.on_egress(&mut spec, role).await?;
+        let attachment = self.on_egress(&mut spec, role, secrets).await?;
         let (gateway, network) = (attachment.gateway.clone(), attachment.network.clone());
         let launched =
             Sandbox::launch_attached(self.backend.clone(), &spec, Some(attachment)).await;
@@ -599,7 +638,8 @@ impl Engine {
     ) -> Result<Sandbox, EngineError> {
         let (spec, key) = self.code_spec(spec, options).await?;
         let launched = if self.config.network == NetworkPolicy::Allowlist {
-            self.launch_on_egress(&spec, Role::Code(None)).await
+            self.launch_on_egress(&spec, Role::Code(None), options.secrets.as_ref())
+                .await
         } else {
             Sandbox::launch(self.backend.clone(), &spec).await
         };
@@ -655,7 +695,9 @@ impl Engine {
         // A call with roots is served a sandbox prepared for exactly its roots, the one its
         // caller's last run with the same roots left, or one it starts: the pools have none.
         let roots = options.mounted_roots();
-        if roots.is_none() {
+        // A principal's own secrets: its sandbox holds their placeholders, started for it.
+        let ahead = !options.own_secrets(&self.config.secrets);
+        if roots.is_none() && ahead {
             if let Some((sandbox, report)) = self.take_prepared(&spec, requirements).await {
                 return Ok((sandbox, Some(report)));
             }
@@ -672,6 +714,7 @@ impl Engine {
             }
         }
         let pooled = match roots {
+            _ if !ahead => None,
             None => self.take_pooled(&spec.image, execute_next).await,
             Some(roots) if requirements.is_empty() => self.take_prepared_roots(&spec, roots).await,
             Some(_) => None,

@@ -107,6 +107,7 @@ impl Engine {
             cpu: std::sync::Mutex::new(cpu),
             calls: AtomicU64::new(0),
             roots: options.mounted_roots().cloned(),
+            secrets: options.secrets.clone(),
         };
         sessions.live.insert(id.clone(), Arc::new(session));
         Ok(id)

@@ -389,6 +389,7 @@ impl Engine {
             image: Some(session.image.clone()),
             dependencies,
             roots: session.roots.clone(),
+            secrets: session.secrets.clone(),
             ..Default::default()
         };
         let new_id = self.create_session(scope, &options).await?;

@@ -115,7 +115,7 @@ impl SandboxServer {
                        failed and its error, duration) and the executed notebook as a resource \
                        (application/x-ipynb+json), saved beside `path` as <name>.executed.ipynb \
                        (or at `output_path`). A notebook may have at most 1000 cells, 16 MiB of \
-                       JSON and 1 MiB of source per cell. {limits}",
+                       JSON and 1 MiB of source per cell. {limits} {secrets}",
         output_schema = schema_for_output::<RunNotebookOutput>(),
         annotations(read_only_hint = false, open_world_hint = false)
     )]

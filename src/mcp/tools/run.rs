@@ -25,7 +25,7 @@ impl SandboxServer {
                        would run a script, as an unprivileged user in /workspace, with Python 3.11 and \
                        its standard library. Returns stdout, stderr (with the traceback of an uncaught \
                        exception) and the exit status; a failure, non-zero exit or timeout is reported \
-                       as an error result. {files} {limits} {images} {roots}",
+                       as an error result. {files} {limits} {images} {roots} {secrets}",
         output_schema = schema_for_output::<ExecutionOutput>(),
         annotations(read_only_hint = false, open_world_hint = false)
     )]
@@ -53,7 +53,7 @@ impl SandboxServer {
                        imports and files in /workspace are still there on the next call. On timeout \
                        the code is interrupted (KeyboardInterrupt) and the session keeps its state; if \
                        the code cannot be interrupted or runs out of memory the interpreter restarts \
-                       and the result says state was lost. {files} {limits} {roots}",
+                       and the result says state was lost. {files} {limits} {roots} {secrets}",
         output_schema = schema_for_output::<ExecutionOutput>()
     )]
     async fn run_python(
@@ -77,7 +77,7 @@ impl SandboxServer {
         name = "sandbox_exec",
         description = "Run a shell command (/bin/sh -c) in a session's sandbox, in /workspace, as the \
                        same unprivileged user, e.g. `ls -la` or `python -m pip list`. Returns exit \
-                       code, stdout and stderr. {limits} {roots}",
+                       code, stdout and stderr. {limits} {roots} {secrets}",
         output_schema = schema_for_output::<ExecutionOutput>()
     )]
     async fn sandbox_exec(
@@ -133,6 +133,8 @@ impl SandboxServer {
                 .roots
                 .for_call(&self.engine, context, &self.roots_via())
                 .await,
+            // A principal's own secrets (its tokens-file line's `secrets=`), else the server's.
+            secrets: Some(self.secrets()),
             ..RunOptions::default()
         };
         (options, notices)

@@ -10,7 +10,8 @@ use crate::config::NetworkPolicy;
 use crate::mcp::descriptions::limits_line;
 use crate::mcp::outcome::{structured, ToolError};
 use crate::mcp::outputs::{
-    HostOutput, LimitsOutput, ListOutput, RootOutput, SessionEntry, SessionOutput, StopOutput,
+    HostOutput, LimitsOutput, ListOutput, RootOutput, SecretOutput, SessionEntry, SessionOutput,
+    StopOutput,
 };
 use crate::mcp::params::{InitializeParams, StopParams};
 use crate::mcp::SandboxServer;
@@ -24,7 +25,7 @@ impl SandboxServer {
                        like a notebook. `dependencies` (as run_python's) are importable from the \
                        first call. `snapshot_id` (from sandbox_snapshot) starts it from a snapshot: \
                        its files, saved variables and dependencies come back. Call sandbox_stop when \
-                       done. {session_policy} {images} {roots}",
+                       done. {session_policy} {images} {roots} {secrets}",
         output_schema = schema_for_output::<SessionOutput>()
     )]
     async fn sandbox_initialize(
@@ -105,6 +106,11 @@ impl SandboxServer {
         }
         let roots = RootOutput::listed(options.mounted_roots().map(|set| set.as_ref()));
         text.push_str(&RootOutput::lines(&roots));
+        let secrets = self.secrets();
+        if !secrets.is_empty() {
+            text.push('\n');
+            text.push_str(&crate::mcp::descriptions::secrets_line(&secrets));
+        }
         for host in network.iter().flatten() {
             text.push_str(&format!(
                 "\nnetwork: {}:{} {}",
@@ -123,6 +129,7 @@ impl SandboxServer {
                 image,
                 roots,
                 roots_refused: Vec::new(),
+                secrets: SecretOutput::listed(&secrets),
                 restored: restored.map(super::snapshot::restored_output),
                 network: network.map(|hosts| {
                     hosts

@@ -96,3 +96,76 @@ fn descriptions_carry_the_live_configuration() {
     assert!(description("sandbox_stop").contains("under /srv/sandbox-files stay there"));
     assert!(description("sandbox_initialize").contains("sessions at once"));
 }
+
+#[test]
+fn the_tools_that_run_code_name_the_secrets_it_may_use_and_no_value() {
+    let dir = std::env::temp_dir().join(format!("pcs-described-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let file = dir.join("secrets.toml");
+    std::fs::write(
+        &file,
+        "[[secret]]\nname = \"openai\"\nvalue_env = \"PCS_TEST_OPENAI\"\n\
+         hosts = [\"api.openai.com\"]\nenv = \"OPENAI_API_KEY\"\n\n\
+         [[secret]]\nname = \"anthropic\"\nvalue_env = \"PCS_TEST_ANTHROPIC\"\n\
+         hosts = [\"api.anthropic.com\", \"*.anthropic.example:8443\"]\nheader = \"x-api-key\"\n\
+         env = \"ANTHROPIC_API_KEY\"\n",
+    )
+    .expect("written");
+    let path = file.display().to_string();
+    let with_secrets = config(&[
+        ("SANDBOX_NETWORK", "allowlist"),
+        ("SANDBOX_SECRETS_FILE", &path),
+        ("PCS_TEST_OPENAI", "sk-live-openai-value"),
+        ("PCS_TEST_ANTHROPIC", "sk-ant-value"),
+    ]);
+    std::fs::remove_dir_all(&dir).expect("removed");
+    let expected = "Secrets (the proxy adds each to requests to its hosts, over HTTPS; your code \
+                    reads the variable, which holds a placeholder, and sends it as usual, e.g. as \
+                    the SDK's API key; the real value never enters the sandbox): openai in \
+                    $OPENAI_API_KEY for api.openai.com; anthropic in $ANTHROPIC_API_KEY for \
+                    api.anthropic.com, *.anthropic.example:8443.";
+    let runs_code = [
+        "run_python_ephemeral",
+        "run_python",
+        "sandbox_exec",
+        "sandbox_initialize",
+        "sandbox_run_notebook",
+    ];
+    for tool in described(&with_secrets) {
+        let description = tool.description.as_deref().unwrap_or_default();
+        assert!(
+            !description.contains("sk-live") && !description.contains("sk-ant"),
+            "{}: {description}",
+            tool.name
+        );
+        assert_eq!(
+            description.contains(expected),
+            runs_code.contains(&tool.name.as_ref()),
+            "{}: {description}",
+            tool.name
+        );
+    }
+    for tool in described(&config(&[])) {
+        let description = tool.description.as_deref().unwrap_or_default();
+        assert!(!description.contains("Secrets"), "{}", tool.name);
+    }
+
+    // A principal's own set replaces the server's.
+    let mut router = SandboxServer::tools();
+    let own = crate::config::secrets::Secrets {
+        entries: with_secrets.secrets.entries[1..].to_vec(),
+        file: None,
+    };
+    crate::mcp::descriptions::describe_for(&mut router, &config(&[]), &own);
+    let tools = router.list_all();
+    let ephemeral = tools
+        .iter()
+        .find(|t| t.name == "run_python_ephemeral")
+        .and_then(|t| t.description.as_deref())
+        .unwrap_or_default();
+    assert!(
+        ephemeral.contains("as the SDK's API key; the real value never enters the sandbox): anthropic in $ANTHROPIC_API_KEY for api.anthropic.com, *.anthropic.example:8443."),
+        "{ephemeral}"
+    );
+    assert!(!ephemeral.contains("openai"), "{ephemeral}");
+}
