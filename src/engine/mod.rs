@@ -52,6 +52,7 @@ pub mod prepared;
 pub mod progress;
 pub mod protocol;
 pub mod recycled;
+pub mod redact;
 pub mod roots;
 pub mod runner_set;
 pub mod sandbox;

@@ -43,6 +43,8 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 const RECYCLE_LIMIT: Duration = Duration::from_secs(8);
 /// How long a sandbox gets from start to a ready runner.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most the runner reads of a file in one request (`CHUNK_LIMIT` in its `workspace.py`).
+const READ_LIMIT: u64 = 1 << 20;
 /// Bytes kept of what the sandbox's processes print outside the protocol (start-up failures).
 const DIAGNOSTICS_LIMIT: usize = 8 * 1024;
 
@@ -63,6 +65,9 @@ struct LiveTarget {
     tokens: f64,
     refilled: Instant,
     cleared: bool,
+    /// The sandbox's secrets' values, masked in stdout and stderr as they come (see
+    /// [`super::redact::Stream`]).
+    redact: Option<[super::redact::Stream; 2]>,
 }
 
 impl LiveTarget {
@@ -82,15 +87,31 @@ impl LiveTarget {
         self.tokens -= 1.0;
         let mut live = output.decode();
         live.cleared |= std::mem::take(&mut self.cleared);
+        if let Some([stdout, stderr]) = &mut self.redact {
+            if live.cleared {
+                // What was held back was cleared with the rest.
+                stdout.finish();
+                stderr.finish();
+            }
+            live.stdout = stdout.push(&live.stdout);
+            live.stderr = stderr.push(&live.stderr);
+        }
         (self.sink)(live);
     }
 
     /// The execution is over: a clear still owed (its message was held back, none passed since)
     /// is passed now, before the result.
-    fn finish(self) {
-        if self.cleared {
+    /// What the redaction held back (the start of what could have been a value) is passed too.
+    fn finish(mut self) {
+        let (stdout, stderr) = match &mut self.redact {
+            Some([stdout, stderr]) => (stdout.finish(), stderr.finish()),
+            None => Default::default(),
+        };
+        if self.cleared || !stdout.is_empty() || !stderr.is_empty() {
             (self.sink)(LiveOutput {
-                cleared: true,
+                cleared: self.cleared,
+                stdout,
+                stderr,
                 ..LiveOutput::default()
             });
         }
@@ -289,6 +310,8 @@ pub struct Sandbox {
     /// restart gives it another address).
     attachment: Option<super::egress::Attachment>,
     egress: Option<super::egress::Lease>,
+    /// Its secrets' values, masked in all that leaves it (see [`super::redact`]).
+    redactor: Option<super::redact::Redactor>,
     /// Not known to be alive (it waited in the pool): the next execution checks it on the way,
     /// in the same round trip ([`Sandbox::check_on_first_execution`]).
     unverified: bool,
@@ -435,6 +458,9 @@ impl Sandbox {
             python_version: String::new(),
             ipython_told: runner_set::is_named_in(&spec.env),
             ipython: RunnerIpython::Unsaid,
+            redactor: attachment
+                .as_ref()
+                .and_then(|a| super::redact::Redactor::of(&a.secrets)),
             attachment,
             egress: None,
             unverified: false,
@@ -732,6 +758,7 @@ impl Sandbox {
             tokens: LIVE_BURST,
             refilled: Instant::now(),
             cleared: false,
+            redact: self.redactor.as_ref().map(|r| [r.stream(), r.stream()]),
         });
         let started = Instant::now();
         let (waited, stop) = self
@@ -789,6 +816,11 @@ impl Sandbox {
         if restarted == Restarted::Sandbox {
             execution.state_lost = true;
             execution.workspace_lost = true;
+        }
+        if let Some(redactor) = &self.redactor {
+            if redactor.execution(&mut execution) {
+                tracing::info!(sandbox = %self.id, "a secret's value in the output was masked");
+            }
         }
         Ok(execution)
     }
@@ -1063,7 +1095,56 @@ impl Sandbox {
     /// Reads at most `length` bytes of a workspace file from `offset`, as the sandbox's user and
     /// without following links. `Ok(Err(reason))`: the file cannot be read (a link, a directory,
     /// permission denied, gone); `Err`: the sandbox failed.
+    /// With secrets, the piece is masked as the whole file would be (see [`super::redact`]): it
+    /// is read with the bytes around it a value could reach into.
     pub async fn read_chunk(
+        &mut self,
+        path: &WorkspacePath,
+        offset: u64,
+        length: u64,
+    ) -> Result<Result<FileChunk, String>, EngineError> {
+        let Some(redactor) = self.redactor.clone() else {
+            return self.read_raw(path, offset, length).await;
+        };
+        let (start, wide, at) = redactor.widened(offset, length);
+        // In pieces the runner serves whole (it reads at most READ_LIMIT at once), up to the end.
+        let mut chunk: Option<FileChunk> = None;
+        let mut read = 0u64;
+        while read < wide {
+            let want = (wide - read).min(READ_LIMIT);
+            let piece = match self.read_raw(path, start + read, want).await? {
+                Ok(piece) => piece,
+                Err(reason) => return Ok(Err(reason)),
+            };
+            let short = (piece.data.len() as u64) < want;
+            read += piece.data.len() as u64;
+            match &mut chunk {
+                None => chunk = Some(piece),
+                Some(chunk) if chunk.inode != piece.inode => {
+                    return Ok(Err("the file was replaced while it was being read".into()))
+                }
+                Some(chunk) => chunk.data.extend_from_slice(&piece.data),
+            }
+            if short {
+                break;
+            }
+        }
+        let Some(mut chunk) = chunk else {
+            return self.read_raw(path, offset, 0).await;
+        };
+        if redactor.bytes(&mut chunk.data) {
+            tracing::info!(sandbox = %self.id, "a secret's value in a file read out was masked");
+        }
+        let end = chunk.data.len().min(at.saturating_add(length as usize));
+        chunk.data = chunk
+            .data
+            .get(at..end)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        Ok(Ok(chunk))
+    }
+
+    async fn read_raw(
         &mut self,
         path: &WorkspacePath,
         offset: u64,
@@ -1689,6 +1770,59 @@ mod tests {
     use super::*;
     use crate::engine::protocol::RawLiveOutput;
 
+    /// A secret's value the code prints in two pieces (two live messages) never reaches the
+    /// client whole: the start is held back until the rest comes, then masked; what is held at
+    /// the end is passed then.
+    #[test]
+    fn live_output_masks_a_value_split_across_messages() {
+        use crate::config::secrets::{BoundHost, Secret, SecretValue, Secrets};
+        use base64::Engine as _;
+        let key = "sk-live-0123456789abcdefghij";
+        let secrets = Secrets {
+            entries: vec![Secret {
+                name: "llm".into(),
+                value: SecretValue::new(key.into()),
+                hosts: vec![BoundHost {
+                    pattern: "api.test".into(),
+                    port: 443,
+                }],
+                header: "Authorization".into(),
+                format: "{value}".into(),
+                env: "KEY".into(),
+            }],
+            file: None,
+        };
+        let redactor = super::super::redact::Redactor::of(&secrets).expect("a value");
+        let seen = Arc::new(std::sync::Mutex::new(String::new()));
+        let into = seen.clone();
+        let mut target = LiveTarget {
+            id: 1,
+            sink: Arc::new(move |output: LiveOutput| {
+                if let Ok(mut seen) = into.lock() {
+                    seen.push_str(&output.stdout);
+                }
+            }),
+            tokens: LIVE_BURST,
+            refilled: Instant::now(),
+            cleared: false,
+            redact: Some([redactor.stream(), redactor.stream()]),
+        };
+        let message = |text: &str| RawLiveOutput {
+            id: 1,
+            cleared: false,
+            stdout: base64::engine::general_purpose::STANDARD.encode(text),
+            stderr: String::new(),
+            stdout_skipped: 0,
+            stderr_skipped: 0,
+        };
+        target.pass(&message(&format!("key: {}", &key[..9])));
+        target.pass(&message(&format!("{} done sk-", &key[9..])));
+        target.finish();
+        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+        assert!(!seen.contains(key), "{seen}");
+        assert_eq!(seen, "key: <redacted:llm>************** done sk-");
+    }
+
     #[test]
     fn live_output_passes_only_for_its_execution_and_within_the_rate() {
         let passed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -1701,6 +1835,7 @@ mod tests {
             tokens: LIVE_BURST,
             refilled: Instant::now(),
             cleared: false,
+            redact: None,
         };
         let output = |id| RawLiveOutput {
             id,
@@ -1736,6 +1871,7 @@ mod tests {
                 }),
                 tokens,
                 refilled: Instant::now(),
+                redact: None,
                 cleared: false,
             }
         };
