@@ -169,6 +169,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
         seen = self.headers.get_all("Authorization") or []
+        if self.path == "/echo":
+            # An upstream that echoes what it got (a debugging endpoint): the value comes back.
+            body = json.dumps({"authorization": seen}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         kinds = ["value" if a == "Bearer " + value else "placeholder" if "pcs-placeholder-" in a else "other" for a in seen]
         body = json.dumps({"auth": kinds, "host": self.headers.get("Host"), "leaked": value in str(self.headers) and kinds != ["value"]}).encode()
         self.send_response(200)
@@ -249,6 +257,53 @@ fn upstream_certificates(dir: &std::path::Path, names: &[&str]) {
     ]);
 }
 
+/// The HTTPS upstream of the secrets' tests, on the bridge's address: it answers which kind of
+/// `Authorization` it got (the value, a placeholder, another), and `/echo` echoes it (the value
+/// comes back to the code). Its certificate names `api.secret.test` and `other.secret.test`,
+/// signed by a CA of the test's (`dir/ca.pem`).
+struct SecretUpstream {
+    host: String,
+    dir: std::path::PathBuf,
+    value: String,
+    upstream: std::process::Child,
+    port: u16,
+}
+
+impl SecretUpstream {
+    fn start() -> SecretUpstream {
+        let host = bridge_address().to_string();
+        let dir = std::env::temp_dir().join(format!("pcs-secrets-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        upstream_certificates(&dir, &["api.secret.test", "other.secret.test"]);
+        let value = format!("sk-test-{}", uuid::Uuid::new_v4().simple());
+        let mut upstream = std::process::Command::new("python3")
+            .args(["-c", SECRET_UPSTREAM, &host])
+            .arg(dir.join("cert.pem"))
+            .arg(dir.join("key.pem"))
+            .arg(&value)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the upstream starts");
+        let mut port_line = String::new();
+        {
+            use std::io::BufRead;
+            let stdout = upstream.stdout.take().expect("its stdout");
+            std::io::BufReader::new(stdout)
+                .read_line(&mut port_line)
+                .expect("its port");
+        }
+        let port: u16 = port_line.trim().parse().expect("a port");
+        SecretUpstream {
+            host,
+            dir,
+            value,
+            upstream,
+            port,
+        }
+    }
+}
+
 /// Secrets brokered at the egress (issue 46 B): the code holds a placeholder; the proxy bumps only
 /// the tunnel to the bound name and puts the value in the header there, and nowhere else (another
 /// host, a Host header or SNI that names another, an IP literal). The value is nowhere in the
@@ -259,29 +314,13 @@ async fn a_secret_reaches_only_its_host_and_never_the_sandbox() {
     if skip_without_engine() {
         return;
     }
-    let host = bridge_address().to_string();
-    let dir = std::env::temp_dir().join(format!("pcs-secrets-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    upstream_certificates(&dir, &["api.secret.test", "other.secret.test"]);
-    let value = format!("sk-test-{}", uuid::Uuid::new_v4().simple());
-    let mut upstream = std::process::Command::new("python3")
-        .args(["-c", SECRET_UPSTREAM, &host])
-        .arg(dir.join("cert.pem"))
-        .arg(dir.join("key.pem"))
-        .arg(&value)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the upstream starts");
-    let mut port_line = String::new();
-    {
-        use std::io::BufRead;
-        let stdout = upstream.stdout.take().expect("its stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut port_line)
-            .expect("its port");
-    }
-    let port: u16 = port_line.trim().parse().expect("a port");
+    let SecretUpstream {
+        host,
+        dir,
+        value,
+        mut upstream,
+        port,
+    } = SecretUpstream::start();
     let secrets = Secrets {
         entries: vec![Secret {
             name: "llm".into(),
@@ -347,6 +386,12 @@ bundle = open(os.environ["SSL_CERT_FILE"]).read()
 print("bundle", "PRIVATE KEY" not in bundle and "egress proxy's CA" in bundle)
 environ = open("/proc/self/environ", "rb").read() + open("/proc/1/environ", "rb").read()
 print("environ", b"sk-test-" not in environ)
+echo = urllib.request.urlopen(urllib.request.Request("https://api.secret.test:PORT/echo", headers={"Authorization": "Bearer " + key}), timeout=30).read().decode()
+print("echo", echo)
+open("echo.txt", "w").write("x" * ((1 << 20) - 10 - echo.index("sk-test-")) + echo * 3)  # one value across 1 MiB
+from IPython.display import HTML, display
+display(HTML("<b>%s</b>" % echo))
+raise ValueError(echo)
 "#
     .replace("PORT", &port.to_string())
     .replace("HOST", &host);
@@ -395,6 +440,30 @@ print("environ", b"sk-test-" not in environ)
         }
         assert_eq!(lines.get("bundle"), Some(&"True"), "{out}");
         assert_eq!(lines.get("environ"), Some(&"True"), "{out}");
+        // An upstream echoed the value: it is masked in what the code printed, showed and
+        // raised, and in the file copied out of it (one value is across the edge between the
+        // engine's first and second piece of it, at 1 MiB).
+        let mask = "Bearer <redacted:llm>";
+        assert!(lines.get("echo").is_some_and(|l| l.contains(mask)), "{out}");
+        let shown = format!("{:?} {:?}", seen.outputs, seen.error);
+        assert!(!shown.contains(&value) && shown.contains(mask), "{shown}");
+        let file = seen
+            .files
+            .iter()
+            .find(|f| f.path == "echo.txt")
+            .unwrap_or_else(|| panic!("echo.txt: {:?}", seen.files));
+        let bytes = match (&file.content, &file.saved_to) {
+            (Some(content), _) => content.clone(),
+            (None, Some(path)) => std::fs::read(path).expect("the saved file"),
+            (None, None) => panic!("echo.txt neither returned nor saved: {file:?}"),
+        };
+        let saved = String::from_utf8_lossy(&bytes);
+        assert!(
+            !saved.contains(&value) && saved.matches(mask).count() == 3,
+            "echo.txt: {} bytes, {} masks",
+            saved.len(),
+            saved.matches(mask).count()
+        );
         // The record names the secret where it was sent, and only there.
         let record = seen.network.expect("a network record");
         let sent: Vec<_> = record.iter().filter(|e| e.secret.is_some()).collect();
@@ -475,4 +544,91 @@ except Exception as e:
     let _ = std::fs::remove_dir_all(&dir);
     assert_nothing_left(&principals).await;
     assert_no_network_left(&principals);
+}
+
+/// The HTTP clients agents' code uses get the secret the same way (issue 46 B): `requests` and
+/// `httpx`, installed as the run's dependencies, read the proxy and the bundle from the
+/// variables the sandbox has, and the bound host gets the value where they sent the placeholder.
+/// The bundle the sandbox trusts is the host's (PyPI through this network's interception) plus
+/// the test's CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_httpx_get_the_secret_too() {
+    use python_code_sandbox::config::secrets::{BoundHost, Secret, SecretValue, Secrets};
+    if skip_without_engine() {
+        return;
+    }
+    let SecretUpstream {
+        host,
+        dir,
+        value,
+        mut upstream,
+        port,
+    } = SecretUpstream::start();
+    // The host's bundle (the index's interception) and the upstream's CA, as an operator would.
+    let bundle = dir.join("bundle.pem");
+    let mut pem = std::env::var("SANDBOX_CA_BUNDLE")
+        .ok()
+        .or_else(|| Some("/etc/ssl/certs/ca-certificates.crt".into()))
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .unwrap_or_default();
+    pem.push_str(&std::fs::read_to_string(dir.join("ca.pem")).expect("the test CA"));
+    std::fs::write(&bundle, pem).expect("the bundle");
+    let engine = engine_with(|c| {
+        c.network = NetworkPolicy::Allowlist;
+        c.egress.allow = EgressRules::parse(&format!("{host}/32:{port}")).expect("rules");
+        c.egress.resolve = vec![("api.secret.test".into(), host.parse().expect("address"))];
+        c.ca_bundle = Some(bundle.clone());
+        c.secrets = std::sync::Arc::new(Secrets {
+            entries: vec![Secret {
+                name: "llm".into(),
+                value: SecretValue::new(value.clone()),
+                hosts: vec![BoundHost {
+                    pattern: "api.secret.test".into(),
+                    port,
+                }],
+                header: "Authorization".into(),
+                format: "Bearer {value}".into(),
+                env: "LLM_API_KEY".into(),
+            }],
+            file: None,
+        });
+    });
+    let code = r#"
+import json, os
+import httpx, requests
+key = os.environ["LLM_API_KEY"]
+url = "https://api.secret.test:PORT/x"
+print("requests", json.dumps(requests.get(url, headers={"Authorization": "Bearer " + key}, timeout=30).json()["auth"]))
+print("requests-none", json.dumps(requests.get(url, timeout=30).json()["auth"]))
+with httpx.Client(timeout=30) as client:
+    print("httpx", json.dumps(client.get(url, headers={"Authorization": "Bearer " + key}).json()["auth"]))
+    print("httpx-again", json.dumps(client.get(url, headers={"Authorization": "Bearer " + key}).json()["auth"]))
+"#
+    .replace("PORT", &port.to_string());
+    no_hang(async {
+        let options = RunOptions {
+            dependencies: vec!["requests".into(), "httpx".into()],
+            ..RunOptions::default()
+        };
+        let seen = engine
+            .run_ephemeral(Task::Python(&code), &options)
+            .await
+            .expect("the run");
+        let out = text(&seen.stdout);
+        let err = text(&seen.stderr);
+        assert!(!out.contains(&value) && !err.contains(&value), "{out}");
+        for client in ["requests", "requests-none", "httpx", "httpx-again"] {
+            assert!(
+                out.lines().any(|l| l == format!(r#"{client} ["value"]"#)),
+                "{client}: {out}\n{err}\n{:?}",
+                seen.dependencies
+            );
+        }
+    })
+    .await;
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_nothing_left(&engine).await;
+    assert_no_network_left(&engine);
 }
