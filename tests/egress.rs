@@ -304,13 +304,37 @@ impl SecretUpstream {
     }
 }
 
+/// One secret, `name`, bound to `api.secret.test:port` (the upstream's name), sent as
+/// `Authorization: Bearer <value>`, its placeholder in `env`.
+fn bound_secret(
+    name: &str,
+    env: &str,
+    value: &str,
+    port: u16,
+) -> python_code_sandbox::config::secrets::Secrets {
+    use python_code_sandbox::config::secrets::{BoundHost, Secret, SecretValue, Secrets};
+    Secrets {
+        entries: vec![Secret {
+            name: name.into(),
+            value: SecretValue::new(value.into()),
+            hosts: vec![BoundHost {
+                pattern: "api.secret.test".into(),
+                port,
+            }],
+            header: "Authorization".into(),
+            format: "Bearer {value}".into(),
+            env: env.into(),
+        }],
+        file: None,
+    }
+}
+
 /// Secrets brokered at the egress (issue 46 B): the code holds a placeholder; the proxy bumps only
 /// the tunnel to the bound name and puts the value in the header there, and nowhere else (another
 /// host, a Host header or SNI that names another, an IP literal). The value is nowhere in the
 /// sandbox, nor in the result; the record names the secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_reaches_only_its_host_and_never_the_sandbox() {
-    use python_code_sandbox::config::secrets::{BoundHost, Secret, SecretValue, Secrets};
     if skip_without_engine() {
         return;
     }
@@ -321,20 +345,7 @@ async fn a_secret_reaches_only_its_host_and_never_the_sandbox() {
         mut upstream,
         port,
     } = SecretUpstream::start();
-    let secrets = Secrets {
-        entries: vec![Secret {
-            name: "llm".into(),
-            value: SecretValue::new(value.clone()),
-            hosts: vec![BoundHost {
-                pattern: "api.secret.test".into(),
-                port,
-            }],
-            header: "Authorization".into(),
-            format: "Bearer {value}".into(),
-            env: "LLM_API_KEY".into(),
-        }],
-        file: None,
-    };
+    let secrets = bound_secret("llm", "LLM_API_KEY", &value, port);
     let engine = engine_with(|c| {
         c.network = NetworkPolicy::Allowlist;
         // The other name is allowed by the policy, the bound one by its secret alone; the
@@ -482,20 +493,7 @@ raise ValueError(echo)
     // A principal's own set over HTTP (the server has none; a tokens file says principals may
     // have theirs): a call that carries it gets its placeholder and its header, a call without
     // it neither.
-    let own = std::sync::Arc::new(Secrets {
-        entries: vec![Secret {
-            name: "own".into(),
-            value: SecretValue::new(value.clone()),
-            hosts: vec![BoundHost {
-                pattern: "api.secret.test".into(),
-                port,
-            }],
-            header: "Authorization".into(),
-            format: "Bearer {value}".into(),
-            env: "OWN_KEY".into(),
-        }],
-        file: None,
-    });
+    let own = std::sync::Arc::new(bound_secret("own", "OWN_KEY", &value, port));
     let tokens = dir.join("tokens");
     std::fs::write(&tokens, "").expect("a tokens file");
     let principals = engine_with(|c| {
@@ -553,7 +551,6 @@ except Exception as e:
 /// the test's CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_and_httpx_get_the_secret_too() {
-    use python_code_sandbox::config::secrets::{BoundHost, Secret, SecretValue, Secrets};
     if skip_without_engine() {
         return;
     }
@@ -578,20 +575,7 @@ async fn requests_and_httpx_get_the_secret_too() {
         c.egress.allow = EgressRules::parse(&format!("{host}/32:{port}")).expect("rules");
         c.egress.resolve = vec![("api.secret.test".into(), host.parse().expect("address"))];
         c.ca_bundle = Some(bundle.clone());
-        c.secrets = std::sync::Arc::new(Secrets {
-            entries: vec![Secret {
-                name: "llm".into(),
-                value: SecretValue::new(value.clone()),
-                hosts: vec![BoundHost {
-                    pattern: "api.secret.test".into(),
-                    port,
-                }],
-                header: "Authorization".into(),
-                format: "Bearer {value}".into(),
-                env: "LLM_API_KEY".into(),
-            }],
-            file: None,
-        });
+        c.secrets = std::sync::Arc::new(bound_secret("llm", "LLM_API_KEY", &value, port));
     });
     let code = r#"
 import json, os
