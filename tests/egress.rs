@@ -545,12 +545,14 @@ except Exception as e:
 }
 
 /// The HTTP clients agents' code uses get the secret the same way (issue 46 B): `requests` and
-/// `httpx`, installed as the run's dependencies, read the proxy and the bundle from the
-/// variables the sandbox has, and the bound host gets the value where they sent the placeholder.
+/// `httpx`, installed as the run's dependencies, and the image's `curl` read the proxy and the
+/// bundle from the variables the sandbox has, and the bound host gets the value where they sent
+/// the placeholder. HTTP/2 offered on the bumped connection is served as HTTP/1.1 (the header
+/// added all the same), and HTTP/2 by prior knowledge is refused, never passed on.
 /// The bundle the sandbox trusts is the host's (PyPI through this network's interception) plus
 /// the test's CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_and_httpx_get_the_secret_too() {
+async fn requests_httpx_and_curl_get_the_secret_too() {
     if skip_without_engine() {
         return;
     }
@@ -587,6 +589,37 @@ print("requests-none", json.dumps(requests.get(url, timeout=30).json()["auth"]))
 with httpx.Client(timeout=30) as client:
     print("httpx", json.dumps(client.get(url, headers={"Authorization": "Bearer " + key}).json()["auth"]))
     print("httpx-again", json.dumps(client.get(url, headers={"Authorization": "Bearer " + key}).json()["auth"]))
+import socket, ssl, subprocess
+def curl(*args):
+    done = subprocess.run(["curl", "-sS", "--max-time", "30", "-w", "\\n%{http_version}", *args, url], capture_output=True, text=True)
+    if done.returncode != 0:
+        return "failed: " + done.stderr.strip()
+    body, version = done.stdout.rsplit("\n", 1)
+    return json.dumps(json.loads(body)["auth"]) + " http/" + version
+print("curl", curl("-H", "Authorization: Bearer " + key))
+# HTTP/2 offered on a bumped connection: served as HTTP/1.1, the header added all the same.
+print("curl-http2", curl("--http2", "-H", "Authorization: Bearer " + key))
+proxy = os.environ["HTTPS_PROXY"][len("http://"):].rsplit(":", 1)[0]
+s = socket.create_connection((proxy, 3128), timeout=30)
+s.sendall(b"CONNECT api.secret.test:PORT HTTP/1.1\r\nHost: api.secret.test:PORT\r\n\r\n")
+assert s.recv(4096).startswith(b"HTTP/1.1 200"), "the tunnel"
+context = ssl.create_default_context()
+context.set_alpn_protocols(["h2"])
+t = context.wrap_socket(s, server_hostname="api.secret.test")
+print("alpn", t.selected_alpn_protocol())
+# HTTP/2 by prior knowledge (its preface, then a HEADERS frame naming the bound host): refused,
+# never passed on.
+t.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+answer = b""
+try:
+    while len(answer) < 65536:
+        chunk = t.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+except OSError:
+    pass
+print("h2-preface", (answer.split(b"\r\n", 1)[0].decode(errors="replace") or "closed").replace(" ", "_"))
 "#
     .replace("PORT", &port.to_string());
     no_hang(async {
@@ -601,6 +634,24 @@ with httpx.Client(timeout=30) as client:
         let out = text(&seen.stdout);
         let err = text(&seen.stderr);
         assert!(!out.contains(&value) && !err.contains(&value), "{out}");
+        let lines: std::collections::HashMap<&str, &str> =
+            out.lines().filter_map(|l| l.split_once(' ')).collect();
+        for client in ["curl", "curl-http2"] {
+            assert_eq!(
+                lines.get(client),
+                Some(&r#"["value"] http/1.1"#),
+                "{client}: {out}\n{err}"
+            );
+        }
+        assert!(
+            matches!(lines.get("alpn"), Some(&"None") | Some(&"http/1.1")),
+            "HTTP/2 negotiated on a bumped connection: {out}"
+        );
+        let preface = lines.get("h2-preface").copied().unwrap_or_default();
+        assert!(
+            !preface.is_empty() && !preface.contains("_200_"),
+            "HTTP/2 by prior knowledge was served: {out}"
+        );
         for client in ["requests", "requests-none", "httpx", "httpx-again"] {
             assert!(
                 out.lines().any(|l| l == format!(r#"{client} ["value"]"#)),
@@ -610,6 +661,155 @@ with httpx.Client(timeout=30) as client:
         }
     })
     .await;
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_nothing_left(&engine).await;
+    assert_no_network_left(&engine);
+}
+
+/// A fork and a restore are new sandboxes, with new placeholders (issue 46 B 5): the copy's
+/// variable is not its source's, the bound host gets the value from the copy whichever
+/// placeholder it sends (its own, or the source's kept in a variable), and neither the snapshot
+/// store nor anything the copies return holds the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_or_a_restore_gets_new_placeholders_and_never_the_value() {
+    if skip_without_engine() {
+        return;
+    }
+    let SecretUpstream {
+        host,
+        dir,
+        value,
+        mut upstream,
+        port,
+    } = SecretUpstream::start();
+    let store = dir.join("snapshots");
+    let engine = engine_with(|c| {
+        c.network = NetworkPolicy::Allowlist;
+        c.egress.allow = EgressRules::parse(&format!("{host}/32:{port}")).expect("rules");
+        c.egress.resolve = vec![("api.secret.test".into(), host.parse().expect("address"))];
+        c.ca_bundle = Some(dir.join("ca.pem"));
+        c.secrets = Arc::new(bound_secret("llm", "LLM_API_KEY", &value, port));
+        c.snapshots.dir = Some(store.clone());
+    });
+    // Each cell defines what it calls (a function is not among what a copy carries).
+    let cell = |body: &str| {
+        format!(
+            r#"
+import json, os, urllib.request
+def call(key):
+    request = urllib.request.Request("https://api.secret.test:{port}/x", headers={{"Authorization": "Bearer " + key}})
+    return json.loads(urllib.request.urlopen(request, timeout=30).read())["auth"]
+{body}
+"#
+        )
+    };
+    let copy = cell(
+        r#"print("env", os.environ["LLM_API_KEY"])
+print("kept", kept)
+print("own", json.dumps(call(os.environ["LLM_API_KEY"])))
+print("source's", json.dumps(call(kept)))"#,
+    );
+    // The lines `name rest` of a run's stdout (the value never among them).
+    let lines = |seen: &python_code_sandbox::engine::Execution| {
+        let out = text(&seen.stdout);
+        assert!(
+            !out.contains(&value) && !text(&seen.stderr).contains(&value),
+            "the value came back: {out}"
+        );
+        out.lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<std::collections::HashMap<String, String>>()
+    };
+    let placeholder = no_hang(async {
+        let source = engine
+            .create_session(Scope::Server, &RunOptions::default())
+            .await
+            .expect("the source session");
+        let seen = in_session(
+            &engine,
+            &source,
+            &cell(
+                r#"kept = os.environ["LLM_API_KEY"]
+print("env", kept)
+print("own", json.dumps(call(kept)))"#,
+            ),
+        )
+        .await;
+        let first = lines(&seen);
+        let placeholder = first.get("env").cloned().unwrap_or_default();
+        assert!(
+            placeholder.starts_with("pcs-placeholder-llm-"),
+            "{first:?} {}",
+            text(&seen.stderr)
+        );
+        assert_eq!(first.get("own").map(String::as_str), Some(r#"["value"]"#));
+
+        let forked = engine
+            .fork_session(Scope::Server, &source)
+            .await
+            .expect("the fork");
+        let meta = engine
+            .snapshot_session(Scope::Server, &source, Some("with a placeholder".into()))
+            .await
+            .expect("the snapshot");
+        let (restored, _) = engine
+            .restore_session(Scope::Server, &meta.id, &RunOptions::default())
+            .await
+            .expect("the restore");
+        let mut seen_placeholders = vec![placeholder.clone()];
+        for (what, id) in [("fork", &forked.container_id), ("restore", &restored)] {
+            let seen = in_session(&engine, id, &copy).await;
+            let got = lines(&seen);
+            let own = got.get("env").cloned().unwrap_or_default();
+            assert!(
+                own.starts_with("pcs-placeholder-llm-") && !seen_placeholders.contains(&own),
+                "{what}: a placeholder of its own, not {seen_placeholders:?}: {got:?} {}",
+                text(&seen.stderr)
+            );
+            seen_placeholders.push(own);
+            assert_eq!(got.get("kept"), Some(&placeholder), "{what}: {got:?}");
+            for call in ["own", "source's"] {
+                assert_eq!(
+                    got.get(call).map(String::as_str),
+                    Some(r#"["value"]"#),
+                    "{what}, {call}: {got:?}"
+                );
+            }
+            engine.stop_session(Scope::Server, id).await.expect("stop");
+        }
+        engine
+            .stop_session(Scope::Server, &source)
+            .await
+            .expect("stop the source");
+        placeholder
+    })
+    .await;
+    // The store holds the source's placeholder (a variable), never the value.
+    let mut holds_placeholder = false;
+    let mut pending = vec![store.clone()];
+    while let Some(directory) = pending.pop() {
+        for entry in std::fs::read_dir(&directory).expect("the store").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                holds_placeholder |= !placeholder.is_empty()
+                    && bytes
+                        .windows(placeholder.len())
+                        .any(|w| w == placeholder.as_bytes());
+                assert!(
+                    !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
+                    "{} holds the value",
+                    path.display()
+                );
+            }
+        }
+    }
+    // The scan finds what is there: the source's placeholder, in its variable.
+    assert!(holds_placeholder, "the store does not hold {placeholder:?}");
     let _ = upstream.kill();
     let _ = upstream.wait();
     let _ = std::fs::remove_dir_all(&dir);

@@ -33,8 +33,8 @@ pub const RECIPE: &str = include_str!("Dockerfile");
 pub const ONLINE_BASE: &str = "python:3.11-slim";
 /// The tag of the imported debootstrap rootfs.
 pub const OFFLINE_BASE: &str = "python-code-sandbox-base:bookworm";
-/// Packages of the offline rootfs.
-const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates";
+/// Packages of the offline rootfs (curl: agents' code and shell cells expect it).
+const DEBOOTSTRAP_INCLUDE: &str = "python3,python3-pip,python3-venv,ca-certificates,curl";
 /// Packages of the egress proxy's image: Debian's Squid built with OpenSSL (it bumps the TLS of
 /// hosts a secret is bound to), OpenSSL's tool (the proxy makes its CA with it), and Python for its
 /// relay.
@@ -104,8 +104,25 @@ pub enum BuildMode {
     Offline,
 }
 
+/// The sandbox image's label: its recipe, the runner's IPython set and the offline base's
+/// packages (a base made from another list makes another image).
 pub fn recipe_hash() -> String {
-    fnv(RECIPE.bytes().chain(IPYTHON_SET.bytes()))
+    fnv(RECIPE
+        .bytes()
+        .chain(IPYTHON_SET.bytes())
+        .chain(DEBOOTSTRAP_INCLUDE.bytes()))
+}
+
+/// Whether `image` exists and carries `label` (it was made from what `label` hashes).
+async fn labelled(docker: &Docker, image: &str, label: &str) -> bool {
+    docker
+        .inspect_image(image)
+        .await
+        .ok()
+        .and_then(|found| found.config)
+        .and_then(|config| config.labels)
+        .and_then(|labels| labels.get(RECIPE_LABEL).cloned())
+        .is_some_and(|current| current == label)
 }
 
 /// FNV-1a: stable across Rust versions, unlike DefaultHasher.
@@ -230,20 +247,16 @@ pub async fn build(
     build_recipe(docker, &base, tag, index, progress).await
 }
 
-/// The imported debootstrap rootfs, made when it does not exist yet.
+/// The imported debootstrap rootfs, made when it is missing or was made from another package
+/// list.
 async fn offline_base(docker: &Docker, progress: &ProgressSink) -> Result<String, ImageError> {
-    if docker.inspect_image(OFFLINE_BASE).await.is_ok() {
+    let label = fnv(DEBOOTSTRAP_INCLUDE.bytes());
+    if labelled(docker, OFFLINE_BASE, &label).await {
         progress(&format!("using the existing offline base {OFFLINE_BASE}"));
         return Ok(OFFLINE_BASE.to_string());
     }
-    rootfs_image(
-        docker,
-        DEBOOTSTRAP_INCLUDE,
-        OFFLINE_BASE,
-        Vec::new(),
-        progress,
-    )
-    .await?;
+    let changes = vec![format!("LABEL {RECIPE_LABEL}={label}")];
+    rootfs_image(docker, DEBOOTSTRAP_INCLUDE, OFFLINE_BASE, changes, progress).await?;
     Ok(OFFLINE_BASE.to_string())
 }
 
@@ -251,15 +264,9 @@ async fn offline_base(docker: &Docker, progress: &ProgressSink) -> Result<String
 /// from another package list.
 pub async fn ensure_proxy(docker: &Docker, progress: &ProgressSink) -> Result<(), ImageError> {
     let label = fnv(PROXY_INCLUDE.bytes());
-    if let Ok(found) = docker.inspect_image(PROXY_IMAGE).await {
-        let current = found
-            .config
-            .and_then(|c| c.labels)
-            .and_then(|l| l.get(RECIPE_LABEL).cloned());
-        if current.as_deref() == Some(label.as_str()) {
-            progress(&format!("using the existing {PROXY_IMAGE}"));
-            return Ok(());
-        }
+    if labelled(docker, PROXY_IMAGE, &label).await {
+        progress(&format!("using the existing {PROXY_IMAGE}"));
+        return Ok(());
     }
     // Online when the base can be had (a registry, or the engine has it), offline otherwise.
     let online = docker.inspect_image(PROXY_ONLINE_BASE).await.is_ok()
