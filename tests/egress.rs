@@ -370,6 +370,10 @@ print("bound", json.dumps(call("api.secret.test", {"Authorization": "Bearer " + 
 print("bound-without", json.dumps(call("api.secret.test", {})))
 print("bound-other-value", json.dumps(call("api.secret.test", {"Authorization": "Bearer mine"})))
 print("unbound", json.dumps(call("other.secret.test", {"Authorization": "Bearer " + key})))
+try:  # clear text, to a TLS port: the proxy sees the request, the upstream refuses it
+    urllib.request.urlopen(urllib.request.Request("http://other.secret.test:PORT/plain", headers={"Authorization": "Bearer " + key}), timeout=30)
+except Exception:
+    pass
 proxy = os.environ["HTTPS_PROXY"][len("http://"):].rsplit(":", 1)[0]
 def tunnel(target, sni, host_header, verify=True):
     s = socket.create_connection((proxy, 3128), timeout=30)
@@ -480,9 +484,23 @@ raise ValueError(echo)
         let sent: Vec<_> = record.iter().filter(|e| e.secret.is_some()).collect();
         assert!(
             !sent.is_empty()
-                && sent
-                    .iter()
-                    .all(|e| e.host == "api.secret.test" && e.secret.as_deref() == Some("llm")),
+                && sent.iter().all(|e| e.host == "api.secret.test"
+                    && e.secret.as_deref() == Some("llm")
+                    && e.placeholder.is_none()),
+            "{record:?}"
+        );
+        // A placeholder that went as written, where the proxy sees it: in clear text to another
+        // host (the upstream refused it: a failure), and in a bumped tunnel whose Host names
+        // another (the request is for that host: it reached the pinned upstream).
+        let written = |outcome: NetworkOutcome| {
+            record.iter().any(|e| {
+                e.host == "other.secret.test"
+                    && e.outcome == outcome
+                    && e.placeholder.as_deref() == Some("llm")
+            })
+        };
+        assert!(
+            written(NetworkOutcome::Failed) && written(NetworkOutcome::Reached),
             "{record:?}"
         );
     })

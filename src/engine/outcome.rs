@@ -178,6 +178,9 @@ pub struct NetworkEntry {
     pub stopped: Option<Stopped>,
     /// The secret the egress proxy added to these requests (its name; never its value).
     pub secret: Option<String>,
+    /// The secrets whose placeholder these requests carried as written, to a host that gets no
+    /// value for it (seen in clear text and in bumped tunnels only).
+    pub placeholder: Option<String>,
 }
 
 /// What stopped a connection through the egress proxy.

@@ -103,6 +103,10 @@ pub struct NetworkOutput {
     /// the proxy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// The secrets whose placeholder these requests carried as written, to a host that gets no
+    /// value for it (the proxy sees clear text and bumped tunnels only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placeholder: Option<String>,
 }
 
 impl NetworkOutput {
@@ -116,6 +120,7 @@ impl NetworkOutput {
             bytes_received: entry.bytes_received,
             reason: entry.reason.clone(),
             secret: entry.secret.clone(),
+            placeholder: entry.placeholder.clone(),
         }
     }
 }
@@ -131,6 +136,11 @@ fn network_line(entries: &[NetworkEntry]) -> Option<String> {
             let mut what = format!("{} {}:{}", e.outcome.as_str(), e.host, e.port);
             if let Some(secret) = &e.secret {
                 what.push_str(&format!(" with secret {secret}"));
+            }
+            if let Some(names) = &e.placeholder {
+                what.push_str(&format!(
+                    " with the placeholder of {names} as written (no value)"
+                ));
             }
             match &e.reason {
                 Some(reason) => format!("{what} ({reason})"),

@@ -711,6 +711,7 @@ mod tests {
             reason: None,
             stopped: Some(stopped),
             secret: None,
+            placeholder: None,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct Request<'a> {
     pub host_header: Option<&'a str>,
     /// The TLS SNI of the tunnel the request came through (bumped tunnels only).
     pub sni: Option<&'a str>,
+    /// The values of the headers the proxy can set, as sent, in their order (`None`: absent).
+    pub sent: &'a [Option<String>],
 }
 
 /// What the proxy does about secrets for one request.
@@ -147,6 +149,44 @@ pub fn for_request(secrets: &Secrets, headers: &[String], request: &Request<'_>)
     }
 }
 
+/// The secrets whose placeholder `request` carries, as sent, in a header the proxy can set
+/// (`headers`, in its order), other than the one the proxy sets in it (`brokered`): a placeholder
+/// that reaches a host as it was written, which means nothing there. The proxy sees the headers of
+/// clear-text requests and of those inside a bumped tunnel (a spliced tunnel is never opened).
+pub fn placeholders_sent(
+    secrets: &Secrets,
+    headers: &[String],
+    request: &Request<'_>,
+    brokered: &Brokered,
+) -> Vec<String> {
+    let set = match brokered {
+        Brokered::Add { secret, .. } => secrets
+            .entries
+            .iter()
+            .find(|s| &s.name == secret)
+            .and_then(|s| {
+                headers
+                    .iter()
+                    .position(|h| h.eq_ignore_ascii_case(&s.header))
+            }),
+        _ => None,
+    };
+    let mut names: Vec<String> = Vec::new();
+    for (index, value) in request.sent.iter().enumerate() {
+        let Some(value) = value else { continue };
+        if Some(index) == set {
+            continue;
+        }
+        for secret in &secrets.entries {
+            let marker = format!("pcs-placeholder-{}-", secret.name);
+            if value.contains(&marker) && !names.contains(&secret.name) {
+                names.push(secret.name.clone());
+            }
+        }
+    }
+    names
+}
+
 /// Whether a tunnel to `host:port` whose TLS hello names `sni` may be bumped.
 pub fn for_sni(secrets: &Secrets, host: &str, port: u16, sni: Option<&str>) -> Result<(), String> {
     let Some(secret) = secrets.bound(host, port) else {
@@ -210,6 +250,7 @@ mod tests {
             port,
             host_header,
             sni,
+            sent: &[],
         }
     }
 
@@ -347,5 +388,35 @@ mod tests {
         );
         assert_eq!(host_header("[::1]:80", 443), Some(("::1".into(), 80)));
         assert_eq!(host_header("a.test:x", 443), None);
+    }
+
+    #[test]
+    fn a_placeholder_that_gets_no_value_is_named() {
+        let s = secrets();
+        let headers = vec!["Authorization".to_string(), "x-api-key".to_string()];
+        let llm = Some("Bearer pcs-placeholder-llm-0123456789abcdef0123456789abcdef".to_string());
+        let other = Some("pcs-placeholder-other-0123456789abcdef0123456789abcdef".to_string());
+        let judged = |sent: &[Option<String>], host: &str, port: u16| {
+            let request = Request {
+                sent,
+                ..request("GET", host, port, Some(host), Some(host))
+            };
+            let brokered = for_request(&s, &headers, &request);
+            placeholders_sent(&s, &headers, &request, &brokered)
+        };
+        // Replaced by the value in its own header: nothing to say.
+        assert!(judged(&[llm.clone(), None], "api.llm.test", 443).is_empty());
+        // Another host, clear text or not: sent as written.
+        assert_eq!(judged(&[llm.clone(), None], "elsewhere.test", 443), ["llm"]);
+        // In a header the proxy does not set for it, or another secret's: named too.
+        assert_eq!(judged(&[None, llm.clone()], "api.llm.test", 443), ["llm"]);
+        assert_eq!(
+            judged(&[llm.clone(), other.clone()], "api.llm.test", 443),
+            ["other"]
+        );
+        // Each once, whatever it was sent in; nothing without a placeholder.
+        assert_eq!(judged(&[llm.clone(), llm], "a.test", 80), ["llm"]);
+        let plain = Some("Bearer pcs-placeholder-".to_string());
+        assert!(judged(&[plain, None], "a.test", 80).is_empty());
     }
 }

@@ -217,6 +217,10 @@ enum FromProxy {
         /// The SNI of the bumped tunnel it came through.
         #[serde(default)]
         sni: Option<String>,
+        /// The values of the headers the proxy can set, as the request sent them (see
+        /// [`super::squid::secret_headers`]).
+        #[serde(default)]
+        sent: Vec<Option<String>>,
     },
     /// Squid asks whether a tunnel whose TLS hello names `sni` may be bumped.
     Sni {
@@ -633,6 +637,7 @@ fn answer(
             method,
             host_header,
             sni,
+            sent,
         } => match sources.decide(&src, conn, &host, port) {
             Decision::Allow(tag) => {
                 let request = Request {
@@ -641,6 +646,7 @@ fn answer(
                     port,
                     host_header: host_header.as_deref(),
                     sni: sni.as_deref(),
+                    sent: &sent,
                 };
                 let notes = sources.broker(&src, conn, &request).notes();
                 reply_with(to_proxy, q, Ok(tag), notes)

@@ -206,6 +206,8 @@ struct Attempt {
     requests: u32,
     /// The secret the proxy added to it.
     secret: Option<String>,
+    /// The secrets whose placeholder it carried as written (not replaced by a value).
+    placeholder: Option<String>,
 }
 
 struct Source {
@@ -279,6 +281,21 @@ impl Sources {
             return Brokered::Nothing;
         };
         let brokered = super::broker::for_request(&secrets, &self.headers, request);
+        let placeholders =
+            super::broker::placeholders_sent(&secrets, &self.headers, request, &brokered);
+        if !placeholders.is_empty() {
+            let names = placeholders.join(", ");
+            tracing::info!(
+                source,
+                host = request.host,
+                port = request.port,
+                method = request.method,
+                "the placeholder of {names} went as written: it means nothing there (no value is added)"
+            );
+            if let Some(attempt) = Self::attempt(&mut inner, conn) {
+                attempt.placeholder = Some(names);
+            }
+        }
         match &brokered {
             Brokered::Add { secret, .. } => {
                 if let Some(attempt) = Self::attempt(&mut inner, conn) {
@@ -409,6 +426,7 @@ impl Sources {
             open: true,
             requests: 1,
             secret: None,
+            placeholder: None,
         });
         inner.connections.insert(conn, source.to_string());
     }
@@ -664,6 +682,7 @@ impl Sources {
                     && e.port == attempt.port
                     && e.outcome == attempt.outcome
                     && e.secret == attempt.secret
+                    && e.placeholder == attempt.placeholder
             }) {
                 Some(e) => {
                     e.connections += requests;
@@ -680,6 +699,7 @@ impl Sources {
                     reason: attempt.reason.clone(),
                     stopped: attempt.stopped.clone(),
                     secret: attempt.secret.clone(),
+                    placeholder: attempt.placeholder.clone(),
                 }),
             }
         }
@@ -703,6 +723,7 @@ fn merge_alike(attempts: &mut Vec<Attempt>) {
                 && k.outcome == attempt.outcome
                 && k.reason == attempt.reason
                 && k.secret == attempt.secret
+                && k.placeholder == attempt.placeholder
         });
         match alike {
             Some(k) => {

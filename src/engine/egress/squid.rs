@@ -283,6 +283,12 @@ pub fn squid_conf(config: &Config, upstream_bundle: bool) -> String {
              dynamic_cert_mem_cache_size=4MB tls-cert={home}/ca.pem tls-key={home}/ca.key"
         )
     };
+    // With secrets, each request also carries the values of the headers the proxy can set, as
+    // sent: a placeholder there that gets no value is recorded (see [`super::broker`]).
+    let sent: String = secret_headers(config)
+        .iter()
+        .map(|header| format!(" %>{{{header}}}"))
+        .collect();
     let mut out = format!(
         "# Written by python-code-sandbox (src/engine/egress/squid.rs).\n\
          {port_line}\n\
@@ -309,13 +315,14 @@ pub fn squid_conf(config: &Config, upstream_bundle: bool) -> String {
          connect_timeout 10 seconds\n\
          request_start_timeout 10 seconds\n\
          request_timeout 10 seconds\n\
+         request_header_max_size 64 KB\n\
          client_idle_pconn_timeout 30 seconds\n\
          half_closed_clients off\n\
          client_ip_max_connections {PER_SANDBOX_CONNECTIONS}\n\
          max_filedescriptors {PROXY_DESCRIPTORS}\n\
          shutdown_lifetime 1 seconds\n\
          external_acl_type pcs_decide ttl=0 negative_ttl=0 concurrency=100 children-max=2 \
-         children-startup=1 %master_xaction %SRC %DST %PORT %METHOD %>{{Host}} %ssl::>sni \
+         children-startup=1 %master_xaction %SRC %DST %PORT %METHOD %>{{Host}} %ssl::>sni{sent} \
          /usr/bin/python3 {home}/helper.py {home}/decide.sock\n\
          acl pcs_decided external pcs_decide\n\
          acl pcs_tag_code tag {code}\n\
@@ -433,5 +440,47 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("client_ip_max_connections 64"));
+    }
+
+    #[test]
+    fn with_secrets_each_question_carries_the_headers_the_proxy_can_set() {
+        use crate::config::secrets::{BoundHost, Secret, SecretValue, Secrets};
+        let plain = squid_conf(&Config::default(), false);
+        assert!(
+            plain.contains("%ssl::>sni /usr/bin/python3") && !plain.contains("ssl_bump"),
+            "{plain}"
+        );
+        let secrets = std::sync::Arc::new(Secrets {
+            entries: vec![Secret {
+                name: "llm".into(),
+                value: SecretValue::new("v".into()),
+                hosts: vec![BoundHost {
+                    pattern: "api.llm.test".into(),
+                    port: 443,
+                }],
+                header: "X-Llm-Key".into(),
+                format: "{value}".into(),
+                env: "LLM_KEY".into(),
+            }],
+            file: None,
+        });
+        let config = Config {
+            secrets,
+            ..Config::default()
+        };
+        let conf = squid_conf(&config, false);
+        let asked: String = secret_headers(&config)
+            .iter()
+            .map(|h| format!(" %>{{{h}}}"))
+            .collect();
+        assert!(
+            asked.starts_with(" %>{X-Llm-Key} %>{Authorization}"),
+            "{asked}"
+        );
+        assert!(
+            conf.contains(&format!("%ssl::>sni{asked} /usr/bin/python3")),
+            "{conf}"
+        );
+        assert!(conf.contains("request_header_max_size 64 KB\n"));
     }
 }

@@ -35,8 +35,12 @@ threading.Thread(target=back, daemon=True).start()
 for line in sys.stdin.buffer:
     s.sendall(line)
 '''
-# A line Squid or the server writes is at most this long; a longer one is dropped.
-MAX_LINE = 1 << 16
+# A line Squid or the server writes is at most this long; a longer one is dropped. Squid's
+# questions quote a request's headers, at most `request_header_max_size` (64 KB, squid.conf) in
+# all, each byte at most three once quoted: well below it.
+MAX_LINE = 1 << 18
+# At most this many header values follow a question (the headers the proxy can set).
+MAX_SENT = 256
 
 questions = {}  # question id -> (helper writer, Squid's channel id)
 unlogged = {}  # source address -> ids of Squid transactions asked about and not logged yet
@@ -119,7 +123,8 @@ def optional(text):
 
 
 def from_squid(line, writer, kind="ask"):
-    """A helper line: `channel transaction source host port method host-header sni` (`ask`), or
+    """A helper line: `channel transaction source host port method host-header sni [header...]`
+    (`ask`), or
     `channel transaction source host port sni` (`sni`: the question before a tunnel is bumped)."""
     parts = line.decode("latin-1").split()
     wanted = 8 if kind == "ask" else 6
@@ -140,7 +145,9 @@ def from_squid(line, writer, kind="ask"):
     if kind == "ask":
         if conn.isdigit():
             unlogged.setdefault(source, set()).add(int(conn))
-        message.update(method=field(parts[5]), host_header=optional(parts[6]), sni=optional(parts[7]))
+        # Then, with secrets, the values of the headers the proxy can set (as sent).
+        message.update(method=field(parts[5]), host_header=optional(parts[6]), sni=optional(parts[7]),
+                       sent=[optional(p) for p in parts[8:8 + MAX_SENT]])
     else:
         message.update(sni=optional(parts[5]))
     send(message)
