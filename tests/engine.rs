@@ -1030,6 +1030,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
             open_files: None,
             user: None,
             roots: None,
+            no_forwarding: false,
         };
         let dead = backend.create(&spec).await.expect("create");
         // And an installer's egress network it left.

@@ -64,6 +64,11 @@ pub struct SandboxSpec {
     /// The client's roots its `mounts` hold: checked before every create of its container, and
     /// verified in the container as it starts (see `engine::roots`).
     pub roots: Option<std::sync::Arc<super::roots::Mounted>>,
+    /// The container's network namespace never forwards packets between its interfaces
+    /// (`net.ipv4.ip_forward=0`, `net.ipv6.conf.all.forwarding=0`): the egress proxy, which sits on
+    /// the sandboxes' networks and its uplink, so only Squid ever carries anything between them.
+    /// (A new namespace copies the host's IPv4 forwarding, which Docker turns on.)
+    pub no_forwarding: bool,
 }
 
 /// A named volume mounted into a sandbox.

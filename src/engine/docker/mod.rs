@@ -248,6 +248,12 @@ impl DockerBackend {
             // A sandbox that ended (its server gone, or killed) is removed by the engine with its
             // anonymous volumes: nothing is left for anyone to clean up.
             auto_remove: Some(true),
+            sysctls: spec.no_forwarding.then(|| {
+                HashMap::from([
+                    ("net.ipv4.ip_forward".to_string(), "0".to_string()),
+                    ("net.ipv6.conf.all.forwarding".to_string(), "0".to_string()),
+                ])
+            }),
             ..Default::default()
         };
 

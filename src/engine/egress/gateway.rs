@@ -290,6 +290,7 @@ impl Gateway {
         spec.command = super::proxy_command(config, upstream.is_some());
         spec.image = super::PROXY_IMAGE.to_string();
         spec.open_files = Some(super::squid::PROXY_DESCRIPTORS);
+        spec.no_forwarding = true;
         let mut proxy = None;
         let started = async {
             let id = backend.create(&spec).await?;

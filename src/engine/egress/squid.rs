@@ -237,6 +237,9 @@ pub fn bump_rules(config: &Config, upstream_bundle: bool) -> String {
     if headers.is_empty() {
         return String::new();
     }
+    // What a bumped tunnel carries first that is not HTTP/1 (HTTP/2's preface, TLS again,
+    // anything) is answered with an error, never tunnelled on unjudged to the upstream
+    // (`on_unsupported_protocol` acts on bumped tunnels only; spliced ones are never parsed).
     let mut out = format!(
         "sslcrtd_program /usr/lib/squid/security_file_certgen -s {HOME}/ssl_db -M 4MB\n\
          sslcrtd_children 4 startup=1 idle=1\n\
@@ -249,7 +252,7 @@ pub fn bump_rules(config: &Config, upstream_bundle: bool) -> String {
          ssl_bump peek pcs_step1\n\
          ssl_bump bump pcs_bump pcs_sni_agrees\n\
          ssl_bump splice all\n\
-         on_unsupported_protocol tunnel all\n\
+         on_unsupported_protocol respond all\n\
          sslproxy_cert_error deny all\n"
     );
     if upstream_bundle {

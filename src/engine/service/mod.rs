@@ -678,6 +678,7 @@ impl Engine {
             open_files: None,
             user: None,
             roots: None,
+            no_forwarding: false,
         }
     }
 

@@ -58,6 +58,7 @@ pub fn spec() -> SandboxSpec {
         open_files: None,
         user: None,
         roots: None,
+        no_forwarding: false,
     }
 }
 
