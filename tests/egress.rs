@@ -749,9 +749,12 @@ def call(key):
 "#
         )
     };
+    // The file named after the value came back, under its masked name (the archive's header
+    // holds the mask).
     let copy = cell(
         r#"print("env", os.environ["LLM_API_KEY"])
 print("kept", kept)
+print("masked-files", sum(1 for n in os.listdir() if n.startswith("<redacted:llm>")))
 print("own", json.dumps(call(os.environ["LLM_API_KEY"])))
 print("source's", json.dumps(call(kept)))"#,
     );
@@ -790,6 +793,52 @@ print("own", json.dumps(call(kept)))"#,
             text(&seen.stderr)
         );
         assert_eq!(first.get("own").map(String::as_str), Some(r#"["value"]"#));
+        // The code keeps an echoed value: in a variable, as a variable's name, in a file and as a
+        // file's name. Every name it shows and every archive made of it is masked.
+        let kept = in_session(
+            &engine,
+            &source,
+            &cell(&r#"echo = urllib.request.Request("https://api.secret.test:PORT/echo", headers={"Authorization": "Bearer x"})
+V = json.loads(urllib.request.urlopen(echo, timeout=30).read())["authorization"][0].split(" ", 1)[1]
+open(V, "w").write("named after the value")
+open("holds.txt", "w").write("the value: " + V)
+globals()[V] = 1
+print("echoed", len(V))"#
+                .replace("PORT", &port.to_string())),
+        )
+        .await;
+        let echoed = lines(&kept);
+        assert_eq!(
+            echoed.get("echoed"),
+            Some(&value.len().to_string()),
+            "{echoed:?} {}",
+            text(&kept.stderr)
+        );
+        let shown = format!("{:?} {:?}", kept.changes, kept.files);
+        assert!(
+            !shown.contains(&value) && shown.contains("<redacted:llm>"),
+            "{shown}"
+        );
+        let holds = kept
+            .files
+            .iter()
+            .find(|f| f.path == "holds.txt")
+            .and_then(|f| f.content.clone())
+            .unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&holds).starts_with("the value: <redacted:llm>"),
+            "holds.txt: {holds:?}"
+        );
+        let listed = engine
+            .list_files(Scope::Server, &source, "")
+            .await
+            .expect("the listing");
+        let names: Vec<&str> = listed.entries.iter().map(|e| e.name.as_str()).collect();
+        assert!(
+            !names.iter().any(|n| n.contains(&value))
+                && names.iter().any(|n| n.starts_with("<redacted:llm>")),
+            "{names:?}"
+        );
 
         let forked = engine
             .fork_session(Scope::Server, &source)
@@ -799,10 +848,15 @@ print("own", json.dumps(call(kept)))"#,
             .snapshot_session(Scope::Server, &source, Some("with a placeholder".into()))
             .await
             .expect("the snapshot");
-        let (restored, _) = engine
+        let (restored, restored_report) = engine
             .restore_session(Scope::Server, &meta.id, &RunOptions::default())
             .await
             .expect("the restore");
+        let reported = format!("{:?} {meta:?} {forked:?}", restored_report);
+        assert!(
+            !reported.contains(&value) && reported.contains("<redacted:llm>"),
+            "{reported}"
+        );
         let mut seen_placeholders = vec![placeholder.clone()];
         for (what, id) in [("fork", &forked.container_id), ("restore", &restored)] {
             let seen = in_session(&engine, id, &copy).await;
@@ -815,6 +869,11 @@ print("own", json.dumps(call(kept)))"#,
             );
             seen_placeholders.push(own);
             assert_eq!(got.get("kept"), Some(&placeholder), "{what}: {got:?}");
+            assert_eq!(
+                got.get("masked-files").map(String::as_str),
+                Some("1"),
+                "{what}: {got:?}"
+            );
             for call in ["own", "source's"] {
                 assert_eq!(
                     got.get(call).map(String::as_str),

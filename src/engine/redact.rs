@@ -2,7 +2,9 @@
 //! (a debugging endpoint, an error page quoting the key) hands the value to the code, which prints
 //! it, shows it or saves it. Every value a sandbox's secrets hold is masked wherever the engine
 //! passes on what came from that sandbox: an execution's streams, outputs and error, its live
-//! output, and the files read or copied out of its workspace.
+//! output, the files read or copied out of its workspace and their names (a changed file's
+//! name, a listing's), the names a snapshot, a fork or a restore reports, and a snapshot's
+//! archive itself (so the snapshot store never holds a value).
 //!
 //! A value is replaced by a mask of **the same length in bytes** (`<redacted:NAME>` padded with
 //! `*`, or only `*` where the value is shorter than that), so everything that points into the
@@ -18,6 +20,7 @@ use crate::config::secrets::Secrets;
 
 use super::displays::Output;
 use super::outcome::Execution;
+use super::protocol::{ChangedEntry, NotSaved};
 
 /// The values of one sandbox's secrets and their masks.
 #[derive(Clone, PartialEq, Eq)]
@@ -172,7 +175,42 @@ impl Redactor {
         if let Some(error) = &mut execution.error {
             found |= self.text(&mut error.kind) | self.text(&mut error.message);
         }
+        for entry in &mut execution.changes.entries {
+            found |= self.changed(entry);
+        }
+        for root in &mut execution.changes.roots {
+            found |= self.changed(&mut root.entry);
+        }
         found
+    }
+
+    /// Masks every value in the names of entries an execution changed. A masked path is shown
+    /// masked; the entry keeps its exact bytes (`path_bytes`), so the file is still read back
+    /// under its own name.
+    pub fn changed(&self, entry: &mut ChangedEntry) -> bool {
+        let original = entry.path.clone();
+        if !self.text(&mut entry.path) {
+            return false;
+        }
+        if entry.path_bytes.is_none() {
+            use base64::Engine as _;
+            entry.path_bytes = Some(base64::engine::general_purpose::STANDARD.encode(original));
+        }
+        true
+    }
+
+    /// Masks every value in names and reasons a sandbox reported (a snapshot's variables, say).
+    pub fn names(&self, names: &mut [String]) -> bool {
+        names
+            .iter_mut()
+            .fold(false, |found, name| self.text(name) | found)
+    }
+
+    /// Masks every value in what could not be saved, and why.
+    pub fn not_saved(&self, items: &mut [NotSaved]) -> bool {
+        items.iter_mut().fold(false, |found, item| {
+            self.text(&mut item.name) | self.text(&mut item.reason) | found
+        })
     }
 
     /// A redactor for text that arrives in pieces (see [`Stream`]).
@@ -392,5 +430,37 @@ mod tests {
         let mut whole = file.clone().into_bytes();
         r.bytes(&mut whole);
         assert_eq!(piece, &whole[100..150]);
+    }
+
+    #[test]
+    fn a_name_is_shown_masked_and_read_back_by_its_own_bytes() {
+        use base64::Engine as _;
+        let r = redactor(&[("llm", KEY)]);
+        let name = format!("out/{KEY}.txt");
+        let mut entry: ChangedEntry = serde_json::from_value(serde_json::json!({
+            "path": name, "kind": "file", "size": 3
+        }))
+        .expect("an entry");
+        assert!(r.changed(&mut entry));
+        assert!(entry.path.starts_with("out/<redacted:llm>") && !entry.path.contains(KEY));
+        assert_eq!(entry.path.len(), name.len());
+        let exact = entry
+            .path_bytes
+            .as_deref()
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
+        assert_eq!(exact.as_deref(), Some(name.as_bytes()));
+        // Without a value, nothing changes (no exact bytes added).
+        let mut plain: ChangedEntry = serde_json::from_value(serde_json::json!({
+            "path": "plain.txt", "kind": "file", "size": 3
+        }))
+        .expect("an entry");
+        assert!(!r.changed(&mut plain) && plain.path_bytes.is_none());
+        let mut names = vec![KEY.to_string(), "x".to_string()];
+        let mut failed = vec![NotSaved {
+            name: KEY.into(),
+            reason: format!("it holds {KEY}"),
+        }];
+        assert!(r.names(&mut names) && r.not_saved(&mut failed));
+        assert!(!format!("{names:?} {failed:?}").contains(KEY));
     }
 }

@@ -1078,11 +1078,20 @@ impl Sandbox {
                         size: e.size,
                     })
                     .collect();
-                Ok(Listing {
+                let mut listing = Listing {
                     entries,
                     truncated: listing.truncated,
                     error: listing.error.map(|e| truncate_chars(&e, 500)),
-                })
+                };
+                if let Some(redactor) = &self.redactor {
+                    for entry in &mut listing.entries {
+                        redactor.text(&mut entry.name);
+                    }
+                    if let Some(error) = &mut listing.error {
+                        redactor.text(error);
+                    }
+                }
+                Ok(listing)
             }
             _ => Err(self
                 .broken(ProtocolError::Malformed(
@@ -1288,7 +1297,17 @@ impl Sandbox {
             })
             .await?
         {
-            Reply::Snapshot(report) => Ok(report),
+            Reply::Snapshot(mut report) => {
+                if let Some(redactor) = &self.redactor {
+                    redactor.names(&mut report.saved);
+                    redactor.names(&mut report.modules);
+                    redactor.not_saved(&mut report.unsaved);
+                    if let Some(error) = &mut report.error {
+                        redactor.text(error);
+                    }
+                }
+                Ok(report)
+            }
             _ => Err(self
                 .broken(ProtocolError::Malformed(
                     "an unexpected answer to a snapshot".into(),
@@ -1298,8 +1317,42 @@ impl Sandbox {
     }
 
     /// At most `length` bytes of the runner's snapshot file from `offset`. `Ok(Err(reason))`:
-    /// the runner could not read it.
+    /// the runner could not read it. With secrets, the piece is masked as the whole file would
+    /// be (read with the bytes around it a value could reach into, like [`Sandbox::read_chunk`]):
+    /// a value the code kept (an echoed key in a variable or a file) never reaches the store.
     pub async fn snapshot_chunk(
+        &mut self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Result<Vec<u8>, String>, EngineError> {
+        let Some(redactor) = self.redactor.clone() else {
+            return self.snapshot_raw(offset, length).await;
+        };
+        let (start, wide, at) = redactor.widened(offset, length);
+        let mut data: Vec<u8> = Vec::new();
+        while (data.len() as u64) < wide {
+            let want = (wide - data.len() as u64).min(READ_LIMIT);
+            let piece = match self.snapshot_raw(start + data.len() as u64, want).await? {
+                Ok(piece) => piece,
+                Err(reason) => return Ok(Err(reason)),
+            };
+            let short = (piece.len() as u64) < want;
+            data.extend_from_slice(&piece);
+            if short {
+                break;
+            }
+        }
+        if redactor.bytes(&mut data) {
+            tracing::info!(sandbox = %self.id, "a secret's value in a snapshot was masked");
+        }
+        let end = data.len().min(at.saturating_add(length as usize));
+        Ok(Ok(data
+            .get(at..end)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()))
+    }
+
+    async fn snapshot_raw(
         &mut self,
         offset: u64,
         length: u64,
@@ -1352,7 +1405,17 @@ impl Sandbox {
             .work_within(Work::Restore, timeout, |id| Request::Restore { id })
             .await?
         {
-            Reply::Restored(report) => Ok(report),
+            Reply::Restored(mut report) => {
+                if let Some(redactor) = &self.redactor {
+                    redactor.names(&mut report.variables);
+                    redactor.names(&mut report.modules);
+                    redactor.not_saved(&mut report.failed);
+                    if let Some(error) = &mut report.error {
+                        redactor.text(error);
+                    }
+                }
+                Ok(report)
+            }
             _ => Err(self
                 .broken(ProtocolError::Malformed(
                     "an unexpected answer to a restore".into(),
