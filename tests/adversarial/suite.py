@@ -1500,8 +1500,9 @@ async def egress_pipelined_and_fronted(ctx):
 
 class SecretUpstream:
     """An HTTPS endpoint on the host for the secrets' cases, with a CA of its own (openssl CLI):
-    its certificate names `bound.test` and `other.test`. It records each request's path, Host
-    and every header line that holds the value, and answers `ok PATH`."""
+    its certificate names `bound.test` and `other.test`. It records each request line it read,
+    each request's path, Host and every header line that holds the value, and answers `ok PATH`
+    (`/echo`: the Authorization it got, as a debugging endpoint would)."""
 
     def __init__(self, address, value):
         import http.server
@@ -1521,15 +1522,23 @@ class SecretUpstream:
         os.chmod(self.ca, 0o644)
         endpoint = self
         self.requests = []
+        self.lines = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             timeout = 20
             protocol_version = "HTTP/1.1"
 
+            def parse_request(self):
+                endpoint.lines.append(self.raw_requestline)
+                return super().parse_request()
+
             def do_GET(self):
                 carrying = [f"{name}: {v}" for name, v in self.headers.items() if value in v or value in name]
                 endpoint.requests.append((self.path, self.headers.get("Host", ""), carrying))
-                body = ("ok " + self.path).encode()
+                if self.path == "/echo":
+                    body = self.headers.get("Authorization", "").encode()
+                else:
+                    body = ("ok " + self.path).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -1608,6 +1617,17 @@ print("folded", tunnel("bound.test", "bound.test",
        % (B, KEY)).encode()))
 print("clear", statuses(exchange(("GET http://bound.test:%d/clear HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n"
       % (PORT, B, KEY)).encode())))
+print("h2-preface", tunnel("bound.test", "bound.test", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") or "none")
+"""
+
+# The code keeps an echoed value where names are shown: as a file's and a variable's name.
+SECRET_NAMES = r"""
+import os, urllib.request
+echoed = urllib.request.urlopen("https://bound.test:PORTNUM/echo", timeout=20).read().decode()
+V = echoed.split(" ", 1)[1]
+open(V, "w").write("named after it")
+globals()[V] = 1
+print("kept", len(V))
 """
 
 
@@ -1648,6 +1668,28 @@ async def egress_secret_attacks(ctx):
             record = result.structured_content.get("network") or []
             check(all(e.get("secret") in (None, "suite") for e in record), f"{record}")
             check(all(e["host"] in ("bound.test",) for e in record if e.get("secret")), f"{record}")
+            # A placeholder the proxy saw go as written is named; what a bumped tunnel carries
+            # first that is not HTTP/1 (HTTP/2's preface) never reaches the upstream.
+            check(any(e.get("placeholder") == "suite" for e in record), f"{record}")
+            check(not any(line.startswith(b"PRI") for line in upstream.lines),
+                  f"the HTTP/2 preface reached the upstream: {upstream.lines}; the code saw {out.get('h2-preface')}")
+            # An echoed value the code keeps as names: masked in the result, the listing, the
+            # snapshot's and the fork's reports.
+            sid = await s.session()
+            kept = await s.in_session(sid, SECRET_NAMES.replace("PORTNUM", str(port)))
+            check(kept.is_error is False and kept.structured_content["stdout"] == f"kept {len(value)}\n",
+                  text_of(kept))
+            forked = await s.call("sandbox_fork", {"container_id": sid})
+            for shown in (kept,
+                          await s.call("sandbox_list_files", {"container_id": sid}),
+                          await s.call("sandbox_snapshot", {"container_id": sid}),
+                          forked):
+                whole = json.dumps(shown.structured_content) + text_of(shown)
+                check(shown.is_error is False and value not in whole and "<redacted:suite>" in whole,
+                      f"the value, or no mask: {whole[:1500]}")
+            for live in (sid, (forked.structured_content or {}).get("container_id")):
+                if live:
+                    await s.call("sandbox_stop", {"container_id": live})
             await s.answers_normally()
             await s.nothing_left()
     finally:
