@@ -7,7 +7,8 @@
 #      debootstrap base); then the README's quick-start lines as written (scripts/test-readme.py),
 
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine; the
-#      engine-free ones' host runner gets the runner's IPython from scripts/ipython-set.sh),
+#      engine-free ones' host runner gets the runner's IPython from scripts/ipython-set.sh), the
+#      egress's tests again under runc,
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
 #      over stdio and streamable HTTP, and the server image driven the same way through `docker run`
 #      (its servers under runc, but for the original tool set's tests, the load tests' gVisor half
@@ -102,6 +103,9 @@ python3 scripts/check-doc-links.py
 
 stage "tests"
 cargo test --locked -- --test-threads=2
+# The egress's tests again under runc (they run under gVisor's networked entry above): secrets
+# brokered and isolation held under both runtimes.
+PCS_ENGINE_RUNTIME=runc cargo test --locked --test egress -- --test-threads=2
 
 stage "server image (after the release build started with the build stage)"
 if ! wait "$release_build"; then
