@@ -10,7 +10,11 @@
 //! - `session`: the sandbox session the call named or created (`-` for none; a name longer than
 //!   [`SESSION_EXCERPT`] characters is cut);
 //! - `outcome`: `ok`, `error`, `timeout`, `out_of_memory` or `cancelled` (as the metrics say);
-//! - `bytes_out`: bytes of workspace files the call copied out of its sandbox.
+//! - `bytes_out`: bytes of workspace files the call copied out of its sandbox;
+//! - `secrets` (only when there are): what the egress proxy did with the call's secrets, from its
+//!   network record: each secret added (`llm -> api.example.com:443 reached, 2 requests, 1 KiB
+//!   sent, 3.1 KiB received`) and each placeholder that went as written (`placeholder of llm ->
+//!   ...`); names, hosts, outcomes and sizes, never a value.
 //!
 //! With `LOG_FORMAT=json` the line is a JSON object with these fields. The code, the command and
 //! what they printed are never in it, unless the `audit` target logs at `debug` (`LOG_LEVEL=debug`):
@@ -35,6 +39,9 @@ pub const NAME_EXCERPT: usize = 64;
 
 /// How many characters of a session a call names its audit line carries (ids are far shorter).
 pub const SESSION_EXCERPT: usize = 80;
+
+/// How many entries of a call's network record its `secrets` field names (the rest counted).
+pub const SECRET_ENTRIES: usize = 8;
 
 /// A call of a tool the server does not have: refused before it runs, with what the client is
 /// told. The name is kept only as a bounded, escaped excerpt.
@@ -94,6 +101,8 @@ struct Call {
     principal: String,
     session: Option<String>,
     arguments: Option<String>,
+    /// What the egress proxy did with the call's secrets (see the module's documentation).
+    secrets: Option<String>,
     started: Instant,
     ended: bool,
 }
@@ -117,6 +126,7 @@ impl Call {
             outcome = outcome.as_str(),
             duration_ms,
             bytes_out,
+            secrets = self.secrets.as_deref(),
             arguments = self.arguments.as_deref(),
             "tool call"
         );
@@ -156,6 +166,7 @@ pub fn begin<S: Send + Sync + 'static>(
             principal,
             session: None,
             arguments: None,
+            secrets: None,
             started: Instant::now(),
             ended: false,
         }
@@ -175,6 +186,7 @@ pub fn begin<S: Send + Sync + 'static>(
         principal,
         session: named_session(request),
         arguments,
+        secrets: None,
         started: Instant::now(),
         ended: true,
     }))
@@ -204,6 +216,7 @@ impl Pending {
                     .and_then(Value::as_str)
                     .map(session_excerpt);
             }
+            record.secrets = content.and_then(secret_uses);
             if content
                 .and_then(|c| c.get("dependencies"))
                 .and_then(|d| d.get("installed"))
@@ -231,6 +244,49 @@ fn named_session(request: &CallToolRequestParams) -> Option<String> {
         .get("container_id")?
         .as_str()
         .map(session_excerpt)
+}
+
+/// What a call's network record says of its secrets (the `secrets` field; `None` without any):
+/// at most [`SECRET_ENTRIES`] entries, hosts bounded (the code chose them; the log's formatter
+/// escapes what they hold).
+fn secret_uses(content: &Value) -> Option<String> {
+    let entries = content.get("network")?.as_array()?;
+    let mut uses: Vec<String> = Vec::new();
+    let mut more = 0usize;
+    for entry in entries {
+        let text = |key: &str| entry.get(key).and_then(Value::as_str);
+        let number = |key: &str| entry.get(key).and_then(Value::as_u64).unwrap_or(0);
+        let mut named = Vec::new();
+        if let Some(secret) = text("secret") {
+            named.push(crate::text::log_excerpt(secret, 64));
+        }
+        if let Some(placeholder) = text("placeholder") {
+            named.push(format!(
+                "placeholder of {}",
+                crate::text::log_excerpt(placeholder, 200)
+            ));
+        }
+        for name in named {
+            if uses.len() == SECRET_ENTRIES {
+                more += 1;
+                continue;
+            }
+            let requests = number("connections");
+            uses.push(format!(
+                "{name} -> {}:{} {}, {requests} request{}, {} sent, {} received",
+                crate::text::log_excerpt(text("host").unwrap_or("?"), 255),
+                number("port"),
+                text("outcome").unwrap_or("?"),
+                if requests == 1 { "" } else { "s" },
+                crate::text::bytes(number("bytes_sent")),
+                crate::text::bytes(number("bytes_received")),
+            ));
+        }
+    }
+    if more > 0 {
+        uses.push(format!("and {more} more"));
+    }
+    (!uses.is_empty()).then(|| uses.join("; "))
 }
 
 /// A session's id as its audit line carries it: whole, unless it is longer than any id.
@@ -373,5 +429,38 @@ mod tests {
         assert!(
             named.starts_with(&"a".repeat(SESSION_EXCERPT)) && named.ends_with("…(1001 bytes)")
         );
+    }
+
+    #[test]
+    fn a_calls_secrets_are_named_from_its_network_record_never_more() {
+        assert_eq!(secret_uses(&json!({})), None);
+        assert_eq!(
+            secret_uses(&json!({"network": [{"host": "pypi.org", "port": 443}]})),
+            None
+        );
+        let record = json!({"network": [
+            {"host": "api.llm.test", "port": 443, "outcome": "reached", "connections": 2,
+             "bytes_sent": 1024, "bytes_received": 10, "secret": "llm"},
+            {"host": "elsewhere.test", "port": 80, "outcome": "failed", "connections": 1,
+             "bytes_sent": 5, "bytes_received": 0, "placeholder": "llm"},
+            {"host": "plain.test", "port": 443, "outcome": "reached", "connections": 1}
+        ]});
+        let said = secret_uses(&record).expect("uses");
+        assert!(
+            said.starts_with("llm -> api.llm.test:443 reached, 2 requests, 1 KiB sent,"),
+            "{said}"
+        );
+        assert!(
+            said.contains("; placeholder of llm -> elsewhere.test:80 failed, 1 request,"),
+            "{said}"
+        );
+        assert!(!said.contains("plain.test"), "{said}");
+        // Bounded: a record of many uses names SECRET_ENTRIES and counts the rest.
+        let many: Vec<Value> = (0..20)
+            .map(|i| json!({"host": format!("h{i}.test"), "port": 443, "secret": "llm"}))
+            .collect();
+        let said = secret_uses(&json!({ "network": many })).expect("uses");
+        assert_eq!(said.matches(" -> ").count(), SECRET_ENTRIES, "{said}");
+        assert!(said.ends_with("; and 12 more"), "{said}");
     }
 }

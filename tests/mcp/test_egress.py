@@ -22,6 +22,8 @@ import pytest
 from mcp import types
 
 from conftest import BIN, LABEL, connect, find_server_pid, sandboxes, server_params, text_of
+from mcp import Client
+from mcp.client.stdio import stdio_client
 from egress_endpoints import PROBE_WHEEL, Lab, docker
 
 pytestmark = pytest.mark.anyio
@@ -684,21 +686,25 @@ print("environ", b"sk-mcp-" not in environ)
 async def test_a_secrets_file_brokers_a_key_the_sandbox_never_holds(lab):
     """SANDBOX_SECRETS_FILE (issue 46): the tools say which secret the code may use, where; the
     code holds a placeholder, and the HTTPS request to the bound host carries the real key,
-    added by the egress proxy; the value is in no result."""
+    added by the egress proxy; the value is in no result and nowhere in the server's log, whose
+    audit line for the call names the secret's use."""
     value = "sk-mcp-" + uuid.uuid4().hex
     secrets = os.path.join(lab.dir, "secrets.toml")
     with open(secrets, "w") as f:
         f.write('[[secret]]\nname = "api"\nvalue_env = "PCS_TEST_SECRET_VALUE"\n'
                 f'hosts = ["secure.test:{lab.secure.port}"]\nenv = "API_KEY"\n')
-    env = lab.env(SANDBOX_SECRETS_FILE=secrets, PCS_TEST_SECRET_VALUE=value)
+    env = lab.env(SANDBOX_SECRETS_FILE=secrets, PCS_TEST_SECRET_VALUE=value, LOG_FORMAT="json",
+                  LOG_LEVEL="info")
     before = len(lab.secure.seen())
-    async with connect(**env) as client:
-        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-        described = tools["run_python_ephemeral"].description
-        assert "api in $API_KEY" in described and "secure.test" in described, described
-        assert value not in described
-        result = await client.call_tool("run_python_ephemeral",
-                                        {"code": SECRET_CALL.replace("PORT", str(lab.secure.port))})
+    log_path = os.path.join(lab.dir, "server-log.jsonl")
+    with open(log_path, "w") as log:
+        async with Client(stdio_client(server_params(**env), errlog=log), read_timeout_seconds=180) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            described = tools["run_python_ephemeral"].description
+            assert "api in $API_KEY" in described and "secure.test" in described, described
+            assert value not in described
+            result = await client.call_tool("run_python_ephemeral",
+                                            {"code": SECRET_CALL.replace("PORT", str(lab.secure.port))})
     assert result.is_error is False, text_of(result)
     out = result.structured_content["stdout"]
     assert "placeholder True" in out and "answer hello from secure.test" in out and "environ True" in out, out
@@ -708,3 +714,9 @@ async def test_a_secrets_file_brokers_a_key_the_sandbox_never_holds(lab):
     assert lab.secure.authorizations[before:] == [["Bearer " + value]], lab.secure.authorizations[before:]
     record = result.structured_content.get("network") or []
     assert any(e["host"] == "secure.test" and e.get("secret") == "api" for e in record), record
+    with open(log_path) as log:
+        logged = log.read()
+    assert value not in logged, "the value is in the server's log"
+    lines = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    runs = [line for line in lines if line.get("target") == "audit" and line.get("tool") == "run_python_ephemeral"]
+    assert len(runs) == 1 and runs[0].get("secrets", "").startswith(f"api -> secure.test:{lab.secure.port} reached, "), runs
