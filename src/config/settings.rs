@@ -1959,7 +1959,7 @@ mod tests {
             Names::These(&["DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"]),
         ),
         // A principal's `secrets=` file: its `value_env` variables (`secrets::server_env`).
-        ("config/secrets.rs", "name", Names::OfSecretsFiles),
+        ("config/secrets/mod.rs", "name", Names::OfSecretsFiles),
     ];
 
     /// What a scan found: each variable with the files that read it, and the reads whose
