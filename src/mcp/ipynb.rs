@@ -62,6 +62,9 @@ pub enum CellType {
     Code,
     Markdown,
     Raw,
+    /// A kind from a newer minor format than ours (nbformat's "unrecognized cell"): kept as it
+    /// is, never run.
+    Future,
 }
 
 /// A string or a list of strings (nbformat's `multiline_string`) as one string.
@@ -132,9 +135,23 @@ impl Notebook {
             };
             match cell.get("cell_type").and_then(Value::as_str) {
                 Some("code" | "markdown" | "raw") => {}
+                // As nbformat reads a notebook of a newer minor format than it knows: a cell of
+                // an unknown kind is kept (with its metadata, whatever else it holds) and not run.
+                Some(_) if minor > MINOR => {
+                    if !matches!(cell.get("metadata"), Some(Value::Object(_))) {
+                        return Err(problem(
+                            "a cell of a kind this server does not know (from a newer format) \
+                             has no `metadata` object",
+                        ));
+                    }
+                    checked.push(cell);
+                    continue;
+                }
                 Some(other) => {
                     return Err(problem(&format!(
-                        "`cell_type` is {:?}; it must be code, markdown or raw",
+                        "`cell_type` is {:?}; it must be code, markdown or raw (a notebook of \
+                         nbformat 4.{minor}; kinds of cells from a newer format are kept only in \
+                         a notebook that says it is newer than 4.{MINOR})",
                         crate::text::truncate_chars(other, 40)
                     )))
                 }
@@ -207,7 +224,8 @@ impl Notebook {
         match self.cells[index].get("cell_type").and_then(Value::as_str) {
             Some("code") => CellType::Code,
             Some("markdown") => CellType::Markdown,
-            _ => CellType::Raw,
+            Some("raw") => CellType::Raw,
+            _ => CellType::Future,
         }
     }
 
@@ -871,7 +889,16 @@ mod tests {
         );
         assert_eq!(
             problem(r#"{"nbformat": 4, "cells": [{"cell_type": "heading", "source": ""}]}"#),
-            "cell 0: `cell_type` is \"heading\"; it must be code, markdown or raw"
+            "cell 0: `cell_type` is \"heading\"; it must be code, markdown or raw (a notebook \
+             of nbformat 4.0; kinds of cells from a newer format are kept only in a notebook \
+             that says it is newer than 4.5)"
+        );
+        assert_eq!(
+            problem(
+                r#"{"nbformat": 4, "nbformat_minor": 99, "cells": [{"cell_type": "future cell"}]}"#
+            ),
+            "cell 0: a cell of a kind this server does not know (from a newer format) has no \
+             `metadata` object"
         );
         assert_eq!(
             problem(
@@ -920,6 +947,26 @@ mod tests {
             serde_json::json!([{"output_type": "stream", "name": "stdout", "text": "1\n"}])
         );
         assert_eq!(json["cells"][1]["execution_count"], 1);
+    }
+
+    #[test]
+    fn a_newer_formats_cells_of_unknown_kinds_are_kept_and_not_run() {
+        // nbformat's own test notebook of a future minor format has such a cell and output.
+        let text = r##"{"nbformat": 4, "nbformat_minor": 99, "metadata": {}, "cells": [
+            {"cell_type": "future cell", "metadata": {}, "future_field": [1, "x"]},
+            {"cell_type": "code", "source": "1", "metadata": {}, "outputs": [{"output_type": "future output", "x": 1}], "execution_count": null}]}"##;
+        let notebook = Notebook::parse(text).unwrap();
+        assert_eq!(notebook.cell_type(0), CellType::Future);
+        assert_eq!(notebook.cell_type(1), CellType::Code);
+        assert_eq!(notebook.source(0), "");
+        let json: Value = serde_json::from_str(&notebook.to_json()).unwrap();
+        assert_eq!(json["nbformat_minor"], 99);
+        assert_eq!(json["cells"][0]["cell_type"], "future cell");
+        assert_eq!(
+            json["cells"][0]["future_field"],
+            serde_json::json!([1, "x"])
+        );
+        assert!(json["cells"][0]["id"].is_string());
     }
 
     #[test]

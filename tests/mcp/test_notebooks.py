@@ -398,7 +398,7 @@ async def test_a_notebook_in_the_workspace_is_run_and_saved_beside_it():
         await client.call_tool("sandbox_stop", {"container_id": cid})
 
 
-async def test_a_malformed_notebook_is_refused_with_what_is_wrong():
+async def test_a_malformed_notebook_is_refused_with_what_is_wrong_and_a_newer_formats_cells_kept():
     cases = {
         "{": "the notebook is not valid JSON",
         "[1]": "its top level is not a JSON object",
@@ -409,6 +409,10 @@ async def test_a_malformed_notebook_is_refused_with_what_is_wrong():
             "cell 1: `source` is not a string or a list of strings",
         json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
                     "cells": [{"cell_type": "raw", "source": ""}] * 1001}): "more than the 1000 a run takes",
+        # A kind of cell nbformat 4.5 does not have, in a notebook that says it is 4.5.
+        json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                    "cells": [{"cell_type": "future cell", "metadata": {}, "source": ""}]}):
+            "cell 0: `cell_type` is \"future cell\"; it must be code, markdown or raw",
     }
     async with connect(SANDBOX_FILES_DIR="") as client:
         for content, words in cases.items():
@@ -419,3 +423,19 @@ async def test_a_malformed_notebook_is_refused_with_what_is_wrong():
         assert "exactly one of path and content" in text_of(neither)
         no_session = await client.call_tool("sandbox_run_notebook", {"path": "a.ipynb"})
         assert "give the session's container_id" in text_of(no_session)
+        # A notebook of a newer minor format (as nbformat's own test notebook of one): a cell of
+        # a kind the server does not know is kept as it came and not run; the code cells run.
+        future = {"nbformat": 4, "nbformat_minor": 99, "metadata": {}, "cells": [
+            {"cell_type": "future cell", "metadata": {"m": 1}, "future_field": ["x"]},
+            {"cell_type": "code", "source": "print('ran')", "metadata": {}, "outputs": [], "execution_count": None},
+        ]}
+        ran = await client.call_tool("sandbox_run_notebook", {"content": json.dumps(future)})
+        assert ran.is_error is False, text_of(ran)
+        [resource] = [b.resource for b in ran.content if getattr(b, "type", None) == "resource"]
+        back = json.loads(resource.text)
+        assert back["nbformat_minor"] == 99
+        kept = {k: v for k, v in back["cells"][0].items() if k != "id"}
+        assert kept == future["cells"][0], kept
+        assert back["cells"][1]["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+        # nbformat reads it as it reads a newer format's notebook.
+        nbformat.reads(resource.text, 4)
