@@ -1309,8 +1309,11 @@ impl DockerBackend {
     }
 }
 
+/// A container-scoped call's error: the container gone (see [`container_gone`]: Podman's 500 for
+/// one auto-removed during the call included, so that a session whose container Podman removed
+/// is ended and its storage removed, as on Docker), else the engine's answer.
 fn not_found_or(e: DockerError, id: &SandboxId) -> BackendError {
-    if status_of(&e) == Some(404) {
+    if container_gone(&e) {
         BackendError::NotFound(id.clone())
     } else {
         classify(e)
@@ -1347,6 +1350,22 @@ mod tests {
         )));
         assert!(!container_gone(&answer(500, "container not running")));
         assert!(!container_gone(&answer(409, "removal in progress")));
+        // Each container-scoped call says so as NotFound (an inspection racing the removal was
+        // reported as a refusal: the session was never ended and its volume stayed).
+        let id = SandboxId("e98d".into());
+        let gone = not_found_or(
+            answer(
+                500,
+                "container e98d does not exist in database: no such container",
+            ),
+            &id,
+        );
+        assert!(matches!(gone, BackendError::NotFound(_)), "{gone:?}");
+        let refused = not_found_or(answer(500, "container not running"), &id);
+        assert!(
+            matches!(refused, BackendError::Refused { .. }),
+            "{refused:?}"
+        );
     }
 
     /// `/version` and `/info` as Podman 4.3.1 (Debian bookworm) answers them, trimmed to the
