@@ -984,7 +984,8 @@ impl Backend for DockerBackend {
         let docker = self.client().await?;
         let inspected = match inspect(&docker, &id.0).await {
             Ok(inspected) => inspected,
-            Err(e) if status_of(&e) == Some(404) => {
+            // Podman answers 500 "no such container" while its auto-removal is under way.
+            Err(e) if container_gone(&e) => {
                 // Removed by the engine once it ended: its events said how.
                 return self
                     .deaths
@@ -1150,7 +1151,7 @@ impl Backend for DockerBackend {
         };
         match docker.disconnect_network(network, request).await {
             Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) if container_gone(&e) => Ok(()),
             Err(e) => Err(classify(e)),
         }
     }
