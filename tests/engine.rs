@@ -83,7 +83,14 @@ async fn sys_exit_sets_the_status_and_a_session_survives_it() {
             (result.exit_code, text(&result.stdout).as_str()),
             (3, "bye\n")
         );
-        assert!(result.error.is_none());
+        // As a Jupyter kernel reports it: an error, with the status.
+        assert_eq!(
+            result
+                .error
+                .as_ref()
+                .map(|e| (e.kind.as_str(), e.message.as_str())),
+            Some(("SystemExit", "3"))
+        );
 
         let session = engine
             .create_session(Scope::Server, &RunOptions::default())

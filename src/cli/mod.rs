@@ -607,7 +607,7 @@ async fn run(
         ..Default::default()
     };
     let outcome = tokio::select! {
-        outcome = engine.run_ephemeral(Task::Python(&code), &options) => Some(outcome),
+        outcome = engine.run_ephemeral(Task::Script(&code), &options) => Some(outcome),
         signal = termination() => {
             tracing::info!("{signal}: removing the sandbox");
             None

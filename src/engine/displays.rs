@@ -286,7 +286,7 @@ pub fn mark_discarded(
     (kept, Some(discarded))
 }
 
-/// `(mime type, value)` pairs, `text/plain` always among them: values are text, base64 for
+/// `(mime type, value)` pairs (`text/plain` among them unless a raw bundle had none): values are text, base64 for
 /// `image/png` and `image/jpeg` (checked), JSON text for the JSON types (checked).
 pub type MimeBundle = Vec<(String, String)>;
 
@@ -298,7 +298,8 @@ pub fn is_json_mime(mime: &str) -> bool {
 }
 
 /// A MIME bundle from the runner, checked: well-formed type names, each once; images that decode;
-/// JSON that parses. Values that fail are left out; `text/plain` is always there.
+/// JSON that parses. Values that fail are left out; nothing is added (a raw bundle without
+/// `text/plain` has none, as a kernel sends it).
 fn checked_bundle(raw: Vec<(String, String)>) -> MimeBundle {
     let mut bundle: MimeBundle = Vec::with_capacity(raw.len());
     for (mime, value) in raw {
@@ -331,9 +332,6 @@ fn checked_bundle(raw: Vec<(String, String)>) -> MimeBundle {
         if valid {
             bundle.push((mime, value));
         }
-    }
-    if !bundle.iter().any(|(m, _)| m == "text/plain") {
-        bundle.push(("text/plain".into(), String::new()));
     }
     bundle
 }
@@ -581,10 +579,8 @@ mod tests {
                 stream(StreamName::Stdout, "b\n"),
                 stream(StreamName::Stderr, "w"),
                 Output::ExecuteResult {
-                    data: vec![
-                        ("application/json".into(), "[1]".into()),
-                        ("text/plain".into(), String::new())
-                    ],
+                    // No text/plain is added where the runner sent none.
+                    data: vec![("application/json".into(), "[1]".into())],
                     metadata: serde_json::json!({"isolated": true})
                         .as_object()
                         .cloned()

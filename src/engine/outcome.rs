@@ -94,8 +94,14 @@ impl Execution {
         }
     }
 
+    /// Whether the code ran through: status 0 and no error (a `SystemExit` is an error even with
+    /// status 0, as a Jupyter kernel reports it), not stopped by a limit or the caller.
     pub fn succeeded(&self) -> bool {
-        self.exit_code == 0 && !self.timed_out && !self.cancelled && !self.out_of_memory
+        self.exit_code == 0
+            && self.error.is_none()
+            && !self.timed_out
+            && !self.cancelled
+            && !self.out_of_memory
     }
 }
 

@@ -109,6 +109,9 @@ pub enum Request<'a> {
         /// Send the output as it comes too ([`Reply::Output`]); only when the host shows it.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         live: bool,
+        /// Run as a program (`Task::Script`): a `SystemExit` is the exit status only.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        script: bool,
     },
     /// Run a shell command (`/bin/sh -c`) with the same capture and limits.
     Shell {
@@ -1446,6 +1449,7 @@ mod tests {
             code: "print(1)",
             max_output: 5,
             live: false,
+            script: false,
         }
         .to_frame();
         let body: serde_json::Value = serde_json::from_slice(&frame[4..]).unwrap();

@@ -121,8 +121,12 @@ impl LiveTarget {
 /// What to execute.
 #[derive(Debug, Clone, Copy)]
 pub enum Task<'a> {
-    /// Python source, executed in the runner's persistent namespace.
+    /// Python source, executed in the runner's persistent namespace as a Jupyter cell: a
+    /// `SystemExit` is an error, as a kernel shows it.
     Python(&'a str),
+    /// Python source run as a program, as `python FILE` runs it (the CLI's `run`, the
+    /// installer's scripts): a `SystemExit` is its exit status only.
+    Script(&'a str),
     /// A shell command line, run with `/bin/sh -c`.
     Shell(&'a str),
 }
@@ -384,6 +388,14 @@ fn request_for(task: Task<'_>, id: u64, max_output: u64, live: bool) -> Request<
             code,
             max_output,
             live,
+            script: false,
+        },
+        Task::Script(code) => Request::Exec {
+            id,
+            code,
+            max_output,
+            live,
+            script: true,
         },
         Task::Shell(command) => Request::Shell {
             id,

@@ -153,8 +153,18 @@ async def test_input_tracebacks_and_exit_codes():
         text = "\n".join(error["traceback"])
         assert "Cell In[2], line 3" in text and "Cell In[2], line 2, in f()" in text, text
         assert "\x1b" not in text and "sandbox-runner" not in text
+        # sys.exit is an error output, as ipykernel shows it, with IPython's advice on stderr;
+        # exit() ends the execution quietly.
         exited = await run(client, session, "import sys\nsys.exit(3)")
+        assert exited.is_error is True
         assert exited.structured_content["exit_code"] == 3
+        assert exited.structured_content["error"]["type"] == "SystemExit"
+        shown = [(o["output_type"], o.get("ename"), o.get("evalue"), o.get("traceback"), o.get("name")) for o in outputs(exited)]
+        assert shown[0] == ("error", "SystemExit", "3", ["An exception has occurred, use %tb to see the full traceback.\n", "SystemExit: 3\n"], None), shown
+        assert [o["name"] for o in outputs(exited)[1:]] == ["stderr"], shown
+        assert "UserWarning: To exit: use 'exit', 'quit', or Ctrl-D." in outputs(exited)[1]["text"]
+        quit = await run(client, session, "exit(4)")
+        assert (quit.is_error, quit.structured_content["exit_code"], outputs(quit)) == (True, 4, [])
         ephemeral = await client.call_tool("run_python_ephemeral", {"code": "7"})
         assert value(ephemeral) == ("7", 1)
         await client.call_tool("sandbox_stop", {"container_id": session})

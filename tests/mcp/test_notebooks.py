@@ -381,6 +381,16 @@ async def test_the_run_stops_at_the_first_error_unless_told_or_tagged():
         assert tagged.structured_content["failed"][0]["allowed"] is True
         assert notebook_of(tagged).cells[2].outputs[0].text == "c\n"
 
+        # sys.exit, even with status 0, stops the run as it stops nbclient's: an error output.
+        exits = notebook("import sys\nsys.exit(0)", "print('Cell should not execute.')")
+        exited = await client.call_tool("sandbox_run_notebook", {"content": exits})
+        assert exited.is_error is True
+        assert exited.structured_content["stopped_at"] == 0
+        assert exited.structured_content["failed"][0]["ename"] == "SystemExit"
+        cells = notebook_of(exited).cells
+        assert [(o.output_type, o.get("ename"), o.get("evalue")) for o in cells[0].outputs][0] == ("error", "SystemExit", "0")
+        assert cells[1].outputs == []
+
 
 async def test_a_notebook_in_the_workspace_is_run_and_saved_beside_it():
     async with connect(SANDBOX_FILES_DIR="") as client:

@@ -260,7 +260,7 @@ impl Engine {
                     .await?;
                 let outcome = installer
                     .execute(
-                        Task::Python(INSTALL_SCRIPT),
+                        Task::Script(INSTALL_SCRIPT),
                         limit,
                         256 << 10,
                         options.cancel.as_ref(),
@@ -393,7 +393,7 @@ impl Engine {
                 crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
             let outcome = preparer
                 .execute(
-                    Task::Python(PREPARE_SCRIPT),
+                    Task::Script(PREPARE_SCRIPT),
                     self.config.deps.install_timeout,
                     64 << 10,
                     None,
@@ -459,7 +459,7 @@ impl Engine {
             crate::engine::sandbox::Sandbox::launch(self.backend.clone(), &spec).await?;
         let outcome = sandbox
             .execute(
-                Task::Python(MAINTENANCE_SCRIPT),
+                Task::Script(MAINTENANCE_SCRIPT),
                 Duration::from_secs(600),
                 16 << 20,
                 None,

@@ -777,7 +777,7 @@ impl Engine {
 
     fn check_task(task: Task<'_>) -> Result<(), EngineError> {
         let size = match task {
-            Task::Python(code) => code.len(),
+            Task::Python(code) | Task::Script(code) => code.len(),
             Task::Shell(command) => command.len(),
         };
         if size > MAX_CODE_BYTES {

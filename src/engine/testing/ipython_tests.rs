@@ -557,12 +557,21 @@ async fn clear_output_clears_the_live_output_too() {
 #[tokio::test]
 async fn input_raises_stdin_not_implemented_at_once() {
     let cells = Cells::new().await;
-    for code in ["input('name? ')", "import getpass\ngetpass.getpass()"] {
+    for (code, called) in [
+        ("input('name? ')", "raw_input"),
+        ("import getpass\ngetpass.getpass()", "getpass"),
+    ] {
         let asked = cells.run(code).await;
         assert_eq!(asked.exit_code, 1);
+        // ipykernel's type and words (nbclient runs without input).
+        let message =
+            format!("{called} was called, but this frontend does not support input requests.");
         assert_eq!(
-            asked.error.as_ref().map(|e| e.kind.as_str()),
-            Some("StdinNotImplementedError"),
+            asked
+                .error
+                .as_ref()
+                .map(|e| (e.kind.as_str(), e.message.as_str())),
+            Some(("StdinNotImplementedError", message.as_str())),
             "{code}"
         );
         // The runner's own frame is not in the traceback.
@@ -629,15 +638,82 @@ async fn a_traceback_is_ipythons_naming_the_cell_and_line_without_colours() {
 }
 
 #[tokio::test]
-async fn system_exit_gives_its_code_and_an_ephemeral_run_counts_from_one() {
+async fn system_exit_is_an_error_as_ipykernel_shows_it_and_an_ephemeral_run_counts_from_one() {
     let cells = Cells::new().await;
+    // As ipykernel: the exception only, as an error output, and IPython's advice on stderr.
     let exited = cells.run("import sys\nprint('bye')\nsys.exit(3)").await;
     assert_eq!(exited.exit_code, 3);
-    assert!(exited.error.is_none(), "{:?}", exited.error);
+    let error = exited.error.as_ref().expect("an error");
+    assert_eq!(
+        (error.kind.as_str(), error.message.as_str()),
+        ("SystemExit", "3")
+    );
+    assert!(!exited.succeeded());
     assert_eq!(stdout(&exited), "bye\n");
-    assert_eq!(stderr(&exited), "");
-    assert_eq!(cells.run("exit(4)").await.exit_code, 4);
-    assert_eq!(cells.run("raise SystemExit").await.exit_code, 0);
+    let errors: Vec<_> = exited
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Error {
+                ename,
+                evalue,
+                traceback,
+            } => Some((ename.as_str(), evalue.as_str(), traceback.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [(
+            "SystemExit",
+            "3",
+            vec![
+                "An exception has occurred, use %tb to see the full traceback.\n".to_string(),
+                "SystemExit: 3\n".to_string()
+            ]
+        )],
+        "{:?}",
+        exited.outputs
+    );
+    assert!(
+        stderr(&exited).contains("UserWarning: To exit: use 'exit', 'quit', or Ctrl-D."),
+        "{}",
+        stderr(&exited)
+    );
+    // Status 0 is an error too (a notebook's run stops there), with the value IPython shows.
+    let zero = cells.run("raise SystemExit").await;
+    assert_eq!(zero.exit_code, 0);
+    assert_eq!(
+        zero.error.as_ref().map(|e| e.kind.as_str()),
+        Some("SystemExit")
+    );
+    assert!(!zero.succeeded());
+    // exit() and quit() end the execution quietly with their status (the session stays).
+    let quit = cells.run("print('before')\nexit(4)\nprint('after')").await;
+    assert_eq!((quit.exit_code, stdout(&quit).as_str()), (4, "before\n"));
+    assert!(
+        quit.error.is_none()
+            && quit
+                .outputs
+                .iter()
+                .all(|o| !matches!(o, Output::Error { .. }))
+    );
+    assert_eq!(stderr(&quit), "");
+    // A program (the CLI's `run`) ends with its status only, as `python FILE` does.
+    let program = within(
+        LIMIT,
+        cells.engine.execute_in_session(
+            Scope::Server,
+            &cells.id,
+            Task::Script("import sys\nsys.exit(5)"),
+            &cells.options,
+        ),
+    )
+    .await
+    .expect("execute");
+    assert_eq!(program.exit_code, 5);
+    assert!(program.error.is_none(), "{:?}", program.error);
+    assert_eq!(stderr(&program), "");
     cells.stop().await;
     let (engine, _fake) = engine_with(|_| {});
     for _ in 0..2 {
@@ -700,4 +776,22 @@ async fn a_snapshot_keeps_the_sessions_variables_and_not_ipythons() {
         .expect("stop");
     cells.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_raw_bundle_is_shown_as_given_without_a_text_plain_added() {
+    let cells = Cells::new().await;
+    let shown = cells
+        .run(
+            "from IPython.display import display\ndisplay({'application/x-custom': 'v'}, raw=True)",
+        )
+        .await;
+    let bundles: Vec<_> = shown.outputs.iter().filter_map(Output::bundle).collect();
+    assert_eq!(
+        bundles,
+        [&vec![("application/x-custom".to_string(), "v".to_string())]],
+        "{:?}",
+        shown.outputs
+    );
+    cells.stop().await;
 }

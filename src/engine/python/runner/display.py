@@ -81,7 +81,8 @@ def _checked(mime, value):
 
 
 def bundle(data):
-    """A formatter's {mime: value} as [(mime, value)], checked, text/plain last."""
+    """A formatter's {mime: value} as [(mime, value)], checked, text/plain last when there is one
+    (a raw bundle without it stays without it, as ipykernel sends it)."""
     pairs = []
     plain = None
     if not isinstance(data, dict):
@@ -96,7 +97,8 @@ def bundle(data):
             plain = checked
         else:
             pairs.append((mime, checked))
-    pairs.append(("text/plain", plain if plain is not None else ""))
+    if plain is not None:
+        pairs.append(("text/plain", plain))
     return pairs
 
 

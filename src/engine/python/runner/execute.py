@@ -1,8 +1,10 @@
 # Execution: the code runs in the runner process through IPython's run_cell (shell.py), in the
 # shell's namespace, which lives as long as the runner, so a session keeps its variables between
 # executions. Its stdout and stderr are captured within the request's cap; a SIGINT (which the
-# supervisor passes on from the host) interrupts it with KeyboardInterrupt. SystemExit(n) ends it
-# with exit code n, an uncaught exception with 1 and IPython's traceback as an `error` output. The
+# supervisor passes on from the host) interrupts it with KeyboardInterrupt. An uncaught exception
+# ends it with exit code 1 and IPython's traceback as an `error` output; a SystemExit(n) with exit
+# code n and, as ipykernel shows it, an `error` output and IPython's warning on stderr (a project
+# script's is only its exit status, as for a script); exit(n) and quit(n) with n, quietly. The
 # result names the workspace files the execution created or changed and carries the matplotlib
 # figures it showed or left open. The last expression's value and what the code displayed come
 # back as outputs in order with its prints (display.py).
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 # Called through the module, like protocol.send_frame (see runner.main).
 from . import changes as workspace_changes
@@ -20,6 +23,7 @@ from . import display as rich
 from . import protocol
 from .capture import Capture
 from .processes import current_pid, kill_others, other_processes
+from .shell import Exited
 from .streams import Streams
 
 
@@ -52,7 +56,13 @@ def hidden_names(namespace, hidden):
     return frozenset(names)
 
 
-def exit_status_of(exc):
+# IPython's warning after a SystemExit (a terminal would have exited).
+EXIT_ADVICE = "To exit: use 'exit', 'quit', or Ctrl-D."
+
+
+def exit_status_of(exc, show=True):
+    """A SystemExit's (or exit()'s) status, as Python's own exit makes it: a message is status 1,
+    printed on stderr when `show` (IPython's error output shows it instead)."""
     code = exc.code
     if code is None:
         return 0
@@ -60,7 +70,8 @@ def exit_status_of(exc):
         return int(code)
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)
+    if show:
+        print(code, file=sys.stderr)
     return 1
 
 
@@ -165,7 +176,7 @@ class Executor:
     def show_escaped(self, exc):
         """An exception that escaped run_cell (an interrupt in IPython's own code around the
         code's): its type and message only, IPython's frames are not the code's."""
-        if isinstance(exc, SystemExit):
+        if isinstance(exc, (SystemExit, Exited)):
             return
         if self.shell is not None:
             try:
@@ -184,8 +195,9 @@ class Executor:
             return None
         return self.shell.execution_count - 1
 
-    def run_code(self, code):
-        """The code through IPython's run_cell; what it raised (None when it ran through)."""
+    def run_code(self, code, script=False):
+        """The code through IPython's run_cell; what it raised (None when it ran through). A
+        `script` (a program, as `python FILE` runs it) ends with SystemExit quietly."""
         if self.scripts:
             # A project script: what it raises reaches execute() as an escaped exception.
             exec(compile(code, "<script>", "exec"), self.namespace)
@@ -193,7 +205,16 @@ class Executor:
         if self.shell is None:
             print("The sandbox cannot run code: %s" % self.why, file=sys.stderr)
             return RuntimeError(self.why)
-        result = self.shell.run_cell(code, store_history=True)
+        if script:
+            self.shell.quiet_exit = True
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=EXIT_ADVICE)
+                    result = self.shell.run_cell(code, store_history=True)
+            finally:
+                self.shell.quiet_exit = False
+        else:
+            result = self.shell.run_cell(code, store_history=True)
         history = self.shell.history_manager
         if history is not None:
             # Without a database these queues are never emptied: In and Out keep what they need.
@@ -203,6 +224,7 @@ class Executor:
 
     def execute(self, request):
         op = request.get("op")
+        script = bool(request.get("script"))
         cap = int(request.get("max_output", 1 << 20))
         before = self.walked
         if before is None:
@@ -246,7 +268,7 @@ class Executor:
                     exit_code = run_shell(request["command"])
                     raised = None
                 else:
-                    raised = self.run_code(request["code"])
+                    raised = self.run_code(request["code"], script)
             finally:
                 self.executing = False
         except BaseException as exc:
@@ -254,8 +276,12 @@ class Executor:
             # a failing shell command).
             raised = exc
             self.show_escaped(exc)
-        if isinstance(raised, SystemExit):
+        if isinstance(raised, Exited) or isinstance(raised, SystemExit) and (self.scripts or script):
             exit_code = exit_status_of(raised)
+        elif isinstance(raised, SystemExit):
+            # Shown by IPython as an error, as ipykernel shows it (a notebook's run stops there).
+            exit_code = exit_status_of(raised, show=False)
+            error = {"type": "SystemExit", "message": message_of(raised)}
         elif isinstance(raised, KeyboardInterrupt):
             interrupted = True
             exit_code = 130

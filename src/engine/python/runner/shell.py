@@ -13,7 +13,6 @@ import re
 import shlex
 import subprocess
 import sys
-import warnings
 
 from . import kernel as kernel_face
 
@@ -22,10 +21,22 @@ RUNNER_FRAME = "File <sandbox-runner"
 # Where IPython keeps its profile (never the workspace, which the code's results are made of).
 IPYTHON_DIR = "/tmp/.ipython"
 
-INPUT_MESSAGE = (
-    "input() is not available: the sandbox has no terminal and no one to answer. Put the data in "
-    "the code, or write a file with sandbox_write_file and read it."
-)
+
+
+class Exited(BaseException):
+    """exit() or quit(): the execution ends with the status `code`, quietly. ipykernel's exit()
+    shuts its kernel down after the cell, without an error; a sandbox stays, so the execution
+    just ends. Not a SystemExit: IPython shows a SystemExit as an error and warns that a terminal
+    would have exited (as ipykernel does for sys.exit and `raise SystemExit`)."""
+
+    def __init__(self, code=None):
+        super().__init__(code)
+        self.code = code
+
+
+# ipykernel's words when its frontend does not take input (nbclient's), so that code that reads
+# them finds what a notebook gives (docs/tools.md says what to do instead).
+INPUT_MESSAGE = "%s was called, but this frontend does not support input requests."
 CONDA_MESSAGE = (
     "%%%s is not available in the sandbox: install packages with %%pip install NAME, which goes "
     "through the server's installer"
@@ -138,11 +149,11 @@ def make_shell_class(IPython):
 
     def no_input(prompt=""):
         __tracebackhide__ = True
-        raise StdinNotImplementedError(INPUT_MESSAGE)
+        raise StdinNotImplementedError(INPUT_MESSAGE % "raw_input")
 
     def no_getpass(prompt="Password: ", stream=None):
         __tracebackhide__ = True
-        raise StdinNotImplementedError(INPUT_MESSAGE)
+        raise StdinNotImplementedError(INPUT_MESSAGE % "getpass")
 
     class SandboxShell(InteractiveShell):
         displayhook_class = Type(ResultHook)
@@ -153,11 +164,13 @@ def make_shell_class(IPython):
             # set by execute.py around each run_cell.
             self.outputs = None
             self.on_traceback = None
+            # A SystemExit is an exit status only, quietly (a script; execute.py).
+            self.quiet_exit = False
             super().__init__(**kwargs)
             # What code written for a Jupyter kernel publishes through (kernel.py).
             self.kernel = kernel_face.Kernel(self)
-            # exit() and quit() end the execution (SystemExit, as in a script), not a terminal
-            # session: IPython's own exiter only asks its terminal to stop.
+            # exit() and quit() end the execution quietly (Exited), not a terminal session:
+            # IPython's own exiter only asks its terminal to stop.
             exiter = Exit()
             for name in ("exit", "quit"):
                 self.user_ns[name] = exiter
@@ -230,8 +243,10 @@ def make_shell_class(IPython):
                 exc_type = sys.exc_info()[0]
             else:
                 exc_type = exc_tuple[0]
-            if exc_type is not None and issubclass(exc_type, SystemExit):
-                return  # the execution's exit status, not an error (execute.py)
+            if exc_type is not None and (
+                issubclass(exc_type, Exited) or self.quiet_exit and issubclass(exc_type, SystemExit)
+            ):
+                return  # exit(), or a script's SystemExit: its exit status, not an error (execute.py)
             return super().showtraceback(exc_tuple, filename, tb_offset, exception_only,
                                          running_compiled_code)
 
@@ -306,7 +321,7 @@ def make_shell_class(IPython):
             return "Use exit() or quit() to end the execution"
 
         def __call__(self, code=None):
-            raise SystemExit(code)
+            raise Exited(code)
 
     def refuse(name):
         def magic(line):
@@ -345,8 +360,6 @@ def create(IPython):
     from . import after_import
 
     os.environ["IPYTHONDIR"] = IPYTHON_DIR
-    # IPython's advice after a SystemExit is for a terminal: here it is the exit status.
-    warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit', or Ctrl-D.")
     config = Config()
     config.HistoryManager.enabled = False
     config.HistoryManager.hist_file = ":memory:"
