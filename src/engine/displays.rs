@@ -22,6 +22,9 @@ use crate::text::truncate_chars;
 
 /// Outputs other than streams one execution may return (the runner drops and counts the rest).
 pub const MAX_OUTPUTS: usize = 200;
+/// Places where the code went from stderr back to stdout that the runner records (past them,
+/// the text between two outputs is placed stdout's first).
+pub const MAX_STREAM_SWITCHES: usize = 2000;
 /// MIME types in one display's bundle, and lines of one traceback.
 pub const MAX_MIME_TYPES: usize = 32;
 pub const MAX_TRACEBACK_LINES: usize = 512;
@@ -368,12 +371,14 @@ pub struct Shown {
 }
 
 /// The outputs in order: stream text cut from the kept stdout and stderr at the positions each
-/// output carries (positions beyond what was kept, or going back, are clamped), consecutive text
-/// of one stream merged; clears and updates applied. A stream the runner cut (`discarded`) has
+/// output carries and at the `switches` (where stderr text ended before more stdout came: text
+/// between two places is placed stdout first), positions beyond what was kept, or going back,
+/// clamped; consecutive text of one stream merged; clears and updates applied. A stream the runner cut (`discarded`) has
 /// the line for its dropped bytes where they were: an output produced while they were written
 /// comes after that line, in its order among the others.
 pub fn ordered(
     raw: Vec<RawOutput>,
+    switches: &[[u64; 2]],
     stdout: &[u8],
     stderr: &[u8],
     discarded: [Option<&Discarded>; 2],
@@ -386,7 +391,13 @@ pub fn ordered(
         clear_pending: false,
         cleared: false,
     };
+    // Positions only grow as the code writes: the switches up to an output's position came
+    // before it.
+    let mut switches = switches.iter().peekable();
     for output in raw {
+        while let Some(at) = switches.next_if(|s| s[0] <= output.at[0] && s[1] <= output.at[1]) {
+            shown.advance(*at, true);
+        }
         shown.advance(output.at, true);
         match output.output_type.as_str() {
             "display_data" => shown.push_display(Output::DisplayData {
@@ -445,6 +456,9 @@ pub fn ordered(
             }
             _ => {} // a type this host does not know: nothing to show
         }
+    }
+    for at in switches {
+        shown.advance(*at, true);
     }
     shown.advance([u64::MAX; 2], true);
     Shown {
@@ -566,7 +580,7 @@ mod tests {
                 serde_json::json!({"output_type":"display_data","data":[["text/plain","late"]],"at":[1,0],"metadata":[1]}),
             ),
         ];
-        let shown = ordered(raws, b"a\nb\nc\n", b"w\nTB!!\n", [None, None]);
+        let shown = ordered(raws, &[], b"a\nb\nc\n", b"w\nTB!!\n", [None, None]);
         assert!(!shown.cleared);
         assert_eq!(
             shown.outputs,
@@ -614,7 +628,7 @@ mod tests {
             ),
             raw(serde_json::json!({"output_type":"clear_output","at":[4,1]})),
         ];
-        let shown = ordered(raws, b"a\nb\nc\n", b"w", [None, None]);
+        let shown = ordered(raws, &[], b"a\nb\nc\n", b"w", [None, None]);
         assert!(shown.cleared);
         // An update of an earlier call's display is not cleared with this call's outputs.
         assert_eq!(
@@ -631,6 +645,60 @@ mod tests {
     }
 
     #[test]
+    fn stream_text_keeps_the_order_it_was_written_in_across_stdout_and_stderr() {
+        // print('Bar!', file=sys.stderr); print('Combo breaker!'); print('Foo!', file=sys.stderr);
+        // display('D'); print('E', file=sys.stderr); print('F'): the runner's places where stdout
+        // came after stderr (one at the display's position too: harmless).
+        let raws = vec![raw(
+            serde_json::json!({"output_type":"display_data","data":[["text/plain","D"]],"at":[15,10]}),
+        )];
+        let switches = [[0, 5], [15, 10], [15, 12]];
+        let shown = ordered(
+            raws,
+            &switches,
+            b"Combo breaker!\nF\n",
+            b"Bar!\nFoo!\nE\n",
+            [None, None],
+        );
+        assert_eq!(
+            shown.outputs,
+            vec![
+                stream(StreamName::Stderr, "Bar!\n"),
+                stream(StreamName::Stdout, "Combo breaker!\n"),
+                stream(StreamName::Stderr, "Foo!\n"),
+                Output::display(plain("D")),
+                stream(StreamName::Stderr, "E\n"),
+                stream(StreamName::Stdout, "F\n"),
+            ]
+        );
+        // Without switches (over the runner's bound, or text a subprocess wrote): stdout first
+        // between two outputs, as before.
+        let shown = ordered(Vec::new(), &[], b"o\n", b"e\n", [None, None]);
+        assert_eq!(
+            shown.outputs,
+            vec![
+                stream(StreamName::Stdout, "o\n"),
+                stream(StreamName::Stderr, "e\n")
+            ]
+        );
+        // Switches from the sandbox that go back, or past the text, are clamped.
+        let shown = ordered(
+            Vec::new(),
+            &[[9, 9], [0, 1], [u64::MAX, 0]],
+            b"o\n",
+            b"e\n",
+            [None, None],
+        );
+        assert_eq!(
+            shown.outputs,
+            vec![
+                stream(StreamName::Stdout, "o\n"),
+                stream(StreamName::Stderr, "e\n")
+            ]
+        );
+    }
+
+    #[test]
     fn clear_output_with_wait_clears_at_the_next_output() {
         // Progress as a notebook shows it: each line replaces the last.
         let raws = (0..3)
@@ -638,7 +706,7 @@ mod tests {
                 raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[i * 2, 0]}))
             })
             .collect();
-        let shown = ordered(raws, b"0\n1\n2\n", b"", [None, None]);
+        let shown = ordered(raws, &[], b"0\n1\n2\n", b"", [None, None]);
         assert_eq!(shown.outputs, vec![stream(StreamName::Stdout, "2\n")]);
         // A wait with nothing after it clears nothing.
         let raws = vec![
@@ -647,7 +715,7 @@ mod tests {
             ),
             raw(serde_json::json!({"output_type":"clear_output","wait":true,"at":[0,0]})),
         ];
-        let shown = ordered(raws, b"", b"", [None, None]);
+        let shown = ordered(raws, &[], b"", b"", [None, None]);
         assert!(!shown.cleared);
         assert_eq!(shown.outputs, vec![Output::display(plain("D"))]);
         // The next display clears too.
@@ -658,7 +726,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            ordered(raws, b"a\n", b"", [None, None]).outputs,
+            ordered(raws, &[], b"a\n", b"", [None, None]).outputs,
             vec![Output::display(plain("D"))]
         );
     }
@@ -680,7 +748,7 @@ mod tests {
             ),
         ];
         let id = |s: &str| Some(s.to_string());
-        let shown = ordered(raws, b"", b"", [None, None]);
+        let shown = ordered(raws, &[], b"", b"", [None, None]);
         assert_eq!(
             shown.outputs,
             vec![
@@ -743,7 +811,7 @@ mod tests {
                 serde_json::json!({"output_type":"update_display_data","data":[["text/plain","x"]],"display_id":"\u{1b}[2J","at":[0,0]}),
             ),
         ];
-        let shown = ordered(raws, b"", b"", [None, None]);
+        let shown = ordered(raws, &[], b"", b"", [None, None]);
         let id = |s: &str| Some(s.to_string());
         assert_eq!(
             shown.outputs,

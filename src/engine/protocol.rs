@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::bounded::at_most;
 use super::displays::mark_discarded;
-pub use super::displays::{Discarded, MimeBundle, Output, RawOutput, StreamName, MAX_OUTPUTS};
+pub use super::displays::{
+    Discarded, MimeBundle, Output, RawOutput, StreamName, MAX_OUTPUTS, MAX_STREAM_SWITCHES,
+};
 use super::runner_set::RunnerIpython;
 use crate::text::truncate_chars;
 
@@ -210,7 +212,7 @@ pub enum Reply {
         /// What it said of its IPython (see `engine::runner_set`), bounded and on one line.
         ipython: RunnerIpython,
     },
-    Result(RawResult),
+    Result(Box<RawResult>),
     /// Output of a live execution so far, before its result.
     Output(RawLiveOutput),
     /// The code asked for `pip LINE` (`%pip`, `!pip`, the `pip` on its PATH) during execution
@@ -409,7 +411,7 @@ impl Reply {
                     python: ready.python,
                 }
             }
-            "result" => Reply::Result(body_as(body)?),
+            "result" => Reply::Result(Box::new(body_as(body)?)),
             "output" => Reply::Output(body_as(body)?),
             "pip" => {
                 let pip: PipBody = body_as(body)?;
@@ -716,6 +718,10 @@ pub struct RawResult {
     /// Outputs the runner dropped (over its count or size bounds).
     #[serde(default)]
     pub outputs_dropped: u64,
+    /// Stream positions where the code wrote to stdout after it wrote to stderr: stderr text up to
+    /// there came before stdout text past there ([`super::displays::ordered`]).
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_STREAM_SWITCHES>")]
+    pub switches: Vec<[u64; 2]>,
     /// The shell's count of this execution (`In [n]`); none for a shell command or an empty cell.
     #[serde(default)]
     pub execution_count: Option<u64>,
@@ -890,6 +896,7 @@ impl RawResult {
         }
         let shown = super::displays::ordered(
             self.outputs,
+            &self.switches,
             &stdout,
             &stderr,
             [stdout_discarded.as_ref(), stderr_discarded.as_ref()],
@@ -981,7 +988,7 @@ impl FrameDecoder {
         let changed_list = MAX_CHANGED_PATH_BYTES * 3 + MAX_CHANGED_ENTRIES * 128;
         // The outputs other than streams are within the output cap too (as JSON), plus their
         // frame around each.
-        let outputs = output.saturating_add(MAX_OUTPUTS * 1024);
+        let outputs = output.saturating_add(MAX_OUTPUTS * 1024 + MAX_STREAM_SWITCHES * 48);
         output.saturating_add(MAX_FIGURES_BYTES).saturating_mul(4) / 3
             + outputs
             + changed_list

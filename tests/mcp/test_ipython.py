@@ -186,3 +186,19 @@ async def test_a_snapshot_keeps_the_sessions_variables_not_ipythons(tmp_path):
         assert sorted(restored.structured_content["restored"]["variables"]) == ["also", "kept"]
         assert value(await ok(client, new, "kept + [also], len(Out)")) == ("([1, 2, 3], 0)", 1)
         await client.call_tool("sandbox_stop", {"container_id": new})
+
+
+async def test_stdout_stderr_and_displays_come_back_in_the_order_they_were_written():
+    # nbformat's own test notebook's cell, as ipykernel gives it: three outputs in order.
+    code = ("import sys\nprint('Bar!', file=sys.stderr); print('Combo breaker!'); print('Foo!', file=sys.stderr)\n"
+            "print('before', flush=True)\ndisplay('shown')\nimport logging\nlogging.basicConfig(format='%(message)s')\n"
+            "logging.getLogger('x').warning('logged')\nprint('end')")
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        session = await start(client)
+        result = await ok(client, session, code)
+        shown = [(o.get("name") or o["output_type"], o.get("text") or o["data"]["text/plain"]) for o in outputs(result)]
+        assert shown == [
+            ("stderr", "Bar!\n"), ("stdout", "Combo breaker!\n"), ("stderr", "Foo!\n"), ("stdout", "before\n"),
+            ("display_data", "'shown'"), ("stderr", "logged\n"), ("stdout", "end\n"),
+        ], shown
+        await client.call_tool("sandbox_stop", {"container_id": session})

@@ -795,3 +795,50 @@ async fn a_raw_bundle_is_shown_as_given_without_a_text_plain_added() {
     );
     cells.stop().await;
 }
+
+#[tokio::test]
+async fn stdout_stderr_and_displays_keep_the_order_the_code_wrote_them_in() {
+    let cells = Cells::new().await;
+    let code = "\
+import logging, sys, warnings
+print('Bar!', file=sys.stderr); print('Combo breaker!'); print('Foo!', file=sys.stderr)
+print('before the warning')
+warnings.warn('careful')
+print('after the warning')
+display('shown')
+logging.basicConfig(format='%(message)s')
+logging.getLogger('x').warning('logged')
+print('end', flush=True)
+_ = sys.stderr.write('no newline')
+";
+    let ran = cells.run(code).await;
+    let shown: Vec<(&str, String)> = ran
+        .outputs
+        .iter()
+        .map(|o| match o {
+            Output::Stream { name, text } => (name.as_str(), text.clone()),
+            other => ("display", plain(other).unwrap_or_default()),
+        })
+        .collect();
+    let warning = shown
+        .get(4)
+        .map(|(_, text)| text.clone())
+        .unwrap_or_default();
+    assert!(warning.contains("UserWarning: careful"), "{shown:?}");
+    assert_eq!(
+        shown,
+        [
+            ("stderr", "Bar!\n".to_string()),
+            ("stdout", "Combo breaker!\n".into()),
+            ("stderr", "Foo!\n".into()),
+            ("stdout", "before the warning\n".into()),
+            ("stderr", warning.clone()),
+            ("stdout", "after the warning\n".into()),
+            ("display", "'shown'".into()),
+            ("stderr", "logged\n".into()),
+            ("stdout", "end\n".into()),
+            ("stderr", "no newline".into()),
+        ]
+    );
+    cells.stop().await;
+}

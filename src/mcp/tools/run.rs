@@ -40,7 +40,7 @@ impl SandboxServer {
             .await;
         let execution = self
             .engine
-            .run_ephemeral(Task::Python(&params.code), &options)
+            .run_ephemeral(Task::Script(&params.code), &options)
             .await;
         finish(notices).await;
         Ok(self.execution_result(&context, &execution?, None))

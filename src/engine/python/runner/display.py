@@ -26,6 +26,9 @@ from . import after_import
 # Outputs other than streams an execution may return, the bytes of one MIME value, and of
 # text/plain (cut, not dropped: the model still sees the head).
 MAX_OUTPUTS = 200
+# Places where stdout text follows stderr text an execution records (displays.rs
+# MAX_STREAM_SWITCHES); past them, the order within each stretch between outputs is stdout's first.
+MAX_STREAM_SWITCHES = 2000
 MAX_MIME_TYPES = 32
 MAX_VALUE_BYTES = 4 << 20
 MAX_PLAIN_CHARS = 100_000
@@ -140,9 +143,21 @@ class Outputs:
         self.items = []
         self.sizes = []
         self.dropped = 0
+        # The stream positions after writes to stderr (streams.py), consecutive ones with no
+        # stdout text between them merged: what the host needs to keep the streams' order.
+        self.switches = []
         # The index of a clear_output(wait=True) not yet in effect (it is when the next output
         # comes, streams included).
         self.pending_clear = None
+
+    def switched(self, at):
+        """The code went from stderr back to stdout at `at` (streams.py): the stdout text past
+        it comes after the stderr text before it."""
+        switches = self.switches
+        if switches and switches[-1][0] == at[0]:
+            switches[-1] = at  # no stdout text since the last one
+        elif len(switches) < MAX_STREAM_SWITCHES:
+            switches.append(at)
 
     def _add(self, item, size):
         self._settle(item)

@@ -156,7 +156,10 @@ class Executor:
             # lock may have been held at the fork, forever in this process.
             return [0, 0]
         self.streams.flush(sys.stdout, sys.stderr)
-        return job.position()
+        at = job.position()
+        if self.outputs is not None:
+            self.streams.order.settle(at, self.outputs.switched)
+        return at
 
     def record_traceback(self, etype, evalue, stb, text):
         """IPython's traceback (its structured lines, no colours) as an `error` output and, as
@@ -254,7 +257,7 @@ class Executor:
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
-        self.streams.start(lambda: self.capture.hand_over(job))
+        self.streams.start(lambda: self.capture.hand_over(job), lambda: self.position(job))
         exit_code = 0
         interrupted = False
         error = None
@@ -298,6 +301,8 @@ class Executor:
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is not None and not interrupted:
             self.figures.capture(pyplot, skip_saved=True)
+        if self.streams.order.pending:
+            self.position(job)  # the place where stdout came after stderr last, if it did
         self.figures.outputs = None
         if self.shell is not None:
             self.shell.outputs = None
@@ -342,5 +347,6 @@ class Executor:
             "figures": [base64.b64encode(f).decode("ascii") for f in self.figures.take()],
             "outputs": self.outputs.items,
             "outputs_dropped": self.outputs.dropped,
+            "switches": self.outputs.switches,
             "execution_count": self.counted(op, request),
         }

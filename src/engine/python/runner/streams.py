@@ -14,6 +14,16 @@
 # As with any Python whose stdout is a pipe, text a subprocess or os.write(1, ...) writes directly
 # can come before print()ed text still in the buffer; the runner flushes before starting a
 # subprocess (an audit hook), which keeps the common case, print() then a command, in order.
+#
+# The order across the two streams: stdout and stderr are two pipes, so what was read of each
+# does not say which came first. The place where the code went from stderr back to stdout is
+# recorded (display.py, `Outputs.switched`): the stderr text up to there came before the stdout
+# text from there, as a Jupyter kernel shows it. stdout stays Python's own object (a method of
+# ours on it made print() 5x slower); its file counts the bytes it is given at each flush. A
+# write to stderr first flushes stdout and, when stdout was written since the last stderr write,
+# records that place (one look at the pipes per change of stream; under gVisor a look per write
+# made a loop of warnings 12x slower). An output, and the end of the execution, settle the same
+# way (`Order.settle`).
 
 import io
 import os
@@ -26,14 +36,81 @@ IDLE_TICKS = 50
 BUFFER_SIZE = 1 << 16
 
 
-def _buffered(fd, like, line_buffering):
-    raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(
+def _buffered(fd, like, line_buffering, kind=io.TextIOWrapper, raw=None):
+    raw = raw or io.FileIO(fd, "w", closefd=False)
+    return kind(
         io.BufferedWriter(raw, BUFFER_SIZE),
         encoding=getattr(like, "encoding", None) or "utf-8",
         errors=getattr(like, "errors", None) or "strict",
         line_buffering=line_buffering,
     )
+
+
+class CountingFile(io.FileIO):
+    """stdout's file: counts what it is given (whole buffers, at each flush)."""
+
+    count = 0
+
+    def write(self, data):
+        written = super().write(data)
+        if written:
+            self.count += written
+        return written
+
+
+class Order:
+    """Where the code last wrote to stderr, for the place where it goes back to stdout."""
+
+    def __init__(self, stdout_file):
+        self.stdout_file = stdout_file
+        # stderr was written since the last place recorded (or output taken), when stdout's file
+        # had been given `stdout_count` bytes.
+        self.pending = False
+        self.stdout_count = 0
+        # () -> the streams' positions, which settles (the running execution's; None between).
+        self.look = None
+
+    def before_stderr(self, stdout):
+        """A write to stderr comes: stdout's text goes first, and when stdout was written since
+        the last stderr write, the place between them is recorded."""
+        try:
+            stdout.flush()
+        except Exception:
+            pass
+        look = self.look
+        if look is not None and self.pending and self.stdout_file.count != self.stdout_count:
+            look()
+
+    def after_stderr(self):
+        self.pending = True
+        self.stdout_count = self.stdout_file.count
+
+    def settle(self, at, record):
+        """The streams are at `at` (both flushed): if stdout was written since the last stderr
+        write, `record` gets the place in between: stdout's position then, stderr's now."""
+        if self.pending:
+            self.pending = False
+            since = self.stdout_file.count - self.stdout_count
+            if since:
+                record([max(0, at[0] - since), at[1]])
+
+
+class OrderedStderr(io.TextIOWrapper):
+    """The code's stderr: each write is placed after the stdout text written before it."""
+
+    order = None
+    stdout = None
+
+    def write(self, text):
+        order = self.order
+        order.before_stderr(self.stdout)
+        written = super().write(text)
+        order.after_stderr()
+        return written
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
 
 
 class Streams:
@@ -44,8 +121,10 @@ class Streams:
     it writes into a full pipe that only the capture thread empties."""
 
     def __init__(self):
-        self.stdout = _buffered(1, sys.stdout, line_buffering=False)
-        self.stderr = _buffered(2, sys.stderr, line_buffering=True)
+        self.stdout_file = CountingFile(1, "w", closefd=False)
+        self.order = Order(self.stdout_file)
+        self.stdout = self._stdout(sys.stdout)
+        self.stderr = self._stderr(sys.stderr)
         # Held while this runner flushes, and taken before a fork: a child is never forked while
         # the flushing thread holds a stream's lock (which would stay held forever in the child).
         self.lock = threading.Lock()
@@ -68,13 +147,27 @@ class Streams:
         sys.addaudithook(self._audit)
         threading.Thread(target=self._loop, name="flush", daemon=True).start()
 
+    def _stdout(self, like):
+        return _buffered(1, like, line_buffering=False, raw=self.stdout_file)
+
+    def _stderr(self, like):
+        stream = _buffered(2, like, line_buffering=True, kind=OrderedStderr)
+        stream.order = self.order
+        stream.stdout = self.stdout
+        return stream
+
     def install(self):
         """Makes them the code's sys.stdout and sys.stderr again (the code may have replaced them),
         new ones in place of any the code closed (which would fail every later print)."""
         if self.stdout.closed:
-            self.stdout = _buffered(1, self.stdout, line_buffering=False)
+            # Closing it closed its file too: a new one, counting on.
+            count = self.stdout_file.count
+            self.stdout_file = self.order.stdout_file = CountingFile(1, "w", closefd=False)
+            self.stdout_file.count = count
+            self.stdout = self._stdout(self.stdout)
+            self.stderr.stdout = self.stdout
         if self.stderr.closed:
-            self.stderr = _buffered(2, self.stderr, line_buffering=True)
+            self.stderr = self._stderr(self.stderr)
         sys.stdout = sys.__stdout__ = self.stdout
         sys.stderr = sys.__stderr__ = self.stderr
 
@@ -87,9 +180,12 @@ class Streams:
             except Exception:
                 pass
 
-    def start(self, tick=None):
+    def start(self, tick=None, look=None):
         """Code starts running: the flushing thread calls `tick`, then flushes, every FLUSH_INTERVAL
-        until `stop`. Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
+        until `stop`; `look` takes the streams' positions where the code goes from stderr back to
+        stdout. Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
+        self.order.pending = False
+        self.order.look = look
         self.tick = tick
         self.running = True
         if self.sleeping:
@@ -98,6 +194,7 @@ class Streams:
     def stop(self):
         self.running = False
         self.tick = None
+        self.order.look = None
 
     def _loop(self):
         idle = 0
@@ -145,6 +242,7 @@ class Streams:
         self.held_for_fork = False
         self.running = False  # the flushing thread does not exist in the child
         self.tick = None
+        self.order.look = None  # what the child writes is not captured
 
     def _audit(self, event, args):
         # Only the events that start another program on these pipes; the hook is called for every
