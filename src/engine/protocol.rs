@@ -40,6 +40,7 @@ const RUNNER_MODULES: &[(&str, &str)] = &[
     runner_module!("after_import"),
     runner_module!("capture"),
     runner_module!("changes"),
+    runner_module!("compiler"),
     runner_module!("display"),
     runner_module!("execute"),
     runner_module!("figures"),

@@ -842,3 +842,28 @@ _ = sys.stderr.write('no newline')
     );
     cells.stop().await;
 }
+
+#[tokio::test]
+async fn cells_are_named_as_ipykernel_names_them_and_the_shell_passes_for_a_kernels() {
+    let cells = Cells::new().await;
+    // ipykernel's name: /tmp/ipykernel_<pid>/<MurmurHash2 of the source, its seed>.py.
+    let failed = cells.run("print \"hi\"").await;
+    let message = failed.error.as_ref().map(|e| e.message.clone());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("(357452326.py, line 1)")),
+        "{message:?}"
+    );
+    let warned = cells.run("import warnings\nwarnings.warn('x')").await;
+    assert!(
+        stderr(&warned).starts_with("/tmp/ipykernel_")
+            && stderr(&warned).contains(".py:2: UserWarning: x"),
+        "{}",
+        stderr(&warned)
+    );
+    // What pandas and others look for to format for a notebook.
+    let shell = cells.run("print(type(get_ipython()).__name__)").await;
+    assert_eq!(stdout(&shell), "ZMQInteractiveShell\n");
+    cells.stop().await;
+}

@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 
+from . import compiler as cell_compiler
 from . import kernel as kernel_face
 
 # How IPython's traceback names a frame of the runner's own code (load_runner.py names them).
@@ -100,6 +101,7 @@ def make_shell_class(IPython):
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
     from IPython.core.autocall import IPyAutocall
+    from IPython.core.compilerop import CachingCompiler
     from IPython.core.error import StdinNotImplementedError, UsageError
     from IPython.core.macro import Macro
     from IPython.core.interactiveshell import InteractiveShell
@@ -158,6 +160,8 @@ def make_shell_class(IPython):
     class SandboxShell(InteractiveShell):
         displayhook_class = Type(ResultHook)
         display_pub_class = Type(Publisher)
+        # Cells named as ipykernel names them (compiler.py).
+        compiler_class = Type(cell_compiler.compiler_class(CachingCompiler))
 
         def __init__(self, **kwargs):
             # The running execution's outputs (display.Outputs), and what receives a traceback:
@@ -341,6 +345,10 @@ def make_shell_class(IPython):
     for cls in (Publisher, ResultHook, SandboxShell):
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
+    # What libraries look for to know they run in a Jupyter kernel (pandas' in_ipython_frontend
+    # looks for "zmq" in the shell's type; others for this name): the code's results are shown as
+    # a notebook shows them, so they should format for one.
+    SandboxShell.__name__ = SandboxShell.__qualname__ = "ZMQInteractiveShell"
     SandboxShell.no_input = staticmethod(no_input)
     SandboxShell.no_getpass = staticmethod(no_getpass)
     return SandboxShell
