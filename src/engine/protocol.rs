@@ -760,7 +760,7 @@ pub struct RunnerResult {
     pub root_changed: Vec<RootChangedEntry>,
     pub root_changed_left_out: u64,
     pub root_changed_truncated: bool,
-    /// PNG images of the matplotlib figures the code showed or left open.
+    /// PNG images of the matplotlib figures shown (displayed by matplotlib's inline backend).
     pub figures: Vec<Vec<u8>>,
     /// Everything the code showed, in order (nbformat v4 outputs), its clears and updates applied.
     pub outputs: Vec<Output>,

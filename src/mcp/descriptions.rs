@@ -80,7 +80,7 @@ fn fragments(config: &Config, secrets: &Secrets) -> Vec<(&'static str, String)> 
     );
     let returned =
         "Files the code creates or changes in /workspace come back: images (and matplotlib \
-                    figures, plt.show() or left open) as images, other files as resources, up to";
+                    figures, shown inline as in Jupyter) as images, other files as resources, up to";
     let return_max = bytes(config.files.return_max_file_bytes);
     let (files, stopped) = match &config.files.persist_dir {
         Some(dir) => (

@@ -44,9 +44,14 @@ async def test_a_sine_plot_saved_with_savefig_comes_back_as_a_png(tmp_path):
     async with connect(SANDBOX_FILES_DIR=str(tmp_path)) as client:
         result = await client.call_tool("run_python_ephemeral", {"code": SINE_SAVEFIG, "dependencies": ["matplotlib", "numpy"]})
         assert result.is_error is False, text_of(result)
-        [image] = images(result)
-        assert image.mime_type == "image/png"
-        assert base64.b64decode(image.data).startswith(PNG_MAGIC)
+        # The saved file, and the figure still open at the end of the cell shown inline, as
+        # Jupyter shows it.
+        assert [o["data"]["text/plain"] for o in result.structured_content["outputs"] if o["output_type"] == "display_data"] == [
+            "<Figure size 640x480 with 1 Axes>"]
+        assert len(images(result)) == 2
+        for image in images(result):
+            assert image.mime_type == "image/png"
+            assert base64.b64decode(image.data).startswith(PNG_MAGIC)
         [saved] = [f for f in result.structured_content["files"] if f["path"] == "sine.png"]
         assert saved["returned"] is True
         assert pathlib.Path(saved["saved_to"]).read_bytes().startswith(PNG_MAGIC)

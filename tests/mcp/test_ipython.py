@@ -1,7 +1,11 @@
 """Cells as IPython runs them, through the official MCP client and the real engine: magics and
 shell escapes, the output cache and get_ipython(), display handles updated in the same and in a
 later call, clear_output with and without wait, input(), IPython's tracebacks, exit codes,
-matplotlib figures exactly once, and a snapshot that leaves IPython's own names out."""
+matplotlib figures as its inline backend shows them, and a snapshot that leaves IPython's own names
+out."""
+
+import base64
+import struct
 
 import pytest
 
@@ -89,7 +93,8 @@ async def test_magics_and_shell_escapes():
 
 FIGURE = """
 %matplotlib inline
-import matplotlib.pyplot as plt
+import matplotlib, matplotlib.pyplot as plt
+print(matplotlib.get_backend())
 plt.plot([1, 2, 3])
 plt.show()
 fig, ax = plt.subplots()
@@ -97,15 +102,31 @@ ax.plot([3, 2, 1])
 """
 
 
-async def test_matplotlib_inline_is_accepted_and_each_figure_comes_once():
+async def test_matplotlib_inline_shows_figures_as_jupyter_does():
     async with connect(SANDBOX_FILES_DIR="") as client:
         session = await start(client, dependencies=["matplotlib"])
         result = await ok(client, session, FIGURE)
+        # `%matplotlib inline` names the backend as IPython does (without it: the module's name,
+        # tests/mcp/test_preload.py).
+        assert outputs(result)[0]["text"] == "inline\n"
         images = [o for o in outputs(result) if "image/png" in o.get("data", {})]
-        assert len(images) == 2, outputs(result)
+        # plt.show()'s, and the figure still open at the end of the cell: matplotlib-inline's
+        # displays, cropped to what is drawn (the figure is 640x480), with Jupyter's text.
+        assert [o["data"]["text/plain"] for o in images] == ["<Figure size 640x480 with 1 Axes>"] * 2, outputs(result)
+        width, height = struct.unpack(">II", base64.b64decode(images[0]["data"]["image/png"])[16:24])
+        assert width < 640 and height < 480, (width, height)
         assert [b.type for b in result.content].count("image") == 2
+        # Each is a figure of the result too (figures/figure-N.png).
+        assert [f["figure"] for f in result.structured_content["files"]] == [True, True]
         # Nothing left open comes back in the next call.
         assert [o for o in outputs(await ok(client, session, "1")) if "image/png" in o.get("data", {})] == []
+        # InlineBackend's configuration is matplotlib-inline's: SVG when asked for.
+        svg = await ok(client, session, "%config InlineBackend.figure_formats = ['svg']\nplt.plot([1, 2])\nplt.show()")
+        [shown] = [o for o in outputs(svg) if o["output_type"] == "display_data"]
+        assert sorted(shown["data"]) == ["image/svg+xml", "text/plain"], shown
+        # A backend that needs a screen is refused for the inline one.
+        qt = await ok(client, session, "%matplotlib qt")
+        assert "has no screen" in qt.structured_content["stderr"], text_of(qt)
         await client.call_tool("sandbox_stop", {"container_id": session})
 
 

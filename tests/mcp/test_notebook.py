@@ -176,14 +176,17 @@ async def test_a_figure_shown_and_a_figure_as_last_value_are_images_in_order():
     async with connect(SANDBOX_FILES_DIR="") as client:
         result = await client.call_tool("run_python_ephemeral", {"code": FIGURES, "dependencies": ["matplotlib"]})
         assert result.is_error is False, text_of(result)
-        assert kinds(result) == ["stream:stdout", "display_data", "stream:stdout", "execute_result"]
+        # As Jupyter's inline backend shows them: the figure returned as the value is shown again
+        # at the end of the cell (it is still open then).
+        assert kinds(result) == ["stream:stdout", "display_data", "stream:stdout", "execute_result", "display_data"]
         out = outputs(result)
         assert out[1]["data"]["image/png"] and out[3]["data"]["image/png"]
+        assert out[4]["data"]["image/png"] == out[3]["data"]["image/png"]
         images = [b for b in result.content if b.type == "image"]
-        assert len(images) == 2, "each figure once, in order among the text"
-        assert [b.type for b in result.content] == ["text", "text", "image", "text", "text", "image"]
-        # The figures field stays as before: the figure plt.show() returned.
-        assert [f["figure"] for f in result.structured_content["files"]] == [True]
+        assert len(images) == 3, "each display, in order among the text"
+        assert [b.type for b in result.content] == ["text", "text", "image", "text", "text", "image", "image"]
+        # Each figure shown is a figure of the result.
+        assert [f["figure"] for f in result.structured_content["files"]] == [True, True, True]
 
 
 LIBRARIES = """

@@ -38,3 +38,37 @@ async def test_a_preloaded_set_is_served_from_a_prepared_sandbox():
             await asyncio.sleep(1)
         else:
             pytest.fail("no call was served by a prepared sandbox")
+
+
+# What the code finds of matplotlib: whether pyplot was imported ahead (a prepared sandbox), then,
+# after its own import, what a cold import leaves: the inline backend named but not yet loaded,
+# no figure, and the first figure numbered 1 and shown inline at the end.
+MATPLOTLIB_STATE = """
+import sys
+ahead = 'matplotlib.pyplot' in sys.modules
+import matplotlib, matplotlib.pyplot as plt
+print(ahead)
+print(matplotlib.get_backend(), plt.get_fignums(), 'matplotlib_inline.backend_inline' in sys.modules)
+print(plt.figure().number)
+"""
+
+
+async def test_a_prepared_sandbox_looks_to_the_code_as_a_cold_one_does():
+    seen = {}
+    async with connect(SANDBOX_PRELOAD="matplotlib", SANDBOX_POOL_SIZE="1") as client:
+        for _ in range(120):
+            run = await client.call_tool("run_python_ephemeral", {"code": MATPLOTLIB_STATE, "dependencies": ["matplotlib"]})
+            assert not run.is_error, run.content
+            if run.structured_content["stdout"].startswith("True\n"):
+                seen["prepared"] = run
+                break
+            await asyncio.sleep(1)
+        else:
+            pytest.fail("no call was served by a prepared sandbox")
+    async with connect(SANDBOX_POOL_SIZE="0") as client:
+        seen["cold"] = await client.call_tool("run_python_ephemeral", {"code": MATPLOTLIB_STATE, "dependencies": ["matplotlib"]})
+    state = {kind: run.structured_content["stdout"].split("\n", 1)[1] for kind, run in seen.items()}
+    assert state["prepared"] == state["cold"] == "module://matplotlib_inline.backend_inline [] False\n1\n", state
+    for run in seen.values():
+        shown = [o for o in run.structured_content["outputs"] if o["output_type"] == "display_data"]
+        assert [o["data"]["text/plain"] for o in shown] == ["<Figure size 640x480 with 0 Axes>"], shown

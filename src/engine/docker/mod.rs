@@ -161,7 +161,6 @@ impl DockerBackend {
             "LANG=C.UTF-8".to_string(),
             "PYTHONIOENCODING=utf-8".to_string(),
             "PYTHONDONTWRITEBYTECODE=1".to_string(),
-            "MPLBACKEND=Agg".to_string(),
             // The home directory is on the read-only root: caches go to /tmp.
             format!("MPLCONFIGDIR={}/.matplotlib", paths::TMP),
             format!("XDG_CACHE_HOME={}/.cache", paths::TMP),

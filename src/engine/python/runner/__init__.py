@@ -30,10 +30,11 @@
 #                  %pip, a failing input()
 #   capture.py     the thread that reads an execution's stdout and stderr within a cap
 #   streams.py     the code's buffered sys.stdout and sys.stderr, and when they are flushed
+#   compiler.py    cells compiled under the names ipykernel gives them
 #   display.py     an execution's outputs in order: IPython's bundles checked, clears and updates
 #   workspace.py   opening /workspace paths without following links; reading, writing, listing
 #   changes.py     the workspace's entries before and after an execution: what changed
-#   figures.py     matplotlib figures an execution showed or left open, as PNG
+#   figures.py     matplotlib's inline backend for the code; the PNGs of the figures it shows
 #   pip.py         `pip` from the code (%pip, !pip, the pip shim on its PATH) asked of the host
 #   prepared.py    a dependency set's prepared caches put to use; a prepared sandbox's imports
 #   snapshot.py    a session's workspace and variables saved as one blob, and restored from one

@@ -17,7 +17,6 @@
 # has at those offsets. So outputs and prints interleave exactly, at no cost in the reply's size.
 
 import base64
-import io
 import json
 import sys
 
@@ -259,12 +258,6 @@ class Outputs:
             self.pending_clear = None
             self._forget_before(len(self.items) - 1)
 
-    def image(self, png, plain="<Figure>"):
-        """A matplotlib figure shown or left open."""
-        data = [("image/png", base64.b64encode(png).decode("ascii")), ("text/plain", plain)]
-        item = {"output_type": "display_data", "data": data, "at": self.position()}
-        return self._add(item, len(data[0][1]) + 100)
-
     def error(self, ename, evalue, lines, at, through):
         """IPython's structured traceback: its entries (a frame each, possibly several lines)."""
         if len(lines) > MAX_TRACEBACK_LINES:
@@ -283,35 +276,20 @@ class Outputs:
 
 
 def _bound_pandas(pandas):
-    # Head and tail of long frames, the shape stated: a table a model can read.
+    # Head and tail of long frames, the shape stated when they are cut (pandas' own default, as in
+    # Jupyter): a table a model can read.
     for option, value in (
         ("display.max_rows", 20),
         ("display.min_rows", 10),
         ("display.max_columns", 20),
         ("display.max_colwidth", 50),
-        ("display.show_dimensions", True),
+        ("display.show_dimensions", "truncate"),
         # One table, a row to a line: wrapped column blocks are hard for a model to line up.
         ("display.expand_frame_repr", False),
     ):
         pandas.set_option(option, value)
 
 
-def _figure_png(figure):
-    """A matplotlib Figure shown as a value or passed to display(): drawn here, and closed in
-    pyplot so that it does not come back a second time as a figure left open (figures.py)."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None:
-        try:
-            pyplot.close(figure)
-        except Exception:
-            pass
-    return buffer.getvalue()
-
-
 def install(shell):
-    """Bounded pandas display; matplotlib figures as PNG through IPython's formatter."""
+    """Bounded pandas display (matplotlib's figures are its inline backend's: figures.py)."""
     after_import.on_import("pandas", _bound_pandas)
-    png = shell.display_formatter.formatters["image/png"]
-    png.for_type_by_name("matplotlib.figure", "Figure", _figure_png)

@@ -248,7 +248,6 @@ class Executor:
         self.outputs = rich.Outputs(lambda: self.position(job), cap, job if live is not None else None)
         if self.shell is not None:
             self.shell.outputs = self.outputs
-        self.figures.outputs = self.outputs
         # What the code's threads printed between executions went to /dev/null, as it always has,
         # not into this execution's output.
         with self.streams.lock:
@@ -298,12 +297,8 @@ class Executor:
             # prints still in the buffers go out first, as they would at a normal exit).
             self.streams.flush(sys.stdout, sys.stderr)
             os._exit(exit_code & 0xFF)
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        if pyplot is not None and not interrupted:
-            self.figures.capture(pyplot, skip_saved=True)
         if self.streams.order.pending:
             self.position(job)  # the place where stdout came after stderr last, if it did
-        self.figures.outputs = None
         if self.shell is not None:
             self.shell.outputs = None
         self.job = None

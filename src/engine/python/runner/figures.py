@@ -1,67 +1,72 @@
-# Matplotlib figures an execution showed (plt.show) or left open, sent to the host as PNG.
+# Matplotlib as a notebook has it: its inline backend (matplotlib-inline, the package ipykernel
+# uses, from the runner's IPython set) is the backend unless the code chose one (MPLBACKEND), as
+# ipykernel makes it. So figures are shown as Jupyter shows them: as displays, by plt.show() and
+# at the end of a cell (closed then), cropped to what is drawn (`bbox_inches="tight"`), in the
+# formats `InlineBackend.figure_formats` names (`%config`, `set_matplotlib_formats`), with
+# `<Figure size 640x480 with 1 Axes>` as their text. `%matplotlib inline` is IPython's own.
+#
+# What is the sandbox's own: the PNG of each figure displayed is also kept as a figure of the
+# result (`figures/figure-N.png`, saved where the server saves files; bounded), and plt.savefig
+# leaves out a redraw that cannot change anything (below).
 
-import io
+import base64
+import os
 import sys
-import warnings
 
 from . import after_import
 
 MAX_FIGURES = 8
 MAX_FIGURES_BYTES = 16 << 20
+# The backend ipykernel sets (MPLBACKEND) for the code's matplotlib.
+INLINE = "module://matplotlib_inline.backend_inline"
 
 
 class Figures:
-    """Matplotlib figures an execution showed (plt.show) or left open, as PNG bytes."""
+    """The PNG images of the figures an execution displayed, within their bounds."""
 
     def __init__(self):
         self.captured = []
         self.size = 0
-        # The running execution's outputs (display.Outputs): a figure is also a display there.
-        self.outputs = None
 
-    def capture(self, pyplot, skip_saved=False):
-        try:
-            for number in pyplot.get_fignums():
-                if len(self.captured) >= MAX_FIGURES:
-                    break
-                figure = pyplot.figure(number)
-                if skip_saved and getattr(figure, "_sandbox_saved", False):
-                    continue  # already written to a file, which comes back as such
-                buffer = io.BytesIO()
-                figure.savefig(buffer, format="png")
-                data = buffer.getvalue()
-                if self.size + len(data) <= MAX_FIGURES_BYTES:
-                    self.captured.append(data)
-                    self.size += len(data)
-                    if self.outputs is not None:
-                        self.outputs.image(data)
-            pyplot.close("all")
-        except Exception:
-            pass
+    def note(self, png):
+        if len(self.captured) < MAX_FIGURES and self.size + len(png) <= MAX_FIGURES_BYTES:
+            self.captured.append(png)
+            self.size += len(png)
 
     def take(self):
         captured, self.captured, self.size = self.captured, [], 0
         return captured
 
 
-def patch_pyplot(figures):
-    """The hook run once matplotlib.pyplot is imported: plt.show() hands the figures to the host
-    (the Agg backend cannot show anything), figures the code saves itself are marked (they come
-    back as files, not twice), and plt.savefig skips a redraw that cannot change anything."""
+def choose_inline(matplotlib):
+    """Once matplotlib is imported: its backend is the inline one unless the code set MPLBACKEND
+    (ipykernel sets it in its environment; here it is left unset, so that a subprocess, which
+    cannot show a figure inline, gets matplotlib's own choice: Agg, without a screen)."""
+    if "MPLBACKEND" not in os.environ:
+        matplotlib.rcParams["backend"] = INLINE
 
-    def patch(pyplot):
-        pyplot.show = lambda *args, **kwargs: figures.capture(pyplot)
-        figure_class = sys.modules["matplotlib.figure"].Figure
-        savefig = figure_class.savefig
 
-        def marking_savefig(self, *args, **kwargs):
-            self._sandbox_saved = True
-            return savefig(self, *args, **kwargs)
+def noting_figures(formatter, figures):
+    """Wraps IPython's display formatter: the PNG a matplotlib Figure is shown as is kept too."""
+    original = formatter.format
 
-        figure_class.savefig = marking_savefig
-        pyplot.savefig = without_redundant_redraw(pyplot, pyplot.savefig)
+    def format(obj, include=None, exclude=None):
+        data, metadata = original(obj, include=include, exclude=exclude)
+        try:
+            figure_class = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+            png = data.get("image/png") if isinstance(data, dict) else None
+            if figure_class is not None and isinstance(obj, figure_class) and png is not None:
+                # IPython's figure formatter gives base64 text (bytes from other formatters).
+                figures.note(png if isinstance(png, bytes) else base64.b64decode(png))
+        except Exception:
+            pass  # only a copy for the result's files: the display itself stands
+        return data, metadata
 
-    return patch
+    formatter.format = format
+
+
+def patch_pyplot(pyplot):
+    pyplot.savefig = without_redundant_redraw(pyplot, pyplot.savefig)
 
 
 # Formats the Agg canvas itself renders when it saves (no other backend's canvas is switched in).
@@ -95,8 +100,6 @@ def without_redundant_redraw(pyplot, original):
 
 
 def redraw_is_redundant(pyplot, figure, args, kwargs):
-    import os
-
     if len(args) != 1 or any(key not in INERT_KEYWORDS for key in kwargs):
         return False
     if type(figure.canvas).__name__ != "FigureCanvasAgg":
@@ -121,9 +124,11 @@ def redraw_is_redundant(pyplot, figure, args, kwargs):
     return isinstance(file_format, str) and file_format.lower() in AGG_FORMATS
 
 
-def install():
-    """Hooks matplotlib.pyplot for this process; returns the Figures its plt.show() fills."""
+def install(shell):
+    """Matplotlib's inline backend for the code; returns the Figures its displays fill."""
     figures = Figures()
-    after_import.on_import("matplotlib.pyplot", patch_pyplot(figures))
-    warnings.filterwarnings("ignore", message=".*non-interactive.*cannot be shown")
+    after_import.on_import("matplotlib", choose_inline)
+    after_import.on_import("matplotlib.pyplot", patch_pyplot)
+    if shell is not None:
+        noting_figures(shell.display_formatter, figures)
     return figures

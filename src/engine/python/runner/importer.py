@@ -6,6 +6,9 @@
 # the runner has imported from the set (IPython, traitlets, ...) stays the one in sys.modules.
 # For the runner's own import of IPython, before any code runs, the finder comes first: the
 # runner's IPython is its pinned set's, whatever IPython the image itself may have.
+#
+# Of the set's distributions' metadata, only matplotlib-inline's is found through the finder
+# (importlib.metadata): matplotlib finds its backend by the entry point that metadata declares.
 
 import os
 import sys
@@ -14,6 +17,8 @@ from importlib.machinery import PathFinder
 # Entries of a pip --target directory that are not importable names.
 NOT_MODULES = ("bin", "share", "__pycache__")
 MODULE_SUFFIXES = (".py", ".abi3.so", ".so")
+# The one distribution of the set whose metadata the code's importlib.metadata finds.
+EXPOSED = "matplotlib_inline"
 
 
 def top_level_names(directory):
@@ -49,6 +54,18 @@ class SetFinder:
         if path is not None or name not in self.names:
             return None
         return PathFinder.find_spec(name, [self.directory], target)
+
+    def find_distributions(self, context=None):
+        """importlib.metadata's question: matplotlib-inline's metadata (its entry point names the
+        `inline` backend to matplotlib), and no other of the set's."""
+        from importlib.metadata import DistributionFinder, MetadataPathFinder
+
+        name = getattr(context, "name", None)
+        if name is not None and name.lower().replace("-", "_") != EXPOSED:
+            return iter(())
+        return MetadataPathFinder.find_distributions(
+            DistributionFinder.Context(name=EXPOSED, path=[self.directory])
+        )
 
 
 def install(directory, first=False):

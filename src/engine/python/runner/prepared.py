@@ -81,19 +81,21 @@ def top_level(directory, dist_info):
 
 
 def warm_pyplot(pyplot):
-    """Draws and encodes one small figure, then closes it: the first figure of a process costs
+    """Draws and encodes one small figure outside pyplot: the first figure of a process costs
     about twice the next (fonts loaded, renderer and PNG encoder set up), and that first one would
-    otherwise be the code's. Nothing stays: figure numbers start again at 1 once all are closed."""
+    otherwise be the code's. pyplot never sees it: no figure number is taken and no backend is
+    chosen ahead (pyplot chooses the inline one at the code's first figure, as in a cold sandbox)."""
     import io
 
-    figure = pyplot.figure()
-    try:
-        axes = figure.add_subplot()
-        axes.plot([0, 1, 2], [0, 1, 0])
-        axes.set_title("warm-up")
-        figure.savefig(io.BytesIO(), format="png")
-    finally:
-        pyplot.close("all")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure()
+    canvas = FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot([0, 1, 2], [0, 1, 0])
+    axes.set_title("warm-up")
+    canvas.print_png(io.BytesIO())
 
 
 # Work done once a module is imported, so that the code's first use is not the process's first.

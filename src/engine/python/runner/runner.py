@@ -80,7 +80,7 @@ def main(start):
         ready["ipython"] = sys.modules["IPython"].__version__
     else:
         ready["ipython_error"] = why
-    executor = Executor(devnull, figures.install(), shell, why, scripts)
+    executor = Executor(devnull, figures.install(shell), shell, why, scripts)
     signal.signal(signal.SIGINT, executor.on_sigint)
     sys.argv = [""]
     pip.install_shim()

@@ -43,9 +43,11 @@ CONDA_MESSAGE = (
     "through the server's installer"
 )
 MATPLOTLIB_MESSAGE = (
-    "The sandbox shows matplotlib figures inline only: %s is ignored, figures come back as PNG "
-    "images"
+    "The sandbox has no screen: %s is ignored, figures are shown inline (matplotlib's inline "
+    "backend)"
 )
+# Matplotlib's backends that need no screen (`%matplotlib NAME` passes them to IPython).
+DRAWING_BACKENDS = ("inline", "agg", "svg", "pdf", "ps", "cairo", "template")
 # What IPython's input transformers act on (escapes and magics, help, prompts pasted with the
 # code, a cell's leading indentation or empty lines): a cell with none of it, and not a single
 # line IPython's prefilter would treat as a magic (automagic) or macro, is plain Python, and
@@ -302,12 +304,17 @@ def make_shell_class(IPython):
             return SList(text.splitlines()) if split else LSString(text)
 
         def enable_matplotlib(self, gui=None):
-            """%matplotlib: figures are always inline here (figures.py shows them once)."""
-            import matplotlib  # noqa: F401  (what %matplotlib needs; its absence is an ImportError)
-
-            if gui not in (None, "auto", "inline", "agg"):
+            """%matplotlib: IPython's own, for the inline backend and the ones that draw into
+            files; a backend that needs a screen is refused for the inline one."""
+            if gui == "auto":
+                gui = None
+            if gui is not None and gui not in DRAWING_BACKENDS:
                 print(MATPLOTLIB_MESSAGE % ("%matplotlib " + str(gui)), file=sys.stderr)
-            return "inline", "inline"
+                gui = "inline"
+            return super().enable_matplotlib(gui)
+
+        def enable_gui(self, gui=None):
+            pass  # no screen and no event loop to join: the backends above need none
 
         def pip_magic(self, line):
             """%pip: the server's installer (not the sandbox's pip, which has no network)."""
