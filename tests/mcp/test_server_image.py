@@ -92,9 +92,12 @@ async def test_hello_world_and_a_plot_through_the_server_image(tmp_path):
         plot = await client.call_tool("run_python_ephemeral", {"code": PLOT, "dependencies": ["matplotlib"]})
         assert plot.is_error is False, text_of(plot)
         assert plot.structured_content["stdout"] == "plotted\n"
-        [image] = [block for block in plot.content if block.type == "image"]
-        assert image.mime_type == "image/png"
-        assert base64.b64decode(image.data).startswith(PNG_MAGIC)
+        # The saved file, and the figure left open shown inline at the end, as Jupyter shows it.
+        images = [block for block in plot.content if block.type == "image"]
+        assert len(images) == 2, plot.content
+        for image in images:
+            assert image.mime_type == "image/png"
+            assert base64.b64decode(image.data).startswith(PNG_MAGIC)
         [saved] = [f for f in plot.structured_content["files"] if f["path"] == "plot.png"]
         assert saved["saved_to"].startswith(str(files) + "/")
         assert pathlib.Path(saved["saved_to"]).read_bytes().startswith(PNG_MAGIC)
