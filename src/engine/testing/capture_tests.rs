@@ -291,3 +291,55 @@ async fn more_than_a_pipe_holds_at_once_is_read_while_the_code_waits_on_it() {
         "the tail starts at the last line"
     );
 }
+
+#[tokio::test]
+async fn an_interrupt_while_stdout_writes_neither_repeats_nor_cuts_a_line() {
+    // The runner's stdout stack (its text object's buffer and file types) over a pipe read slowly
+    // in small pieces, so that writes block and come back partial, interrupted 200 times through
+    // the runner's own SIGINT handler while the code prints whole lines and carries on. Python's
+    // BufferedWriter takes an exception from its file as "nothing written": one raised in a method
+    // of ours after the system call wrote made the buffer write those bytes again.
+    let engine = engine();
+    let code = r#"
+import io, os, signal, sys, threading, time
+r, w = os.pipe()
+raw = type(sys.stdout.buffer.raw)(w, 'w', closefd=False)
+out = io.TextIOWrapper(type(sys.stdout.buffer)(raw, 1 << 16), encoding='utf-8')
+got = bytearray()
+def read():
+    while chunk := os.read(r, 3000):
+        got.extend(chunk)
+        time.sleep(0.0002)
+reader = threading.Thread(target=read)
+reader.start()
+def interrupt():
+    for _ in range(200):
+        time.sleep(0.003)
+        os.kill(os.getpid(), signal.SIGINT)
+interrupter = threading.Thread(target=interrupt)
+interrupter.start()
+interrupted = 0
+while True:
+    try:
+        while interrupter.is_alive():
+            out.write('x' * 1000 + '\n')
+        # The last interrupt is sent before the thread ends: it lands by the end of the sleep.
+        interrupter.join()
+        time.sleep(0.05)
+        break
+    except KeyboardInterrupt:
+        interrupted += 1
+out.flush()
+os.close(w)
+reader.join()
+lines = bytes(got).split(b'\n')
+print(interrupted, 'interrupts', len(lines) - 1, 'lines', sum(len(l) != 1000 for l in lines[:-1]), 'cut or repeated')
+"#;
+    let execution = run(&engine, code).await;
+    let text = String::from_utf8_lossy(&execution.stdout);
+    assert!(execution.succeeded(), "{execution:?}");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let interrupts: usize = words[0].parse().expect("a count");
+    assert!(interrupts > 100, "{text}");
+    assert!(text.trim_end().ends_with(" 0 cut or repeated"), "{text}");
+}

@@ -18,12 +18,19 @@
 # The order across the two streams: stdout and stderr are two pipes, so what was read of each
 # does not say which came first. The place where the code went from stderr back to stdout is
 # recorded (display.py, `Outputs.switched`): the stderr text up to there came before the stdout
-# text from there, as a Jupyter kernel shows it. stdout stays Python's own object (a method of
-# ours on it made print() 5x slower); its file counts the bytes it is given at each flush. A
-# write to stderr first flushes stdout and, when stdout was written since the last stderr write,
-# records that place (one look at the pipes per change of stream; under gVisor a look per write
-# made a loop of warnings 12x slower). An output, and the end of the execution, settle the same
-# way (`Order.settle`).
+# text from there, as a Jupyter kernel shows it. stdout stays Python's own text object (a method of
+# ours on it made print() 5x slower); its buffer counts the bytes it is given (a chunk of about
+# 8 KiB at a time, or at a flush). A write to stderr first flushes stdout and, when stdout was
+# written since the last stderr write, records that place (one look at the pipes per change of
+# stream; under gVisor a look per write made a loop of warnings 12x slower). An output, and the
+# end of the execution, settle the same way (`Order.settle`).
+#
+# The count is kept by the buffer, not by the file under it: Python's BufferedWriter takes an
+# exception from its file's write as "nothing written", and an interrupt (KeyboardInterrupt) can
+# be raised in a method of ours just after the system call wrote: the buffer then wrote the same
+# bytes again at its next flush. Between the text object and the buffer, an exception after the
+# buffer took the bytes loses nothing and repeats nothing (the text object has handed them over);
+# the count then misses that chunk, which only moves the place recorded for that interrupted cell.
 
 import io
 import os
@@ -36,24 +43,28 @@ IDLE_TICKS = 50
 BUFFER_SIZE = 1 << 16
 
 
-def _buffered(fd, like, line_buffering, kind=io.TextIOWrapper, raw=None):
-    raw = raw or io.FileIO(fd, "w", closefd=False)
+def _buffered(fd, like, line_buffering, kind=io.TextIOWrapper, buffer=io.BufferedWriter):
     return kind(
-        io.BufferedWriter(raw, BUFFER_SIZE),
+        buffer(io.FileIO(fd, "w", closefd=False), BUFFER_SIZE),
         encoding=getattr(like, "encoding", None) or "utf-8",
         errors=getattr(like, "errors", None) or "strict",
         line_buffering=line_buffering,
     )
 
 
-class CountingFile(io.FileIO):
-    """stdout's file: counts what it is given (whole buffers, at each flush)."""
+class CountingBuffer(io.BufferedWriter):
+    """stdout's buffer: counts the bytes it is given."""
 
     count = 0
 
+    def __init__(self, raw, size):
+        super().__init__(raw, size)
+        # Threads that print at once would lose an increment between reading and storing it.
+        self.count_lock = threading.Lock()
+
     def write(self, data):
         written = super().write(data)
-        if written:
+        with self.count_lock:
             self.count += written
         return written
 
@@ -61,8 +72,9 @@ class CountingFile(io.FileIO):
 class Order:
     """Where the code last wrote to stderr, for the place where it goes back to stdout."""
 
-    def __init__(self, stdout_file):
-        self.stdout_file = stdout_file
+    def __init__(self):
+        # stdout's buffer (a CountingBuffer), set by Streams.
+        self.stdout_buffer = None
         # stderr was written since the last place recorded (or output taken), when stdout's file
         # had been given `stdout_count` bytes.
         self.pending = False
@@ -78,19 +90,19 @@ class Order:
         except Exception:
             pass
         look = self.look
-        if look is not None and self.pending and self.stdout_file.count != self.stdout_count:
+        if look is not None and self.pending and self.stdout_buffer.count != self.stdout_count:
             look()
 
     def after_stderr(self):
         self.pending = True
-        self.stdout_count = self.stdout_file.count
+        self.stdout_count = self.stdout_buffer.count
 
     def settle(self, at, record):
         """The streams are at `at` (both flushed): if stdout was written since the last stderr
         write, `record` gets the place in between: stdout's position then, stderr's now."""
         if self.pending:
             self.pending = False
-            since = self.stdout_file.count - self.stdout_count
+            since = self.stdout_buffer.count - self.stdout_count
             if since:
                 record([max(0, at[0] - since), at[1]])
 
@@ -121,8 +133,7 @@ class Streams:
     it writes into a full pipe that only the capture thread empties."""
 
     def __init__(self):
-        self.stdout_file = CountingFile(1, "w", closefd=False)
-        self.order = Order(self.stdout_file)
+        self.order = Order()
         self.stdout = self._stdout(sys.stdout)
         self.stderr = self._stderr(sys.stderr)
         # Held while this runner flushes, and taken before a fork: a child is never forked while
@@ -147,8 +158,11 @@ class Streams:
         sys.addaudithook(self._audit)
         threading.Thread(target=self._loop, name="flush", daemon=True).start()
 
-    def _stdout(self, like):
-        return _buffered(1, like, line_buffering=False, raw=self.stdout_file)
+    def _stdout(self, like, count=0):
+        stream = _buffered(1, like, line_buffering=False, buffer=CountingBuffer)
+        stream.buffer.count = count
+        self.order.stdout_buffer = stream.buffer
+        return stream
 
     def _stderr(self, like):
         stream = _buffered(2, like, line_buffering=True, kind=OrderedStderr)
@@ -160,11 +174,8 @@ class Streams:
         """Makes them the code's sys.stdout and sys.stderr again (the code may have replaced them),
         new ones in place of any the code closed (which would fail every later print)."""
         if self.stdout.closed:
-            # Closing it closed its file too: a new one, counting on.
-            count = self.stdout_file.count
-            self.stdout_file = self.order.stdout_file = CountingFile(1, "w", closefd=False)
-            self.stdout_file.count = count
-            self.stdout = self._stdout(self.stdout)
+            # A new one, counting on.
+            self.stdout = self._stdout(self.stdout, self.order.stdout_buffer.count)
             self.stderr.stdout = self.stdout
         if self.stderr.closed:
             self.stderr = self._stderr(self.stderr)
@@ -241,6 +252,8 @@ class Streams:
         self.lock = threading.Lock()
         self.held_for_fork = False
         self.running = False  # the flushing thread does not exist in the child
+        # A thread of the parent may have held it at the fork.
+        self.order.stdout_buffer.count_lock = threading.Lock()
         self.tick = None
         self.order.look = None  # what the child writes is not captured
 
