@@ -313,6 +313,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Creates (but does not start) a sandbox.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError>;
 
+    /// Whether a [`create`](Backend::create) was dropped before the platform answered it (a call
+    /// cancelled, a refill stopped at shutdown): the platform may still carry it out, so a
+    /// sandbox of this server can appear after its last look. The server then leaves the final
+    /// sweep to its warden, which looks until the platform has been quiet for a while.
+    fn abandoned_a_create(&self) -> bool {
+        false
+    }
+
     /// The memory a running sandbox uses now, as the platform measures it (never the sandbox's
     /// own word): what the warm pool counts against `SANDBOX_POOL_MAX_MEMORY`. `None` when the
     /// platform does not say.

@@ -48,6 +48,26 @@ pub struct DockerBackend {
     /// On Podman, each sandbox's own tmpfs volumes, by container id: a sandbox the engine removed
     /// by itself (auto-removal) can no longer be asked for them, and they must go too.
     podman_volumes: std::sync::Mutex<HashMap<String, Vec<String>>>,
+    /// A create was dropped before the engine answered it (see `Backend::abandoned_a_create`).
+    abandoned_create: std::sync::atomic::AtomicBool,
+}
+
+/// A request under way: dropped before [`Unanswered::answered`], it marks its flag (the engine may
+/// still carry the request out).
+struct Unanswered<'a>(Option<&'a std::sync::atomic::AtomicBool>);
+
+impl Unanswered<'_> {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0 {
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl Default for DockerBackend {
@@ -57,6 +77,56 @@ impl Default for DockerBackend {
 }
 
 impl DockerBackend {
+    /// Creates a container of `spec` (and, on Podman, its tmpfs volumes first).
+    async fn create_container(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
+        let docker = self.client().await?;
+        self.deaths.watch(&docker).await;
+        let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
+        let mut body = Self::container_body(spec);
+        let mut own_volumes = Vec::new();
+        if self.is_podman(&docker).await? {
+            for volume in podman_tmpfs_volumes(&mut body, &name) {
+                let volume_name = volume.name.clone().unwrap_or_default();
+                let created = create_volume_if_missing(&docker, volume).await;
+                if volume_name.starts_with(&name) {
+                    own_volumes.push(volume_name);
+                }
+                if let Err(e) = created {
+                    remove_volumes(&docker, &own_volumes).await;
+                    return Err(e);
+                }
+            }
+        }
+        let options = CreateContainerOptions {
+            name: Some(name),
+            ..Default::default()
+        };
+        let created = docker.create_container(Some(options), body).await;
+        if created.is_err() {
+            remove_volumes(&docker, &own_volumes).await;
+        }
+        match created {
+            Ok(created) => {
+                if !own_volumes.is_empty() {
+                    self.podman_volumes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(created.id.clone(), own_volumes);
+                }
+                Ok(SandboxId(created.id))
+            }
+            Err(e) if status_of(&e) == Some(404) => {
+                // The image vanished since it was checked.
+                self.ready_images.lock().await.retain(|i| i != &spec.image);
+                Err(BackendError::ImageMissing {
+                    image: spec.image.clone(),
+                    hint: image::missing_hint(&spec.image),
+                })
+            }
+            Err(e) => Err(classify(e)),
+        }
+    }
+
     /// One sample of a container's stats (`None` when the engine sent none).
     async fn stats_sample(
         &self,
@@ -82,6 +152,7 @@ impl DockerBackend {
             podman: tokio::sync::OnceCell::new(),
             deaths: Default::default(),
             podman_volumes: Default::default(),
+            abandoned_create: Default::default(),
         }
     }
 
@@ -816,52 +887,15 @@ impl Backend for DockerBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxId, BackendError> {
-        let docker = self.client().await?;
-        self.deaths.watch(&docker).await;
-        let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
-        let mut body = Self::container_body(spec);
-        let mut own_volumes = Vec::new();
-        if self.is_podman(&docker).await? {
-            for volume in podman_tmpfs_volumes(&mut body, &name) {
-                let volume_name = volume.name.clone().unwrap_or_default();
-                let created = create_volume_if_missing(&docker, volume).await;
-                if volume_name.starts_with(&name) {
-                    own_volumes.push(volume_name);
-                }
-                if let Err(e) = created {
-                    remove_volumes(&docker, &own_volumes).await;
-                    return Err(e);
-                }
-            }
-        }
-        let options = CreateContainerOptions {
-            name: Some(name),
-            ..Default::default()
-        };
-        let created = docker.create_container(Some(options), body).await;
-        if created.is_err() {
-            remove_volumes(&docker, &own_volumes).await;
-        }
-        match created {
-            Ok(created) => {
-                if !own_volumes.is_empty() {
-                    self.podman_volumes
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(created.id.clone(), own_volumes);
-                }
-                Ok(SandboxId(created.id))
-            }
-            Err(e) if status_of(&e) == Some(404) => {
-                // The image vanished since it was checked.
-                self.ready_images.lock().await.retain(|i| i != &spec.image);
-                Err(BackendError::ImageMissing {
-                    image: spec.image.clone(),
-                    hint: image::missing_hint(&spec.image),
-                })
-            }
-            Err(e) => Err(classify(e)),
-        }
+        let unanswered = Unanswered(Some(&self.abandoned_create));
+        let created = self.create_container(spec).await;
+        unanswered.answered();
+        created
+    }
+
+    fn abandoned_a_create(&self) -> bool {
+        self.abandoned_create
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn start(&self, id: &SandboxId) -> Result<RunnerStreams, BackendError> {

@@ -161,7 +161,8 @@ impl Engine {
     /// flight), all at once, first: an MCP client gives a closing server two seconds before it
     /// signals it (and the sandboxes end themselves once the server is gone, see
     /// `python/runner/supervisor.py`, should it be killed before this is done). True when the
-    /// engine listed nothing of this instance at the end.
+    /// engine listed nothing of this instance at the end and no create was left unanswered (one
+    /// the engine may still carry out: the warden then looks until the engine is quiet).
     pub async fn shutdown(&self) -> bool {
         self.closing.cancel();
         let idle: Vec<_> = self
@@ -190,10 +191,19 @@ impl Engine {
                 .is_err()
             {
                 refill.abort();
+                // Dropped once this returns: a create it had under way counts as abandoned.
+                let _ = refill.await;
             }
         }
         self.settle().await;
-        let clean = self.sweep().await;
+        let mut clean = self.sweep().await;
+        if clean && self.backend.abandoned_a_create() {
+            tracing::info!(
+                "a sandbox create was cancelled before the engine answered it: the warden looks \
+                 for a sandbox that may still appear"
+            );
+            clean = false;
+        }
         self.stop_egress().await;
         remove_unused_storage(self.backend.as_ref(), &self.owner.instance).await;
         sessions::forget(sessions);
