@@ -558,10 +558,16 @@ pub struct RawLiveOutput {
     pub stdout_skipped: u64,
     #[serde(default)]
     pub stderr_skipped: u64,
+    /// The text of both streams in the order the code wrote it: `[stream, bytes]` pieces (0
+    /// stdout, 1 stderr) covering each stream's text once; none: stdout's, then stderr's.
+    #[serde(default, deserialize_with = "at_most::<_, _, MAX_LIVE_PIECES>")]
+    pub order: Vec<[u64; 2]>,
 }
 
 /// The most of each stream one live output message passes on (the runner sends 2 KiB).
 pub const MAX_LIVE_BYTES: usize = 4096;
+/// The most pieces a live output message's order has (the runner sends 64 at most).
+pub const MAX_LIVE_PIECES: usize = 64;
 
 /// Output of a live execution so far, decoded and bounded: text is lossily UTF-8, at most
 /// [`MAX_LIVE_BYTES`] of each stream (the latest).
@@ -574,6 +580,75 @@ pub struct LiveOutput {
     /// Bytes of each stream written meanwhile but not in the text (the runner's and this bound's).
     pub stdout_skipped: u64,
     pub stderr_skipped: u64,
+    /// The two texts' pieces in the order the code wrote them, as byte lengths of `stdout` and
+    /// `stderr` (see [`LiveOutput::in_order`]); empty: stdout's text, then stderr's.
+    pub order: Vec<(StreamName, usize)>,
+}
+
+impl LiveOutput {
+    /// Both streams' text in the order the code wrote it: `order`'s pieces when they cover each
+    /// text exactly, at characters' starts; else stdout's text, then stderr's.
+    pub fn in_order(&self) -> Vec<(StreamName, &str)> {
+        let mut pieces = Vec::with_capacity(self.order.len());
+        let mut at = [0usize; 2];
+        for &(stream, size) in &self.order {
+            let (text, at) = match stream {
+                StreamName::Stdout => (&self.stdout, &mut at[0]),
+                StreamName::Stderr => (&self.stderr, &mut at[1]),
+            };
+            match at
+                .checked_add(size)
+                .and_then(|end| Some((end, text.get(*at..end)?)))
+            {
+                Some((end, piece)) => {
+                    *at = end;
+                    pieces.push((stream, piece));
+                }
+                None => break,
+            }
+        }
+        if self.order.is_empty()
+            || pieces.len() != self.order.len()
+            || at != [self.stdout.len(), self.stderr.len()]
+        {
+            pieces = vec![
+                (StreamName::Stdout, self.stdout.as_str()),
+                (StreamName::Stderr, self.stderr.as_str()),
+            ];
+        }
+        pieces.retain(|(_, text)| !text.is_empty());
+        pieces
+    }
+
+    /// The same output with each piece of its text replaced by what `f` makes of it, in order
+    /// (what a redaction that holds text back moves stays in its stream).
+    pub fn map_text(self, mut f: impl FnMut(StreamName, &str) -> String) -> LiveOutput {
+        let mut mapped = LiveOutput {
+            cleared: self.cleared,
+            stdout_skipped: self.stdout_skipped,
+            stderr_skipped: self.stderr_skipped,
+            ..LiveOutput::default()
+        };
+        for (stream, piece) in self.in_order() {
+            mapped.push(stream, &f(stream, piece));
+        }
+        mapped
+    }
+
+    /// `text` written to `stream` after what is there.
+    fn push(&mut self, stream: StreamName, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        match stream {
+            StreamName::Stdout => self.stdout.push_str(text),
+            StreamName::Stderr => self.stderr.push_str(text),
+        }
+        match self.order.last_mut() {
+            Some((last, size)) if *last == stream => *size += text.len(),
+            _ => self.order.push((stream, text.len())),
+        }
+    }
 }
 
 impl RawLiveOutput {
@@ -581,44 +656,81 @@ impl RawLiveOutput {
     /// are decoded (the base64 is cut from its end first, so a long one costs no more), and a
     /// character cut at the start is dropped. Base64 that does not decode counts as skipped.
     pub fn decode(&self) -> LiveOutput {
-        fn tail(b64: &str, skipped: u64) -> (String, u64) {
+        // The bytes of the latest of a stream's text, the bytes cut from its front, the skipped.
+        fn tail(b64: &str, skipped: u64) -> (Vec<u8>, u64, u64) {
             // Base64's 4-character groups from the end decode on their own.
             let groups = MAX_LIVE_BYTES.div_ceil(3) * 4;
             let start = b64.len().saturating_sub(groups);
             let start = start + (b64.len() - start) % 4;
-            let mut skipped = skipped.saturating_add((start / 4 * 3) as u64);
+            let mut cut = (start / 4 * 3) as u64;
             let Some(Ok(mut bytes)) = b64
                 .get(start..)
                 .map(|b| base64::engine::general_purpose::STANDARD.decode(b))
             else {
-                return (
-                    String::new(),
-                    skipped.saturating_add((b64.len() / 4 * 3) as u64),
-                );
+                let lost = (b64.len() / 4 * 3) as u64;
+                return (Vec::new(), lost, skipped.saturating_add(lost));
             };
             if bytes.len() > MAX_LIVE_BYTES {
                 let over = bytes.len() - MAX_LIVE_BYTES;
                 bytes.drain(..over);
-                skipped = skipped.saturating_add(over as u64);
+                cut += over as u64;
             }
             // UTF-8 continuation bytes at the start are the rest of a character cut off.
-            let cut = bytes
+            let partial = bytes
                 .iter()
                 .take(3)
                 .take_while(|b| (**b & 0xC0) == 0x80)
                 .count();
-            let text = String::from_utf8_lossy(&bytes[cut..]).into_owned();
-            (text, skipped.saturating_add(cut as u64))
+            bytes.drain(..partial);
+            cut += partial as u64;
+            (bytes, cut, skipped.saturating_add(cut))
         }
-        let (stdout, stdout_skipped) = tail(&self.stdout, self.stdout_skipped);
-        let (stderr, stderr_skipped) = tail(&self.stderr, self.stderr_skipped);
-        LiveOutput {
+        let (stdout, stdout_cut, stdout_skipped) = tail(&self.stdout, self.stdout_skipped);
+        let (stderr, stderr_cut, stderr_skipped) = tail(&self.stderr, self.stderr_skipped);
+        let mut live = LiveOutput {
             cleared: self.cleared,
-            stdout,
-            stderr,
             stdout_skipped,
             stderr_skipped,
+            ..LiveOutput::default()
+        };
+        let texts = [
+            (StreamName::Stdout, stdout, stdout_cut),
+            (StreamName::Stderr, stderr, stderr_cut),
+        ];
+        // The runner's pieces, when they cover its texts exactly: each decoded on its own (what
+        // was cut from a text's front is taken from its first pieces).
+        let sums = self
+            .order
+            .iter()
+            .fold([0u64; 2], |mut sums, &[stream, size]| {
+                if let Some(sum) = sums.get_mut(stream as usize) {
+                    *sum = sum.saturating_add(size);
+                } else {
+                    sums = [u64::MAX; 2];
+                }
+                sums
+            });
+        let whole = texts
+            .each_ref()
+            .map(|(_, bytes, cut)| cut + bytes.len() as u64);
+        if self.order.is_empty() || sums != whole {
+            for (stream, bytes, _) in &texts {
+                live.push(*stream, &String::from_utf8_lossy(bytes));
+            }
+            return live;
         }
+        let mut at = [0u64; 2];
+        for &[stream, size] in &self.order {
+            let (name, bytes, cut) = &texts[stream as usize];
+            let end = at[stream as usize] + size;
+            let from = at[stream as usize].max(*cut) - cut;
+            let to = end.max(*cut) - cut;
+            at[stream as usize] = end;
+            if let Some(piece) = bytes.get(from as usize..to as usize) {
+                live.push(*name, &String::from_utf8_lossy(piece));
+            }
+        }
+        live
     }
 }
 
@@ -1445,9 +1557,78 @@ mod tests {
             stderr: String::new(),
             stdout_skipped: 0,
             stderr_skipped: 0,
+            order: Vec::new(),
         };
         assert_eq!(bad.decode().stdout, "");
         assert_eq!(bad.decode().stdout_skipped, 3);
+    }
+
+    #[test]
+    fn a_live_output_keeps_the_order_of_its_pieces_whatever_the_bound_cuts() {
+        let b64 = |text: &[u8]| base64::engine::general_purpose::STANDARD.encode(text);
+        let frame = |stdout: &[u8], stderr: &[u8], order: Vec<[u64; 2]>| RawLiveOutput {
+            id: 1,
+            cleared: false,
+            stdout: b64(stdout),
+            stderr: b64(stderr),
+            stdout_skipped: 0,
+            stderr_skipped: 0,
+            order,
+        };
+        let pieces = |live: &LiveOutput| -> Vec<(StreamName, String)> {
+            live.in_order()
+                .into_iter()
+                .map(|(s, t)| (s, t.to_string()))
+                .collect()
+        };
+        let live = frame(b"a\nc\n", b"b\n", vec![[0, 2], [1, 2], [0, 2]]).decode();
+        assert_eq!(
+            pieces(&live),
+            vec![
+                (StreamName::Stdout, "a\n".to_string()),
+                (StreamName::Stderr, "b\n".to_string()),
+                (StreamName::Stdout, "c\n".to_string())
+            ]
+        );
+        // Over the bound, the front of stdout goes: its first piece, and part of its second (a
+        // character cut there is dropped whole).
+        let mut stdout = vec![b'x'; 10];
+        stdout.extend(("é".repeat(MAX_LIVE_BYTES / 2 + 1) + "z").as_bytes());
+        let second = stdout.len() as u64 - 10;
+        let live = frame(&stdout, b"warn\n", vec![[0, 10], [1, 5], [0, second]]).decode();
+        let got = pieces(&live);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], (StreamName::Stderr, "warn\n".to_string()));
+        assert_eq!(got[1].0, StreamName::Stdout);
+        assert_eq!(got[1].1, "é".repeat(MAX_LIVE_BYTES / 2 - 1) + "z");
+        assert_eq!(
+            live.stdout_skipped as usize + live.stdout.len(),
+            stdout.len()
+        );
+        // Pieces that do not add up to the texts, or name no stream: stdout, then stderr.
+        for order in [
+            vec![[0, 1], [1, 2]],
+            vec![[0, 2], [2, 2]],
+            vec![[0, u64::MAX], [1, 2]],
+        ] {
+            let live = frame(b"ab", b"cd", order).decode();
+            assert_eq!(
+                pieces(&live),
+                vec![
+                    (StreamName::Stdout, "ab".to_string()),
+                    (StreamName::Stderr, "cd".to_string())
+                ]
+            );
+        }
+        // More pieces than a frame may have is a malformed frame.
+        let many: Vec<String> = (0..=MAX_LIVE_PIECES)
+            .map(|i| format!("[{}, 1]", i % 2))
+            .collect();
+        let text = format!(
+            r#"{{"type":"output","id":5,"stdout":"","stderr":"","order":[{}]}}"#,
+            many.join(",")
+        );
+        assert!(Reply::parse(text.as_bytes()).is_err());
     }
 
     #[test]

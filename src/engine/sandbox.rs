@@ -93,8 +93,10 @@ impl LiveTarget {
                 stdout.finish();
                 stderr.finish();
             }
-            live.stdout = stdout.push(&live.stdout);
-            live.stderr = stderr.push(&live.stderr);
+            live = live.map_text(|stream, text| match stream {
+                super::outcome::StreamName::Stdout => stdout.push(text),
+                super::outcome::StreamName::Stderr => stderr.push(text),
+            });
         }
         (self.sink)(live);
     }
@@ -1889,6 +1891,7 @@ mod tests {
             stderr: String::new(),
             stdout_skipped: 0,
             stderr_skipped: 0,
+            order: Vec::new(),
         };
         target.pass(&message(&format!("key: {}", &key[..9])));
         target.pass(&message(&format!("{} done sk-", &key[9..])));
@@ -1919,6 +1922,7 @@ mod tests {
             stderr: String::new(),
             stdout_skipped: 0,
             stderr_skipped: 0,
+            order: Vec::new(),
         };
         target.pass(&output(8));
         assert_eq!(passed.load(std::sync::atomic::Ordering::Relaxed), 0);
@@ -1957,6 +1961,7 @@ mod tests {
             stderr: String::new(),
             stdout_skipped: 0,
             stderr_skipped: 0,
+            order: Vec::new(),
         };
         // "YQo=" is "a\n", "Ygo=" is "b\n". One token: the clear is held back, then passed on.
         let mut one = target(1.0);

@@ -9,9 +9,11 @@
 //! engine already holds live output to a few messages a second, each bounded.
 //!
 //! Live output as the client sees it: a progress message with the latest lines the code wrote
-//! (at most [`PROGRESS_LINES`] lines and [`PROGRESS_CHARS`] characters), and one log message per
-//! stream, logger `python-code-sandbox`, data `stdout: <text>` or `stderr: <text>` with what that
-//! stream got since the previous message (at most 4 KiB; what was skipped is said first).
+//! (at most [`PROGRESS_LINES`] lines and [`PROGRESS_CHARS`] characters), and log messages,
+//! logger `python-code-sandbox`, data `stdout: <text>` or `stderr: <text>`, one for each piece of
+//! text a stream got since the previous message, in the order the code wrote them (one per stream
+//! when they took turns more than [`LOG_PIECES`] times; at most 4 KiB of each stream; what was
+//! skipped is said first).
 //!
 //! A `clear_output()` in the code clears the live view as it clears a notebook's (the runner
 //! marks the next live message `cleared`, its text only what came after; `wait=True` clears when
@@ -28,6 +30,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
 use tokio::sync::mpsc;
 
+use crate::engine::outcome::StreamName;
 use crate::engine::{LiveOutput, LiveOutputSink, ProgressSink};
 use crate::mcp::logging::RequestLog;
 
@@ -40,6 +43,8 @@ pub const PROGRESS_LINES: usize = 3;
 pub const PROGRESS_CHARS: usize = 300;
 /// What the client is shown of a clear with no text after it yet.
 pub const CLEARED: &str = "(output cleared)";
+/// The most log messages one live output gives, one a piece of text in the code's order.
+const LOG_PIECES: usize = 8;
 
 enum Notice {
     /// A step of the call ("starting the sandbox").
@@ -117,9 +122,16 @@ impl CallNotices {
     }
 }
 
-/// The progress message for live output: its latest non-blank lines (stderr's after stdout's).
+/// The progress message for live output: its latest non-blank lines, in the order the code
+/// wrote them (a piece of the other stream starts a line).
 fn latest_lines(output: &LiveOutput) -> Option<String> {
-    let text = format!("{}\n{}", output.stdout, output.stderr);
+    let mut text = String::new();
+    for (_, piece) in output.in_order() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(piece);
+    }
     let mut lines: Vec<&str> = text
         .lines()
         .rev()
@@ -140,31 +152,45 @@ fn latest_lines(output: &LiveOutput) -> Option<String> {
     })
 }
 
-/// One log message per stream that got text; a clear with no text after it is one message.
+/// One log message per piece of text, in the order the code wrote them (one per stream when
+/// the streams took turns more than [`LOG_PIECES`] times); a clear with no text after it is one
+/// message.
 fn log_messages(output: &LiveOutput) -> Vec<String> {
     let cleared = if output.cleared {
         " (output cleared)"
     } else {
         ""
     };
-    let messages: Vec<String> = [
-        ("stdout", &output.stdout, output.stdout_skipped),
-        ("stderr", &output.stderr, output.stderr_skipped),
-    ]
-    .into_iter()
-    .filter(|(_, text, _)| !text.is_empty())
-    .map(|(name, text, skipped)| {
-        let text = text.strip_suffix('\n').unwrap_or(text);
-        if skipped > 0 {
-            format!(
-                "{name}{cleared}: [{} skipped] …{text}",
-                crate::text::bytes(skipped)
-            )
-        } else {
-            format!("{name}{cleared}: {text}")
-        }
-    })
-    .collect();
+    let mut pieces = output.in_order();
+    if pieces.len() > LOG_PIECES {
+        pieces = [
+            (StreamName::Stdout, output.stdout.as_str()),
+            (StreamName::Stderr, output.stderr.as_str()),
+        ]
+        .into_iter()
+        .filter(|(_, text)| !text.is_empty())
+        .collect();
+    }
+    let mut said_skipped = [false; 2];
+    let messages: Vec<String> = pieces
+        .into_iter()
+        .map(|(stream, text)| {
+            let (skipped, said) = match stream {
+                StreamName::Stdout => (output.stdout_skipped, &mut said_skipped[0]),
+                StreamName::Stderr => (output.stderr_skipped, &mut said_skipped[1]),
+            };
+            let name = stream.as_str();
+            let text = text.strip_suffix('\n').unwrap_or(text);
+            if skipped > 0 && !std::mem::replace(said, true) {
+                format!(
+                    "{name}{cleared}: [{} skipped] …{text}",
+                    crate::text::bytes(skipped)
+                )
+            } else {
+                format!("{name}{cleared}: {text}")
+            }
+        })
+        .collect();
     if messages.is_empty() && output.cleared {
         return vec![CLEARED.to_string()];
     }
@@ -202,12 +228,79 @@ mod tests {
             stdout_skipped: 2048,
             stderr_skipped: 0,
             cleared: false,
+            order: Vec::new(),
         };
         assert_eq!(
             log_messages(&output),
             vec!["stdout: [2 KiB skipped] …step 3", "stderr: oops"]
         );
         assert!(log_messages(&LiveOutput::default()).is_empty());
+    }
+
+    #[test]
+    fn the_streams_keep_the_order_the_code_wrote_them_in() {
+        let output = LiveOutput {
+            stdout: "a\nc\n".into(),
+            stderr: "b\nd".into(),
+            stdout_skipped: 0,
+            stderr_skipped: 1024,
+            cleared: false,
+            order: vec![
+                (StreamName::Stdout, 2),
+                (StreamName::Stderr, 2),
+                (StreamName::Stdout, 2),
+                (StreamName::Stderr, 1),
+            ],
+        };
+        assert_eq!(latest_lines(&output).as_deref(), Some("b\nc\nd"));
+        assert_eq!(
+            log_messages(&output),
+            vec![
+                "stdout: a",
+                "stderr: [1 KiB skipped] …b",
+                "stdout: c",
+                "stderr: d"
+            ]
+        );
+        // Turns past LOG_PIECES: one message per stream.
+        let output = LiveOutput {
+            stdout: "o".repeat(LOG_PIECES),
+            stderr: "e".repeat(LOG_PIECES),
+            order: (0..2 * LOG_PIECES)
+                .map(|i| {
+                    (
+                        if i % 2 == 0 {
+                            StreamName::Stdout
+                        } else {
+                            StreamName::Stderr
+                        },
+                        1,
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(log_messages(&output).len(), 2);
+        // An order that does not cover the texts exactly, or cuts a character: stdout, then stderr.
+        for order in [
+            vec![(StreamName::Stderr, 1), (StreamName::Stdout, 1)],
+            vec![
+                (StreamName::Stdout, 1),
+                (StreamName::Stderr, 1),
+                (StreamName::Stdout, 1),
+            ],
+        ] {
+            let output = LiveOutput {
+                stdout: "é".into(),
+                stderr: "x".into(),
+                order,
+                ..Default::default()
+            };
+            assert_eq!(
+                output.in_order(),
+                vec![(StreamName::Stdout, "é"), (StreamName::Stderr, "x")]
+            );
+        }
     }
 
     #[test]
@@ -218,6 +311,7 @@ mod tests {
             stderr: "late\n".into(),
             stdout_skipped: 0,
             stderr_skipped: 3072,
+            order: Vec::new(),
         };
         assert_eq!(latest_lines(&output).as_deref(), Some("step 4\nlate"));
         assert_eq!(

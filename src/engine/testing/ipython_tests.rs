@@ -551,6 +551,54 @@ async fn clear_output_clears_the_live_output_too() {
 }
 
 #[tokio::test]
+async fn live_output_keeps_the_order_the_code_wrote_the_streams_in() {
+    // The streams take turns every 100 ms, so a live frame (4 a second) holds text of both, each
+    // line read before the next is written: a frame's pieces, frame after frame, are the lines in
+    // the order they were written.
+    let frames = std::sync::Arc::new(std::sync::Mutex::new(Vec::<LiveOutput>::new()));
+    let sink: LiveOutputSink = {
+        let frames = frames.clone();
+        std::sync::Arc::new(move |output: LiveOutput| {
+            if let Ok(mut frames) = frames.lock() {
+                frames.push(output);
+            }
+        })
+    };
+    let mut cells = Cells::new().await;
+    cells.options.live_output = Some(sink);
+    let code = "import sys, time\n\
+                for i in range(16):\n\
+                \x20   print(f'line {i}', file=sys.stderr if i % 3 else sys.stdout, flush=True)\n\
+                \x20   time.sleep(0.1)\n";
+    ok(&cells.run(code).await);
+    let frames = frames.lock().expect("frames").clone();
+    let mut seen = String::new();
+    for frame in &frames {
+        for (stream, text) in frame.in_order() {
+            for line in text.lines() {
+                seen.push_str(&format!("{} {line}\n", stream.as_str()));
+            }
+        }
+    }
+    let expected: String = (0..16)
+        .map(|i| {
+            format!(
+                "{} line {i}\n",
+                if i % 3 != 0 { "stderr" } else { "stdout" }
+            )
+        })
+        .collect();
+    assert_eq!(seen, expected, "{frames:?}");
+    assert!(
+        frames
+            .iter()
+            .any(|f| !f.stdout.is_empty() && !f.stderr.is_empty() && f.in_order().len() > 2),
+        "no frame had the streams take turns: {frames:?}"
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
 async fn input_raises_stdin_not_implemented_at_once() {
     let cells = Cells::new().await;
     for (code, called) in [

@@ -18,6 +18,11 @@
 # one before the job ends, so before the result. It costs nothing when not asked for, and little
 # when asked: a slice of each chunk already read.
 #
+# The two streams' text in a frame is in the order the code wrote it: the frame's `order` gives
+# its pieces, [[stream, bytes], ...] (0 stdout, 1 stderr), from the places where the code went
+# from stderr back to stdout (streams.py, display.py) and the one not yet recorded (from the
+# counts alone). At most LIVE_PIECES: text before them is skipped.
+#
 # A clear_output() changes the live view as it changes a notebook's (display.py tells this job,
 # with the stream positions of the clear): the next frame says `"cleared": true` and carries only
 # text written after the clear, and is sent even when no text came since. A clear_output(wait=True)
@@ -45,6 +50,7 @@ PIPE_BYTES = 1 << 20
 
 LIVE_BYTES = 2048
 LIVE_PER_SECOND = 4
+LIVE_PIECES = 64
 
 
 def shares(cap, a, b):
@@ -177,6 +183,8 @@ class CaptureJob:
         self.live_from = [0, 0]
         self.live_wait = None
         self.live_cleared = False
+        # () -> (the places recorded, the unsettled stdout position or None): see `live_order`.
+        self.places = None
         # The code's thread (a clear) and this job's thread (text, frames) both change the above.
         self.live_lock = threading.Lock()
         # A child the code forked has no capture thread, and may have been forked with the lock
@@ -317,6 +325,8 @@ class CaptureJob:
             if self.live_cleared:
                 frame["cleared"] = True
                 self.live_cleared = False
+            if self.live_text[0] and self.live_text[1] and self.places is not None:
+                frame["order"] = self._live_order()
             for stream, name in enumerate(("stdout", "stderr")):
                 frame[name] = base64.b64encode(bytes(self.live_text[stream])).decode("ascii")
                 frame[name + "_skipped"] = self.live_skipped[stream]
@@ -326,6 +336,21 @@ class CaptureJob:
             self.live(frame)
         except Exception:
             self.live = None
+
+    def _live_order(self):
+        """The pieces of the frame's text in the code's order (live lock held); at most
+        LIVE_PIECES, the text before them skipped."""
+        switches, unsettled = self.places()
+        ends = list(self.live_end)
+        starts = [ends[s] - len(self.live_text[s]) for s in (0, 1)]
+        marks = list(switches[-MAX_MARKS:])
+        if unsettled is not None:
+            marks.append([unsettled, ends[1]])
+        pieces = live_order(starts, ends, marks)
+        for stream, size in pieces[: max(0, len(pieces) - LIVE_PIECES)]:
+            del self.live_text[stream][:size]
+            self.live_skipped[stream] += size
+        return pieces[-LIVE_PIECES:]
 
     def position(self):
         """[stdout, stderr]: the bytes written to each stream so far, read or still in its pipe
@@ -339,6 +364,34 @@ class CaptureJob:
                 except OSError:
                     pass
             return position
+
+
+# The places a frame's order looks at: the latest ones (a frame's text is a few KiB at most).
+MAX_MARKS = 4096
+
+
+def live_order(starts, ends, marks):
+    """Each stream's text from `starts` to `ends` (stream positions) as pieces [stream, bytes] in
+    the code's order: at each mark [stdout, stderr], the stdout text before it, then the stderr
+    text before it, come before what follows (as the host places a result's text)."""
+    pieces = []
+    at = list(starts)
+
+    def take(stream, upto):
+        upto = min(upto, ends[stream])
+        if upto > at[stream]:
+            if pieces and pieces[-1][0] == stream:
+                pieces[-1][1] += upto - at[stream]
+            else:
+                pieces.append([stream, upto - at[stream]])
+            at[stream] = upto
+
+    for mark in marks:
+        take(0, mark[0])
+        take(1, mark[1])
+    take(0, ends[0])
+    take(1, ends[1])
+    return pieces
 
 
 class Capture:

@@ -246,6 +246,9 @@ class Executor:
         job = self.capture.start(out_r, err_r, cap, live)
         self.job = job
         self.outputs = rich.Outputs(lambda: self.position(job), cap, job if live is not None else None)
+        if live is not None:
+            outputs, order = self.outputs, self.streams.order
+            job.places = lambda: (outputs.switches, order.unsettled())
         if self.shell is not None:
             self.shell.outputs = self.outputs
         # What the code's threads printed between executions went to /dev/null, as it always has,

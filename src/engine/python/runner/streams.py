@@ -81,6 +81,25 @@ class Order:
         self.stdout_count = 0
         # () -> the streams' positions, which settles (the running execution's; None between).
         self.look = None
+        # stdout's count and position at the last look (or the execution's start): a count later
+        # is a position as far as only stdout's own object wrote to fd 1 since (see `unsettled`).
+        self.anchor = (0, 0)
+
+    def begin(self, look):
+        """An execution starts (its pipes at position 0)."""
+        self.pending = False
+        self.look = look
+        self.anchor = (self.stdout_buffer.count, 0)
+
+    def unsettled(self):
+        """Where the code went from stderr back to stdout since the last place recorded: stdout's
+        position then, from the counts alone (no look at the pipes), or None. Read by the capture
+        thread for live output, a moment's view; the result's places are settled exactly."""
+        stdout_count = self.stdout_count
+        if not self.pending or self.stdout_buffer.count == stdout_count:
+            return None
+        count, position = self.anchor
+        return position + max(0, stdout_count - count)
 
     def before_stderr(self, stdout):
         """A write to stderr comes: stdout's text goes first, and when stdout was written since
@@ -100,9 +119,11 @@ class Order:
     def settle(self, at, record):
         """The streams are at `at` (both flushed): if stdout was written since the last stderr
         write, `record` gets the place in between: stdout's position then, stderr's now."""
+        count = self.stdout_buffer.count
+        self.anchor = (count, at[0])
         if self.pending:
             self.pending = False
-            since = self.stdout_buffer.count - self.stdout_count
+            since = count - self.stdout_count
             if since:
                 record([max(0, at[0] - since), at[1]])
 
@@ -195,8 +216,7 @@ class Streams:
         """Code starts running: the flushing thread calls `tick`, then flushes, every FLUSH_INTERVAL
         until `stop`; `look` takes the streams' positions where the code goes from stderr back to
         stdout. Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
-        self.order.pending = False
-        self.order.look = look
+        self.order.begin(look)
         self.tick = tick
         self.running = True
         if self.sleeping:
