@@ -18,7 +18,7 @@
 
 use crate::config::secrets::Secrets;
 
-use super::displays::Output;
+use super::displays::{Output, StreamName};
 use super::outcome::Execution;
 use super::protocol::{ChangedEntry, NotSaved};
 
@@ -169,8 +169,11 @@ impl Redactor {
     /// positions into the streams (`discarded`) stay right: a mask is as long as its value.
     pub fn execution(&self, execution: &mut Execution) -> bool {
         let mut found = self.bytes(&mut execution.stdout) | self.bytes(&mut execution.stderr);
+        found |= self.stream_pieces(&mut execution.outputs);
         for output in &mut execution.outputs {
-            found |= self.output(output);
+            if !matches!(output, Output::Stream { .. }) {
+                found |= self.output(output);
+            }
         }
         if let Some(error) = &mut execution.error {
             found |= self.text(&mut error.kind) | self.text(&mut error.message);
@@ -180,6 +183,45 @@ impl Redactor {
         }
         for root in &mut execution.changes.roots {
             found |= self.changed(&mut root.entry);
+        }
+        found
+    }
+
+    /// Masks every value in the stream outputs, each stream's pieces taken together: the streams'
+    /// order cuts a stream into pieces (text of the other stream between them), and a value cut
+    /// in two is found across the cut. A mask is as long as its value and ASCII, so each piece
+    /// keeps its length and stays UTF-8.
+    fn stream_pieces(&self, outputs: &mut [Output]) -> bool {
+        let mut found = false;
+        for stream in [StreamName::Stdout, StreamName::Stderr] {
+            let mut joined = Vec::new();
+            let mut lengths = Vec::new();
+            for output in outputs.iter() {
+                if let Output::Stream { name, text } = output {
+                    if *name == stream {
+                        joined.extend_from_slice(text.as_bytes());
+                        lengths.push(text.len());
+                    }
+                }
+            }
+            if !self.bytes(&mut joined) {
+                continue;
+            }
+            found = true;
+            let mut pieces = lengths.into_iter().scan(0usize, |at, len| {
+                let piece = joined.get(*at..*at + len).unwrap_or_default();
+                *at += len;
+                Some(String::from_utf8_lossy(piece).into_owned())
+            });
+            for output in outputs.iter_mut() {
+                if let Output::Stream { name, text } = output {
+                    if *name == stream {
+                        if let Some(piece) = pieces.next() {
+                            *text = piece;
+                        }
+                    }
+                }
+            }
         }
         found
     }
@@ -387,6 +429,54 @@ mod tests {
         assert!(r.execution(&mut execution));
         assert_eq!(execution.stdout.len(), before);
         assert!(!format!("{execution:?}").contains(KEY));
+    }
+
+    #[test]
+    fn a_value_the_streams_order_cut_in_two_is_masked_in_both_pieces() {
+        use super::super::displays::StreamName;
+        let r = redactor(&[("llm", KEY)]);
+        let (head, tail) = KEY.split_at(7);
+        let stream = |name, text: &str| Output::Stream {
+            name,
+            text: text.to_string(),
+        };
+        let mut execution = Execution {
+            outputs: vec![
+                stream(StreamName::Stdout, &format!("key={head}")),
+                stream(StreamName::Stderr, "warning é\n"),
+                stream(StreamName::Stdout, &format!("{tail}\nnext\n")),
+                Output::display(vec![("text/plain".into(), "x".into())]),
+                stream(StreamName::Stderr, "é\n"),
+            ],
+            ..Default::default()
+        };
+        let lengths: Vec<usize> = execution
+            .outputs
+            .iter()
+            .map(|o| match o {
+                Output::Stream { text, .. } => text.len(),
+                _ => 0,
+            })
+            .collect();
+        assert!(r.execution(&mut execution));
+        let texts: Vec<String> = execution
+            .outputs
+            .iter()
+            .map(|o| match o {
+                Output::Stream { text, .. } => text.clone(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(texts.iter().map(String::len).collect::<Vec<_>>(), lengths);
+        assert_eq!(texts[0], "key=<redact");
+        assert!(
+            texts[2].starts_with("ed:llm>***") && texts[2].ends_with("*\nnext\n"),
+            "{texts:?}"
+        );
+        assert_eq!(
+            (texts[1].as_str(), texts[4].as_str()),
+            ("warning é\n", "é\n")
+        );
     }
 
     #[test]
