@@ -23,8 +23,10 @@ use crate::text::truncate_chars;
 /// Outputs other than streams one execution may return (the runner drops and counts the rest).
 pub const MAX_OUTPUTS: usize = 200;
 /// Places where the code went from stderr back to stdout that the runner records (past them,
-/// the text between two outputs is placed stdout's first).
-pub const MAX_STREAM_SWITCHES: usize = 2000;
+/// the text between two outputs is placed stdout's first). ipykernel, which sends each stream's
+/// text at most every 0.2 s, gives a few outputs where a loop takes turns thousands of times;
+/// here each turn is an output, a heading in what the model reads: a few hundred at most.
+pub const MAX_STREAM_SWITCHES: usize = 200;
 /// MIME types in one display's bundle, and lines of one traceback.
 pub const MAX_MIME_TYPES: usize = 32;
 pub const MAX_TRACEBACK_LINES: usize = 512;

@@ -12,8 +12,7 @@
 //! (at most [`PROGRESS_LINES`] lines and [`PROGRESS_CHARS`] characters), and log messages,
 //! logger `python-code-sandbox`, data `stdout: <text>` or `stderr: <text>`, one for each piece of
 //! text a stream got since the previous message, in the order the code wrote them (one per stream
-//! when they took turns more than [`LOG_PIECES`] times; at most 4 KiB of each stream; what was
-//! skipped is said first).
+//! past [`LOG_PIECES`] pieces; at most 4 KiB of each stream; what was skipped is said first).
 //!
 //! A `clear_output()` in the code clears the live view as it clears a notebook's (the runner
 //! marks the next live message `cleared`, its text only what came after; `wait=True` clears when
@@ -152,9 +151,8 @@ fn latest_lines(output: &LiveOutput) -> Option<String> {
     })
 }
 
-/// One log message per piece of text, in the order the code wrote them (one per stream when
-/// the streams took turns more than [`LOG_PIECES`] times); a clear with no text after it is one
-/// message.
+/// One log message per piece of text, in the order the code wrote them (one per stream past
+/// [`LOG_PIECES`] pieces); a clear with no text after it is one message.
 fn log_messages(output: &LiveOutput) -> Vec<String> {
     let cleared = if output.cleared {
         " (output cleared)"

@@ -888,6 +888,52 @@ _ = sys.stderr.write('no newline')
 }
 
 #[tokio::test]
+async fn a_subprocess_between_the_streams_neither_cuts_a_line_nor_moves_the_order() {
+    // A subprocess's bytes reach stdout's pipe without the runner's count: the place where the
+    // code went from stderr back to stdout is recorded as it starts. A stdout whose flush logs to
+    // stderr does not make a stderr write look at the pipes again and again.
+    let cells = Cells::new().await;
+    let code = "\
+import subprocess, sys
+print('A', file=sys.stderr); print('key=123456789')
+subprocess.run(['echo', '12345678'])
+print('B', file=sys.stderr)
+subprocess.run(['echo', 'after B'])
+print('C', file=sys.stderr)
+class Logged:
+    def write(self, text): return sys.__stdout__.write(text)
+    def flush(self): print('flushed', file=sys.__stderr__)
+sys.stdout = Logged()
+print('D', file=sys.__stderr__); sys.__stdout__.write('E\\n'); print('F', file=sys.__stderr__)
+sys.stdout = sys.__stdout__
+";
+    let ran = cells.run(code).await;
+    ok(&ran);
+    let shown: Vec<(&str, &str)> = ran
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Stream { name, text } => Some((name.as_str(), text.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("stderr", "A\n"),
+            ("stdout", "key=123456789\n12345678\n"),
+            ("stderr", "B\n"),
+            ("stdout", "after B\n"),
+            // The flush's own line goes with the stderr text before the place it was made for.
+            ("stderr", "C\nD\nflushed\n"),
+            ("stdout", "E\n"),
+            ("stderr", "F\n"),
+        ],
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
 async fn cells_are_named_as_ipykernel_names_them_and_the_shell_passes_for_a_kernels() {
     let cells = Cells::new().await;
     // ipykernel's name: /tmp/ipykernel_<pid>/<MurmurHash2 of the source, its seed>.py.

@@ -27,7 +27,7 @@ from . import after_import
 MAX_OUTPUTS = 200
 # Places where stdout text follows stderr text an execution records (displays.rs
 # MAX_STREAM_SWITCHES); past them, the order within each stretch between outputs is stdout's first.
-MAX_STREAM_SWITCHES = 2000
+MAX_STREAM_SWITCHES = 200
 MAX_MIME_TYPES = 32
 MAX_VALUE_BYTES = 4 << 20
 MAX_PLAIN_CHARS = 100_000

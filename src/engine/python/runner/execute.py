@@ -149,8 +149,9 @@ class Executor:
             return frozenset()
         return hidden_names(self.namespace, self.shell.user_ns_hidden)
 
-    def position(self, job):
-        """How many bytes of stdout and stderr the code has written so far, its buffers flushed."""
+    def position(self, job, spawning=False):
+        """How many bytes of stdout and stderr the code has written so far, its buffers flushed
+        (`spawning`: another program is about to write to them, see streams.Order.settle)."""
         if current_pid() != self.pid:
             # A child the code forked: its outputs never reach the host, and the capture thread's
             # lock may have been held at the fork, forever in this process.
@@ -158,7 +159,7 @@ class Executor:
         self.streams.flush(sys.stdout, sys.stderr)
         at = job.position()
         if self.outputs is not None:
-            self.streams.order.settle(at, self.outputs.switched)
+            self.streams.order.settle(at, self.outputs.switched, spawning)
         return at
 
     def record_traceback(self, etype, evalue, stb, text):
@@ -259,7 +260,7 @@ class Executor:
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
-        self.streams.start(lambda: self.capture.hand_over(job), lambda: self.position(job))
+        self.streams.start(lambda: self.capture.hand_over(job), lambda spawning=False: self.position(job, spawning))
         exit_code = 0
         interrupted = False
         error = None

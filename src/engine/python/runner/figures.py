@@ -16,6 +16,7 @@ import sys
 from . import after_import
 
 MAX_FIGURES = 8
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_FIGURES_BYTES = 16 << 20
 # The backend ipykernel sets (MPLBACKEND) for the code's matplotlib.
 INLINE = "module://matplotlib_inline.backend_inline"
@@ -56,8 +57,11 @@ def noting_figures(formatter, figures):
             figure_class = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
             png = data.get("image/png") if isinstance(data, dict) else None
             if figure_class is not None and isinstance(obj, figure_class) and png is not None:
-                # IPython's figure formatter gives base64 text (bytes from other formatters).
-                figures.note(png if isinstance(png, bytes) else base64.b64decode(png))
+                # IPython's figure formatter gives base64 text (bytes from other formatters); a
+                # formatter of the code's may give anything: only a PNG is kept as a figure.
+                png = png if isinstance(png, bytes) else base64.b64decode(png)
+                if png.startswith(PNG_SIGNATURE):
+                    figures.note(png)
         except Exception:
             pass  # only a copy for the result's files: the display itself stands
         return data, metadata

@@ -84,11 +84,13 @@ class Order:
         # stdout's count and position at the last look (or the execution's start): a count later
         # is a position as far as only stdout's own object wrote to fd 1 since (see `unsettled`).
         self.anchor = (0, 0)
+        self.looking = False
 
     def begin(self, look):
         """An execution starts (its pipes at position 0)."""
         self.pending = False
         self.look = look
+        self.looking = False
         self.anchor = (self.stdout_buffer.count, 0)
 
     def unsettled(self):
@@ -108,24 +110,46 @@ class Order:
             stdout.flush()
         except Exception:
             pass
+        if self.pending and self.stdout_buffer.count != self.stdout_count:
+            self._look(False)
+
+    def _look(self, spawning):
+        """Takes the streams' positions (the running execution's), once at a time: the look
+        flushes the code's own sys.stdout, which may write to stderr (a logger as stdout)."""
         look = self.look
-        if look is not None and self.pending and self.stdout_buffer.count != self.stdout_count:
-            look()
+        if look is None or self.looking:
+            return
+        self.looking = True
+        try:
+            look(spawning)
+        finally:
+            self.looking = False
 
     def after_stderr(self):
+        if self.looking:
+            return  # written by the look's own flush: the place being recorded comes first
         self.pending = True
         self.stdout_count = self.stdout_buffer.count
 
-    def settle(self, at, record):
+    def settle(self, at, record, spawning=False):
         """The streams are at `at` (both flushed): if stdout was written since the last stderr
-        write, `record` gets the place in between: stdout's position then, stderr's now."""
+        write, `record` gets the place in between: stdout's position then, stderr's now. When
+        another program is about to write to the pipes (`spawning`), the place is recorded even
+        with no stdout text since: what it writes comes after that stderr text."""
         count = self.stdout_buffer.count
         self.anchor = (count, at[0])
         if self.pending:
             self.pending = False
             since = count - self.stdout_count
-            if since:
+            if since or spawning:
                 record([max(0, at[0] - since), at[1]])
+
+    def before_spawn(self):
+        """Another program starts on the pipes (the streams are flushed): the place where the code
+        last went from stderr to stdout is recorded now, before that program's bytes can move
+        the stdout position it is worked out from."""
+        if self.pending:
+            self._look(True)
 
 
 class OrderedStderr(io.TextIOWrapper):
@@ -214,8 +238,8 @@ class Streams:
 
     def start(self, tick=None, look=None):
         """Code starts running: the flushing thread calls `tick`, then flushes, every FLUSH_INTERVAL
-        until `stop`; `look` takes the streams' positions where the code goes from stderr back to
-        stdout. Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
+        until `stop`; `look(spawning=False)` takes the streams' positions where the code goes from
+        stderr back to stdout (see Order.settle). Nothing wakes this thread here unless it sleeps (IDLE_TICKS unused ones)."""
         self.order.begin(look)
         self.tick = tick
         self.running = True
@@ -282,6 +306,7 @@ class Streams:
         # audited event, so the test comes first and costs a set lookup.
         if event in SPAWN_EVENTS:
             self.flush(sys.stdout, sys.stderr)
+            self.order.before_spawn()
 
 
 SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec"})
