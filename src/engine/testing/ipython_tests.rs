@@ -743,6 +743,13 @@ async fn system_exit_is_an_error_as_ipykernel_shows_it_and_an_ephemeral_run_coun
                 .all(|o| !matches!(o, Output::Error { .. }))
     );
     assert_eq!(stderr(&quit), "");
+    // A status past 64 bits is Python's own exit's: -1; the session goes on.
+    let huge = cells.run("exit(2**64)").await;
+    assert_eq!(huge.exit_code, -1, "{huge:?}");
+    assert_eq!(
+        stdout(&cells.run("print('still here')").await),
+        "still here\n"
+    );
     // A program (the CLI's `run`) ends with its status only, as `python FILE` does.
     let program = within(
         LIMIT,

@@ -69,7 +69,8 @@ def exit_status_of(exc, show=True):
     if isinstance(code, bool):
         return int(code)
     if isinstance(code, int):
-        return code
+        # Beyond a C long Python's own exit gives -1 (status 255); the result carries a 64-bit one.
+        return code if -(1 << 63) <= code < (1 << 63) else -1
     if show:
         print(code, file=sys.stderr)
     return 1
