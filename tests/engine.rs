@@ -1007,6 +1007,29 @@ async fn files_copy_in_and_out_of_a_session() {
     assert_nothing_left(&engine).await;
 }
 
+/// A spec of the engine's image with nothing else (no mounts, no network of its own): a
+/// container the tests create through the backend directly.
+fn bare_spec(engine: &Engine, labels: BTreeMap<String, String>) -> SandboxSpec {
+    SandboxSpec {
+        image: engine.config().image.clone(),
+        limits: engine.config().limits.clone(),
+        network: engine.config().network,
+        ca_bundle: None,
+        mounts: Vec::new(),
+        volumes: Vec::new(),
+        runtime: None,
+        command: bootstrap_command(),
+        labels,
+        network_name: None,
+        env: Vec::new(),
+        maintenance: false,
+        open_files: None,
+        user: None,
+        roots: None,
+        no_forwarding: false,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_cancelled_before_the_engine_answers_leaves_the_last_look_to_the_warden() {
     // A create dropped before the engine's answer (a cancelled call, a refill stopped at shutdown)
@@ -1019,24 +1042,7 @@ async fn a_create_cancelled_before_the_engine_answers_leaves_the_last_look_to_th
     let backend = std::sync::Arc::new(DockerBackend::new());
     let engine = Engine::new(backend.clone(), common::test_config());
     let instance = engine.owner().instance.clone();
-    let spec = SandboxSpec {
-        image: engine.config().image.clone(),
-        limits: engine.config().limits.clone(),
-        network: engine.config().network,
-        ca_bundle: None,
-        mounts: Vec::new(),
-        volumes: Vec::new(),
-        runtime: None,
-        command: bootstrap_command(),
-        labels: engine.owner().labels("session"),
-        network_name: None,
-        env: Vec::new(),
-        maintenance: false,
-        open_files: None,
-        user: None,
-        roots: None,
-        no_forwarding: false,
-    };
+    let spec = bare_spec(&engine, engine.owner().labels("session"));
     no_hang(async {
         // Answered, created or not, a create leaves no doubt.
         backend.create(&spec).await.expect("create");
@@ -1080,24 +1086,7 @@ async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
         let mut labels: BTreeMap<String, String> = dead_owner.labels("session");
         labels.insert(LABEL_PID.into(), "4194304".into()); // above any pid_max
         labels.insert(LABEL_PID_START.into(), "1".into());
-        let spec = SandboxSpec {
-            image: engine.config().image.clone(),
-            limits: engine.config().limits.clone(),
-            network: engine.config().network,
-            ca_bundle: None,
-            mounts: Vec::new(),
-            volumes: Vec::new(),
-            runtime: None,
-            command: bootstrap_command(),
-            labels,
-            network_name: None,
-            env: Vec::new(),
-            maintenance: false,
-            open_files: None,
-            user: None,
-            roots: None,
-            no_forwarding: false,
-        };
+        let spec = bare_spec(&engine, labels);
         let dead = backend.create(&spec).await.expect("create");
         // And an installer's egress network it left.
         let network = format!("pcs-test-egress-{}", dead_owner.instance);

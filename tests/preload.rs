@@ -146,8 +146,9 @@ async fn a_prepared_sandbox_serves_only_its_set_and_carries_nothing_from_an_earl
     engine.start_pool();
     no_hang(async {
         prepared_ready(&engine, 1).await;
-        // Prepared: six is already imported (in sys.modules, not in the code's namespace).
-        // The run leaves a file, a variable and a patched module attribute behind.
+        // Prepared: six was imported ahead, out of the code's sight (neither in sys.modules nor
+        // in its namespace) until it imports it. The run leaves a file, a variable and a patched
+        // module attribute behind.
         let first = run_with(
             &engine,
             "import sys\nprint('six' in sys.modules, 'six' in globals())\n\
@@ -155,24 +156,26 @@ async fn a_prepared_sandbox_serves_only_its_set_and_carries_nothing_from_an_earl
             &["six==1.16.0"],
         )
         .await;
-        assert_eq!(text(&first.stdout), "True False\n", "{}", text(&first.stderr));
-        assert!(!first.dependencies.as_ref().expect("report").installed);
+        assert_eq!(text(&first.stdout), "False False\n", "{}", text(&first.stderr));
+        let report = first.dependencies.as_ref().expect("report");
+        assert!(!report.installed && report.prepared, "{report:?}");
 
         // The next prepared sandbox for the set is a new one: none of that is there.
         prepared_ready(&engine, 1).await;
         let second = run_with(
             &engine,
-            "import os, sys\nprint('six' in sys.modules, hasattr(sys.modules['six'], 'PATCHED'), \
+            "import os, sys, six\nprint(hasattr(six, 'PATCHED'), \
              'left' in globals(), os.path.exists('/workspace/left.txt'))",
             &["six==1.16.0"],
         )
         .await;
         assert_eq!(
             text(&second.stdout),
-            "True False False False\n",
+            "False False False\n",
             "{}",
             text(&second.stderr)
         );
+        assert!(second.dependencies.as_ref().is_some_and(|d| d.prepared));
 
         // Another set never gets the six sandbox: six is neither imported nor importable.
         let other = run_with(
@@ -219,6 +222,7 @@ async fn pool_size_zero_disables_every_pool_prepared_ones_included() {
             )
             .await;
             assert_eq!(text(&run.stdout), "False\n", "{}", text(&run.stderr));
+            assert!(run.dependencies.as_ref().is_some_and(|d| !d.prepared));
         }
         let plain = run(&engine, "print(1)").await;
         assert_eq!(text(&plain.stdout), "1\n");

@@ -8,7 +8,7 @@ use python_code_sandbox::config::Config;
 use python_code_sandbox::engine::Engine;
 use serde_json::{json, Value};
 
-use crate::client::{call, plot_server, stdout_of, Client};
+use crate::client::{call, plot_server, Client};
 use crate::measure::{ms, percentile};
 
 /// The plot prompt's series: how many calls, the pause before each with a prepared pool.
@@ -19,16 +19,13 @@ pub(crate) struct PlotOptions {
 }
 
 /// The original project's second test prompt: dependencies matplotlib and numpy, a sine wave saved
-/// to a PNG. It prints whether pyplot was already imported when it started (a prepared sandbox).
-pub(crate) const PLOT_CODE: &str = "import sys\n\
-prepared = 'matplotlib.pyplot' in sys.modules\n\
-import numpy as np\n\
+/// to a PNG. (Whether a prepared sandbox served it, the result's `dependencies.prepared` says.)
+pub(crate) const PLOT_CODE: &str = "import numpy as np\n\
 import matplotlib.pyplot as plt\n\
 x = np.linspace(0, 2 * np.pi, 200)\n\
 plt.plot(x, np.sin(x))\n\
 plt.title('Sine wave')\n\
-plt.savefig('sine.png')\n\
-print('prepared' if prepared else 'cold')\n";
+plt.savefig('sine.png')\n";
 
 /// The back-to-back bursts at default settings: calls per burst, and the pause between bursts.
 pub(crate) const BURST: usize = 50;
@@ -37,22 +34,19 @@ pub(crate) const BURST_PAUSE: Duration = Duration::from_secs(15);
 pub(crate) const PLOT_SET: &[&str] = &["matplotlib", "numpy"];
 
 /// The data-analysis call: a 100k-row frame, a group-by, a bar chart saved as PNG.
-pub(crate) const ANALYSIS_CODE: &str = "import sys\n\
-prepared = 'pandas' in sys.modules\n\
-import numpy as np\n\
+pub(crate) const ANALYSIS_CODE: &str = "import numpy as np\n\
 import pandas as pd\n\
 import matplotlib.pyplot as plt\n\
 rng = np.random.default_rng(0)\n\
 df = pd.DataFrame({'group': rng.integers(0, 10, 100_000), 'value': rng.normal(size=100_000)})\n\
 summary = df.groupby('group')['value'].agg(['mean', 'std', 'count'])\n\
 summary['mean'].plot(kind='bar')\n\
-plt.savefig('groups.png')\n\
-print('prepared' if prepared else 'cold')\n";
+plt.savefig('groups.png')\n";
 
 pub(crate) const ANALYSIS_SET: &[&str] = &["matplotlib", "pandas"];
 
 /// Runs the plot prompt `runs` times, `pause` before each; returns the durations and how many
-/// calls found pyplot already imported.
+/// calls a prepared sandbox served.
 pub(crate) async fn plot_series(
     client: &Client,
     runs: usize,
@@ -61,9 +55,8 @@ pub(crate) async fn plot_series(
     prepared_series(client, PLOT_CODE, PLOT_SET, "sine.png", runs, pause).await
 }
 
-/// Runs `code` (which prints `prepared` or `cold`) with dependencies `set` `runs` times, `pause`
-/// before each; checks that `file` came back; returns the durations and how many calls found the
-/// set's modules already imported.
+/// Runs `code` with dependencies `set` `runs` times, `pause` before each; checks that `file` came
+/// back; returns the durations and how many calls a prepared sandbox served.
 pub(crate) async fn prepared_series(
     client: &Client,
     code: &str,
@@ -80,15 +73,11 @@ pub(crate) async fn prepared_series(
         let started = Instant::now();
         let result = call(client, "run_python_ephemeral", prompt.clone()).await?;
         samples.push(started.elapsed());
-        match stdout_of(&result).trim() {
-            "prepared" => prepared += 1,
-            "cold" => {}
-            other => return Err(format!("the code printed {other:?}")),
+        let structured = result.structured_content.as_ref();
+        if structured.and_then(|s| s["dependencies"]["prepared"].as_bool()) == Some(true) {
+            prepared += 1;
         }
-        let saved = result
-            .structured_content
-            .as_ref()
-            .is_some_and(|s| s.to_string().contains(file));
+        let saved = structured.is_some_and(|s| s.to_string().contains(file));
         if !saved {
             return Err(format!("the code's {file} did not come back"));
         }

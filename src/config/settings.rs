@@ -1872,6 +1872,11 @@ mod tests {
             "set by the server in every sandbox, read by the runner there",
         ),
         (
+            "MPLBACKEND",
+            "matplotlib's own, set (or not) by the code in its sandbox, read again by the runner \
+             there as matplotlib's import reads it",
+        ),
+        (
             "PCS_IPYTHON",
             "set by the server in every code sandbox: the runner's IPython set, read by the runner",
         ),

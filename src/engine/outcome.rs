@@ -165,6 +165,9 @@ pub struct DependencyReport {
     pub path: String,
     /// An installer ran for this request (false: the cache had it).
     pub installed: bool,
+    /// The sandbox was prepared for this set before the call (its modules imported, out of the
+    /// code's sight until it imports them): what the host knows and the code cannot tell.
+    pub prepared: bool,
 }
 
 /// What came of the code's attempts to reach one host and port, in one execution.

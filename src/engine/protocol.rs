@@ -38,6 +38,7 @@ macro_rules! runner_module {
 const RUNNER_MODULES: &[(&str, &str)] = &[
     ("sandbox_runner", include_str!("python/runner/__init__.py")),
     runner_module!("after_import"),
+    runner_module!("ahead"),
     runner_module!("capture"),
     runner_module!("changes"),
     runner_module!("compiler"),

@@ -274,6 +274,9 @@ pub struct DependenciesOutput {
     pub requirements: Vec<String>,
     /// An install ran for this call (false: they came from the cache).
     pub installed: bool,
+    /// The sandbox was prepared for them before the call (their modules imported ahead, out of
+    /// the code's sight until it imports them).
+    pub prepared: bool,
 }
 
 /// A file an execution produced.
@@ -545,6 +548,7 @@ pub fn execution(
         dependencies: execution.dependencies.as_ref().map(|d| DependenciesOutput {
             requirements: d.requirements.clone(),
             installed: d.installed,
+            prepared: d.prepared,
         }),
         outputs: outputs.iter().map(OutputJson::of).collect(),
         outputs_dropped: execution.outputs_dropped,
@@ -681,6 +685,8 @@ fn summary(
     if let Some(deps) = &execution.dependencies {
         let how = if deps.installed {
             "installed for this call"
+        } else if deps.prepared {
+            "from the cache, prepared ahead"
         } else {
             "from the cache"
         };

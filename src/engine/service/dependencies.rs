@@ -58,6 +58,7 @@ impl Engine {
                     key,
                     path,
                     installed: false,
+                    prepared: false,
                 });
             }
             // Gone (evicted by another server): look again under the lock.
@@ -94,6 +95,7 @@ impl Engine {
                 key,
                 path: format!("{}/{name}", paths::DEPS),
                 installed: false,
+                prepared: false,
             });
         }
         self.dependency_set(base, &key, requirements, options, limit)
@@ -129,6 +131,7 @@ impl Engine {
             key: key.to_string(),
             path: format!("{}/{name}", paths::DEPS),
             installed,
+            prepared: false,
         };
         let total = self.deps.touch(key);
         if report.installed && total > self.config.deps.cache_max_bytes {

@@ -99,6 +99,7 @@ impl Engine {
             }
             self.deps.touch(&key);
             report.installed = false;
+            report.prepared = true;
             return Some((sandbox, report));
         }
         None

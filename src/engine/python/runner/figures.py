@@ -6,14 +6,20 @@
 # `<Figure size 640x480 with 1 Axes>` as their text. `%matplotlib inline` is IPython's own.
 #
 # What is the sandbox's own: the PNG of each figure displayed is also kept as a figure of the
-# result (`figures/figure-N.png`, saved where the server saves files; bounded), and plt.savefig
-# leaves out a redraw that cannot change anything (below).
+# result (`figures/figure-N.png`, saved where the server saves files; bounded), plt.savefig
+# leaves out a redraw that cannot change anything (below), and a script (run_python_ephemeral,
+# the CLI's `run`: a program, not a notebook's cell) does not show again at its end a figure it
+# saved to a file: that file is the figure's picture, returned once, as `python` would leave it
+# (which shows nothing at a script's end), without a second rendering of the same figure.
 
 import base64
+import functools
 import os
 import sys
+import weakref
 
 from . import after_import
+from .workspace import WORKSPACE
 
 MAX_FIGURES = 8
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -39,12 +45,34 @@ class Figures:
         return captured
 
 
+# The settings file matplotlib read at its import (for read_settings_again).
+read_at_import = []
+
+
 def choose_inline(matplotlib):
     """Once matplotlib is imported: its backend is the inline one unless the code set MPLBACKEND
     (ipykernel sets it in its environment; here it is left unset, so that a subprocess, which
     cannot show a figure inline, gets matplotlib's own choice: Agg, without a screen)."""
     if "MPLBACKEND" not in os.environ:
         matplotlib.rcParams["backend"] = INLINE
+    try:
+        read_at_import[:] = [matplotlib.matplotlib_fname()]
+    except Exception:
+        pass
+
+
+def read_settings_again(matplotlib):
+    """A matplotlib imported ahead (prepared.py), given back at the code's first import: what its
+    import reads from the process, read again as the code left it (a `matplotlibrc` in the
+    working directory or named by MATPLOTLIBRC, and MPLBACKEND), as a cold import would."""
+    try:
+        fname = matplotlib.matplotlib_fname()
+        if read_at_import and fname != read_at_import[0]:
+            matplotlib.rc_file(fname)
+        if os.environ.get("MPLBACKEND"):
+            matplotlib.rcParams["backend"] = os.environ["MPLBACKEND"]
+    except Exception:
+        pass  # an unreadable file or an unknown backend: matplotlib says so when it is used
 
 
 def noting_figures(formatter, figures):
@@ -128,11 +156,59 @@ def redraw_is_redundant(pyplot, figure, args, kwargs):
     return isinstance(file_format, str) and file_format.lower() in AGG_FORMATS
 
 
+def noting_saves(saved):
+    """A hook for matplotlib.figure: Figure.savefig (which plt.savefig calls) notes the figure
+    it saved to a file of the workspace (which comes back to the client), in `saved`, a set that
+    keeps no figure alive. A figure saved elsewhere (a buffer, /tmp) is not noted: it is shown."""
+
+    def hook(module):
+        original = module.Figure.savefig
+
+        @functools.wraps(original)
+        def savefig(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            try:
+                target = args[0] if args else kwargs.get("fname")
+                if isinstance(target, (str, os.PathLike)):
+                    path = os.path.abspath(os.fspath(target))
+                    if isinstance(path, str) and path.startswith(WORKSPACE + "/"):
+                        saved.add(self)
+            except Exception:
+                pass  # a figure of a class that cannot be noted (unhashable): it is shown
+            return result
+
+        module.Figure.savefig = savefig
+
+    return hook
+
+
+def closing_saved(shell, saved):
+    """Run after each execution, before the inline backend shows the figures still open: at the
+    end of a script, the figures it saved are closed, so that their files alone return them."""
+
+    def post_execute():
+        try:
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if shell.running_script and pyplot is not None:
+                for figure in list(saved):
+                    pyplot.close(figure)
+        except Exception:
+            pass  # then the figure is shown, as a notebook's cell would show it
+        finally:
+            saved.clear()
+
+    return post_execute
+
+
 def install(shell):
     """Matplotlib's inline backend for the code; returns the Figures its displays fill."""
     figures = Figures()
     after_import.on_import("matplotlib", choose_inline)
     after_import.on_import("matplotlib.pyplot", patch_pyplot)
+    saved = weakref.WeakSet()
+    after_import.on_import("matplotlib.figure", noting_saves(saved))
     if shell is not None:
         noting_figures(shell.display_formatter, figures)
+        # Registered before any backend: the inline one's flush comes after it.
+        shell.events.register("post_execute", closing_saved(shell, saved))
     return figures

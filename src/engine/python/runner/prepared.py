@@ -6,6 +6,9 @@ import json
 import os
 import sys
 
+# Imported by every runner, prepared or not: its presence tells nothing.
+from . import ahead, figures
+
 PREPARED = ".pcs-prepared"
 MAX_MANIFEST = 64 << 10
 MAX_FONT_CACHE = 16 << 20
@@ -96,16 +99,25 @@ def warm_pyplot(pyplot):
     axes.plot([0, 1, 2], [0, 1, 0])
     axes.set_title("warm-up")
     canvas.print_png(io.BytesIO())
+    # Pillow loads its common format plugins at its first save, once per process: left for the
+    # code's first save, as in a cold sandbox (they are hidden, and given back then).
+    image = sys.modules.get("PIL.Image")
+    if getattr(image, "_initialized", None) == 1:
+        image._initialized = 0
 
 
 # Work done once a module is imported, so that the code's first use is not the process's first.
 WARM_UPS = {"matplotlib.pyplot": warm_pyplot}
+# What a module's import reads from the process (files, the environment), read again when the
+# code imports it.
+READ_AGAIN = {"matplotlib": figures.read_settings_again}
 
 
 def preload(request):
     """Imports the top-level modules of the requested distributions, as found in the dependency
-    sets on sys.path, into sys.modules (never into the code's namespace): the code's first
-    `import` of them is then a dictionary lookup. A module that fails to import is left out."""
+    sets on sys.path (never into the code's namespace), then hides them (ahead.py): the code's
+    first `import` of one gives it back with what its cold import would have brought, without
+    running anything. A module that fails to import is left out."""
     wanted = {normalize(str(n)) for n in (request.get("distributions") or [])[:MAX_MODULES]}
     modules = []
     for directory in [p for p in sys.path if isinstance(p, str) and p.startswith(DEPS_ROOT)]:
@@ -122,17 +134,6 @@ def preload(request):
                 for module in [name] + SUBMODULES.get(name, []):
                     if module not in modules:
                         modules.append(module)
-    imported, failed = [], []
-    for module in modules[:MAX_MODULES]:
-        try:
-            loaded = importlib.import_module(module)
-            imported.append(module)
-        except BaseException:  # the package's own failure: the code will meet it, as without us
-            failed.append(module)
-            continue
-        try:
-            if module in WARM_UPS:
-                WARM_UPS[module](loaded)
-        except BaseException:
-            pass  # a warm-up is an optimisation only
+    # Out of the code's sight until it imports them (ahead.py).
+    imported, failed = ahead.import_ahead(modules[:MAX_MODULES], WARM_UPS, READ_AGAIN)
     return {"type": "preloaded", "id": request.get("id"), "imported": imported, "failed": failed}
