@@ -44,19 +44,53 @@ async def test_a_sine_plot_saved_with_savefig_comes_back_as_a_png(tmp_path):
     async with connect(SANDBOX_FILES_DIR=str(tmp_path)) as client:
         result = await client.call_tool("run_python_ephemeral", {"code": SINE_SAVEFIG, "dependencies": ["matplotlib", "numpy"]})
         assert result.is_error is False, text_of(result)
-        # The saved file, and the figure still open at the end of the cell shown inline, as
-        # Jupyter shows it.
-        assert [o["data"]["text/plain"] for o in result.structured_content["outputs"] if o["output_type"] == "display_data"] == [
-            "<Figure size 640x480 with 1 Axes>"]
-        assert len(images(result)) == 2
-        for image in images(result):
-            assert image.mime_type == "image/png"
-            assert base64.b64decode(image.data).startswith(PNG_MAGIC)
-        [saved] = [f for f in result.structured_content["files"] if f["path"] == "sine.png"]
-        assert saved["returned"] is True
+        # A script: the figure it saved comes back as its file, once (not shown again at its end).
+        assert [o for o in result.structured_content["outputs"] if o["output_type"] == "display_data"] == []
+        [image] = images(result)
+        assert image.mime_type == "image/png"
+        assert base64.b64decode(image.data).startswith(PNG_MAGIC)
+        [saved] = result.structured_content["files"]
+        assert saved["path"] == "sine.png" and saved["returned"] is True
         assert pathlib.Path(saved["saved_to"]).read_bytes().startswith(PNG_MAGIC)
         assert saved["saved_to"].startswith(str(tmp_path))
         assert "sine.png" in text_of(result)
+
+
+# A figure shown, then one saved (plt.savefig), one saved through its Figure, one left open unsaved,
+# one saved to a buffer (which does not come back).
+SAVED_AND_OPEN = """
+import io
+import matplotlib.pyplot as plt
+plt.figure(); plt.plot([0, 2]); plt.show()
+plt.plot([0, 1]); plt.savefig('a.png')
+fig, ax = plt.subplots(); ax.plot([1, 0]); fig.savefig('b.png')
+plt.figure(); plt.plot([2, 2])
+plt.figure(); plt.plot([3, 3]); plt.savefig(io.BytesIO(), format='png')
+"""
+
+
+def shown(result):
+    return [o["data"]["text/plain"] for o in result.structured_content["outputs"] if o["output_type"] == "display_data"]
+
+
+async def test_a_script_shows_at_its_end_only_the_figures_it_did_not_save():
+    async with connect(SANDBOX_FILES_DIR="") as client:
+        script = await client.call_tool("run_python_ephemeral", {"code": SAVED_AND_OPEN, "dependencies": ["matplotlib"]})
+        assert script.is_error is False, text_of(script)
+        # plt.show()'s figure, then the one left open unsaved and the one saved to a buffer; those
+        # saved to files come back as files.
+        assert shown(script) == ["<Figure size 640x480 with 1 Axes>"] * 3, script.structured_content["outputs"]
+        assert sorted(f["path"] for f in script.structured_content["files"] if not f["figure"]) == ["a.png", "b.png"]
+        # A notebook's cell shows every figure still open at its end, saved or not, as Jupyter does.
+        started = await client.call_tool("sandbox_initialize", {"dependencies": ["matplotlib"]})
+        cid = started.structured_content["container_id"]
+        cell = await client.call_tool("run_python", {"container_id": cid, "code": SAVED_AND_OPEN})
+        assert cell.is_error is False, text_of(cell)
+        assert shown(cell) == ["<Figure size 640x480 with 1 Axes>"] * 5, cell.structured_content["outputs"]
+        # Nothing of the script's saves carries over to the next cell.
+        again = await client.call_tool("run_python", {"container_id": cid, "code": "plt.plot([1, 1]); plt.savefig('d.png')"})
+        assert shown(again) == ["<Figure size 640x480 with 1 Axes>"]
+        await client.call_tool("sandbox_stop", {"container_id": cid})
 
 
 SAVE_WITHOUT_REDRAW = """
@@ -200,7 +234,10 @@ async def test_dependencies_install_once_and_report_it():
         first = await client.call_tool("run_python_ephemeral", args)
         assert first.structured_content["stdout"] == "1.16.0\n", text_of(first)
         second = await client.call_tool("run_python_ephemeral", args)
-        assert second.structured_content["dependencies"] == {"requirements": ["six==1.16.0"], "installed": False}
+        deps = second.structured_content["dependencies"]
+        # A sandbox prepared for the set learned from the first call may serve the second.
+        assert deps == {"requirements": ["six==1.16.0"], "installed": False, "prepared": deps["prepared"]}, deps
+        assert deps["prepared"] in (True, False), deps
         assert "from the cache" in text_of(second)
         refused = await client.call_tool("run_python_ephemeral", {"code": "print(1)", "dependencies": ["numpy; rm -rf /"]})
         assert refused.is_error is True and "numpy; rm -rf /" in text_of(refused)

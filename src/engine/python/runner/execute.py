@@ -202,7 +202,8 @@ class Executor:
 
     def run_code(self, code, script=False):
         """The code through IPython's run_cell; what it raised (None when it ran through). A
-        `script` (a program, as `python FILE` runs it) ends with SystemExit quietly."""
+        `script` (a program, as `python FILE` runs it) ends with SystemExit quietly, and the
+        figures it saved to files are not shown again at its end (figures.py)."""
         if self.scripts:
             # A project script: what it raises reaches execute() as an escaped exception.
             exec(compile(code, "<script>", "exec"), self.namespace)
@@ -211,13 +212,13 @@ class Executor:
             print("The sandbox cannot run code: %s" % self.why, file=sys.stderr)
             return RuntimeError(self.why)
         if script:
-            self.shell.quiet_exit = True
+            self.shell.running_script = True
             try:
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message=EXIT_ADVICE)
                     result = self.shell.run_cell(code, store_history=True)
             finally:
-                self.shell.quiet_exit = False
+                self.shell.running_script = False
         else:
             result = self.shell.run_cell(code, store_history=True)
         history = self.shell.history_manager

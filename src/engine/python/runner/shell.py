@@ -170,8 +170,9 @@ def make_shell_class(IPython):
             # set by execute.py around each run_cell.
             self.outputs = None
             self.on_traceback = None
-            # A SystemExit is an exit status only, quietly (a script; execute.py).
-            self.quiet_exit = False
+            # A script is running (execute.py): a SystemExit is its exit status only, quietly,
+            # and the figures it saved are not shown again at its end (figures.py).
+            self.running_script = False
             super().__init__(**kwargs)
             # What code written for a Jupyter kernel publishes through (kernel.py).
             self.kernel = kernel_face.Kernel(self)
@@ -250,7 +251,7 @@ def make_shell_class(IPython):
             else:
                 exc_type = exc_tuple[0]
             if exc_type is not None and (
-                issubclass(exc_type, Exited) or self.quiet_exit and issubclass(exc_type, SystemExit)
+                issubclass(exc_type, Exited) or self.running_script and issubclass(exc_type, SystemExit)
             ):
                 return  # exit(), or a script's SystemExit: its exit status, not an error (execute.py)
             return super().showtraceback(exc_tuple, filename, tb_offset, exception_only,
