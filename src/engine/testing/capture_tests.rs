@@ -312,7 +312,11 @@ def read():
         time.sleep(0.0002)
 reader = threading.Thread(target=read)
 reader.start()
+# The first interrupt waits until the loop below is inside its `try`: on a loaded machine it came
+# before, and ended the code.
+inside = threading.Event()
 def interrupt():
+    inside.wait()
     for _ in range(200):
         time.sleep(0.003)
         os.kill(os.getpid(), signal.SIGINT)
@@ -321,6 +325,7 @@ interrupter.start()
 interrupted = 0
 while True:
     try:
+        inside.set()
         while interrupter.is_alive():
             out.write('x' * 1000 + '\n')
         # The last interrupt is sent before the thread ends: it lands by the end of the sleep.
