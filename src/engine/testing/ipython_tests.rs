@@ -599,6 +599,47 @@ async fn live_output_keeps_the_order_the_code_wrote_the_streams_in() {
 }
 
 #[tokio::test]
+async fn what_a_cell_prints_is_not_kept_in_the_session() {
+    // IPython 9 copies each write to the streams into its history (for `%notebook`), one list
+    // entry a piece, for the session's life: 1,000,000 printed lines held about 90 MB there, and
+    // each print cost several Python calls. The runner keeps no copy; the host has the output.
+    let cells = Cells::new().await;
+    ok(&cells
+        .run("import resource\nbefore = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss")
+        .await);
+    let printed = cells
+        .run("for i in range(1_000_000):\n    print('line', i)")
+        .await;
+    ok(&printed);
+    assert!(
+        stdout(&printed).ends_with("line 999999\n"),
+        "the output's tail: {:?}",
+        stdout(&printed).chars().rev().take(40).collect::<String>()
+    );
+    let grown = cells
+        .run(
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, \
+             sum(len(o) for o in get_ipython().history_manager.outputs.values()))",
+        )
+        .await;
+    ok(&grown);
+    let text = stdout(&grown);
+    let mut numbers = text.split_whitespace().map(|n| n.parse::<u64>());
+    let (Some(Ok(megabytes)), Some(Ok(kept))) = (numbers.next(), numbers.next()) else {
+        panic!("not two numbers: {text:?}");
+    };
+    assert_eq!(
+        kept, 0,
+        "the shell's history kept {kept} outputs of the streams"
+    );
+    assert!(
+        megabytes < 30,
+        "the runner's peak memory grew by {megabytes} MB printing 1,000,000 lines"
+    );
+    cells.stop().await;
+}
+
+#[tokio::test]
 async fn input_raises_stdin_not_implemented_at_once() {
     let cells = Cells::new().await;
     for (code, called) in [

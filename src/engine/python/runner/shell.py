@@ -2,12 +2,13 @@
 # InteractiveShell for the runner's life, made before the runner says ready, whose user_ns is the
 # session's namespace. What IPython would show on a terminal goes to the execution's outputs
 # instead (display.py): its display publisher and display hook feed them, its tracebacks become
-# `error` outputs. Made to suit a sandbox: no history database, no colours, no autocall, its
-# directory under /tmp; `!cmd` runs /bin/sh as the sandbox's user with the captured streams;
+# `error` outputs. Made to suit a sandbox: no history database and no copy of the streams in its
+# history (below), no colours, no autocall, its directory under /tmp; `!cmd` runs /bin/sh as the sandbox's user with the captured streams;
 # `%pip` and `!pip` go to the server's installer (pip.py); `input()` fails at once; `kernel` and
 # `parent_header` serve code written for a Jupyter kernel (kernel.py).
 
 import builtins
+import contextlib
 import os
 import re
 import shlex
@@ -242,6 +243,16 @@ def make_shell_class(IPython):
 
         def init_virtualenv(self):
             pass  # the sandbox's Python is the one that runs; no virtualenv to adopt
+
+        @contextlib.contextmanager
+        def _tee(self, channel):
+            # IPython 9 copies each write to sys.stdout and sys.stderr into its history (for
+            # `%notebook`) through a Python wrapper of the stream's `write`, for the whole run of
+            # every cell. Printing then costs several Python calls a write (2,000,000 lines took
+            # 17 s instead of 2.7 s, on the host), and the copy keeps every piece printed, a list
+            # entry each, for the session's life, without bound (2,000,000 lines: ~170 MB). The
+            # host keeps the outputs, within their limits: the sandbox keeps no copy.
+            yield
 
         def showtraceback(self, exc_tuple=None, filename=None, tb_offset=None, exception_only=False,
                           running_compiled_code=False):
