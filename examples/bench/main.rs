@@ -87,6 +87,10 @@ struct Cli {
     /// ephemeral runs (no pool) under runc and under gVisor (when registered).
     #[arg(long)]
     only_runtimes: bool,
+    /// Measure only output throughput (`--output-lines`) under the runtime `SANDBOX_RUNTIME` names
+    /// (required here), against the same code under `docker run --runtime` of that runtime.
+    #[arg(long)]
+    only_output: bool,
     /// Measure only the soak: concurrent callers for a fixed time with a mix of short programs
     /// (some fail on purpose, one runs past the limit), every result checked, beside the same mix
     /// through `docker run --rm` with the same runtime, CPU and limit; the server's memory and
@@ -240,6 +244,7 @@ fn main() -> ExitCode {
     let json_out = cli.json;
     let (only_egress, egress_runs) = (cli.only_egress, cli.egress_runs.max(1));
     let only_runtimes = cli.only_runtimes;
+    let (only_output, output_lines) = (cli.only_output, cli.output_lines);
     let progress = python_code_sandbox::cli::progress::Progress::start("bench");
     let _ = PROGRESS.set(progress.sink());
     let measured = runtime.block_on(async move {
@@ -248,6 +253,12 @@ fn main() -> ExitCode {
         }
         if only_runtimes {
             return runtimes(&options).await;
+        }
+        if only_output {
+            let runtime = config.runtime.clone().ok_or_else(|| {
+                "--only-output measures one runtime: set SANDBOX_RUNTIME (runc, runsc)".to_string()
+            })?;
+            return output::only_output(&config, &runtime, output_lines.max(1), json_out).await;
         }
         if only_egress {
             return egress(egress_runs, json_out).await;

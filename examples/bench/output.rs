@@ -12,7 +12,7 @@ use crate::measure::{ms, rss_kib};
 
 /// The output-throughput case: code printing many short lines, through the server (an ephemeral
 /// call, without and with live output) against the same code under `docker run` of the same image
-/// with the same CPU quota, its stdout piped to a counter. Also the server's memory around it: the
+/// with the same CPU quota (and runtime, when one is named), its stdout piped to a counter. Also the server's memory around it: the
 /// capture path keeps only the cap, whatever the code prints.
 pub(crate) struct OutputThroughput {
     lines: u64,
@@ -57,22 +57,20 @@ pub(crate) async fn output_throughput(
     image: &str,
     cpus: f64,
     lines: u64,
+    runtime: Option<&str>,
 ) -> Result<OutputThroughput, String> {
     use tokio::io::AsyncReadExt;
     let code = format!("for i in range({lines}):\n    print('line', i)\n");
+    let cpus = cpus.to_string();
+    let mut args = vec!["run", "--rm", "--cpus", &cpus, "--network", "none"];
+    if let Some(runtime) = runtime {
+        args.extend(["--runtime", runtime]);
+    }
+    args.extend([image, "python3", "-c", &code]);
 
     let started = Instant::now();
     let mut child = tokio::process::Command::new("docker")
-        .args([
-            "run",
-            "--rm",
-            "--cpus",
-            &cpus.to_string(),
-            image,
-            "python3",
-            "-c",
-            &code,
-        ])
+        .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -125,4 +123,36 @@ pub(crate) async fn output_throughput(
         rss_before_kib,
         rss_after_kib: rss_kib(server_pid).unwrap_or(0),
     })
+}
+
+/// `--only-output`: the output-throughput case alone, through a server whose sandboxes run under
+/// `runtime`, against the floor under the same runtime.
+pub(crate) async fn only_output(
+    config: &python_code_sandbox::config::Config,
+    runtime: &str,
+    lines: u64,
+    json: bool,
+) -> Result<(), String> {
+    let (client, mut server) = crate::client::owned_server(&[("SANDBOX_RUNTIME", runtime)]).await?;
+    let measured = output_throughput(
+        &client,
+        server.pid,
+        &config.image,
+        config.limits.cpus,
+        lines,
+        Some(runtime),
+    )
+    .await;
+    server.close_like_sdk(client).await;
+    let measured = measured?;
+    if json {
+        println!(
+            "{}",
+            json!({ "runtime": runtime, "output": measured.to_json() })
+        );
+    } else {
+        print!("{runtime}: ");
+        measured.print();
+    }
+    Ok(())
 }

@@ -188,6 +188,7 @@ pub(crate) async fn run(config: Config, options: BenchOptions) -> Result<(), Str
                 &image,
                 config.limits.cpus,
                 options.output_lines,
+                config.runtime.as_deref(),
             )
             .await?,
         )
