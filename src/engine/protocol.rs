@@ -636,8 +636,53 @@ impl LiveOutput {
         mapped
     }
 
+    /// This output, then `later`'s (live output messages held back by a rate, passed as one): a
+    /// later clear leaves only what came after it; the whole keeps the latest [`MAX_LIVE_BYTES`]
+    /// of each stream and [`MAX_LIVE_PIECES`] pieces, and what it drops counts as skipped.
+    pub fn then(self, later: LiveOutput) -> LiveOutput {
+        if later.cleared {
+            return later;
+        }
+        let mut pieces: Vec<(StreamName, &str)> = self.in_order();
+        pieces.extend(later.in_order());
+        let mut skipped = [
+            self.stdout_skipped.saturating_add(later.stdout_skipped),
+            self.stderr_skipped.saturating_add(later.stderr_skipped),
+        ];
+        // The bytes over the bound at each stream's front, up to the start of a character.
+        let mut over = [&self.stdout, &self.stderr].map(|earlier| earlier.len());
+        over[0] += later.stdout.len();
+        over[1] += later.stderr.len();
+        let mut over = over.map(|total| total.saturating_sub(MAX_LIVE_BYTES));
+        let first_kept = pieces.len().saturating_sub(MAX_LIVE_PIECES);
+        let mut merged = LiveOutput {
+            cleared: self.cleared,
+            ..LiveOutput::default()
+        };
+        for (index, (stream, piece)) in pieces.into_iter().enumerate() {
+            let at = match stream {
+                StreamName::Stdout => 0,
+                StreamName::Stderr => 1,
+            };
+            let mut cut = if index < first_kept {
+                piece.len()
+            } else {
+                over[at].min(piece.len())
+            };
+            while !piece.is_char_boundary(cut) {
+                cut += 1;
+            }
+            over[at] = over[at].saturating_sub(cut);
+            skipped[at] = skipped[at].saturating_add(cut as u64);
+            merged.push(stream, &piece[cut..]);
+        }
+        merged.stdout_skipped = skipped[0];
+        merged.stderr_skipped = skipped[1];
+        merged
+    }
+
     /// `text` written to `stream` after what is there.
-    fn push(&mut self, stream: StreamName, text: &str) {
+    pub(super) fn push(&mut self, stream: StreamName, text: &str) {
         if text.is_empty() {
             return;
         }
@@ -1562,6 +1607,64 @@ mod tests {
         };
         assert_eq!(bad.decode().stdout, "");
         assert_eq!(bad.decode().stdout_skipped, 3);
+    }
+
+    #[test]
+    fn live_outputs_passed_as_one_keep_their_order_within_the_bound() {
+        let live = |cleared, pieces: &[(StreamName, &str)]| {
+            let mut live = LiveOutput {
+                cleared,
+                ..LiveOutput::default()
+            };
+            for (stream, text) in pieces {
+                live.push(*stream, text);
+            }
+            live
+        };
+        let pieces = |live: &LiveOutput| -> Vec<(StreamName, String)> {
+            live.in_order()
+                .into_iter()
+                .map(|(s, t)| (s, t.to_string()))
+                .collect()
+        };
+        let (out, err) = (StreamName::Stdout, StreamName::Stderr);
+        // The text follows on, each stream's pieces in order, a clear before staying.
+        let merged = live(true, &[(out, "a\n"), (err, "b\n")])
+            .then(live(false, &[(err, "c\n"), (out, "d\n")]));
+        assert!(merged.cleared);
+        assert_eq!(
+            pieces(&merged),
+            vec![
+                (out, "a\n".to_string()),
+                (err, "b\nc\n".to_string()),
+                (out, "d\n".to_string())
+            ]
+        );
+        // A later clear leaves only what came after it.
+        let cleared = live(false, &[(out, "a\n")]).then(live(true, &[(err, "b\n")]));
+        assert_eq!(cleared, live(true, &[(err, "b\n")]));
+        // Over the bound, each stream's front goes, counted as skipped, characters whole.
+        let long = "é".repeat(MAX_LIVE_BYTES / 2);
+        let merged = live(false, &[(out, "x"), (err, "warn\n"), (out, &long)])
+            .then(live(false, &[(out, "z")]));
+        assert_eq!(
+            pieces(&merged),
+            vec![
+                (err, "warn\n".to_string()),
+                (out, "é".repeat(MAX_LIVE_BYTES / 2 - 1) + "z")
+            ]
+        );
+        assert_eq!(merged.stdout_skipped, 3);
+        assert_eq!(merged.stderr_skipped, 0);
+        // At most so many pieces: the oldest go, counted as skipped.
+        let mut many = LiveOutput::default();
+        for i in 0..MAX_LIVE_PIECES {
+            many = many.then(live(false, &[(if i % 2 == 0 { out } else { err }, "ab")]));
+        }
+        let merged = many.then(live(false, &[(out, "c"), (err, "d")]));
+        assert_eq!(merged.order.len(), MAX_LIVE_PIECES);
+        assert_eq!((merged.stdout_skipped, merged.stderr_skipped), (2, 2));
+        assert_eq!(pieces(&merged).last(), Some(&(err, "d".to_string())));
     }
 
     #[test]

@@ -57,14 +57,16 @@ const LIVE_PER_SECOND: f64 = 5.0;
 const LIVE_BURST: f64 = 3.0;
 
 /// Where one execution's live output goes: only messages for its request id, within the rate.
-/// A message held back that said the output was cleared passes its clear to the next one passed,
-/// so the client never goes on showing what the code cleared.
+/// Messages held back by the rate are passed as one with the next one passed (or at the end), so
+/// the client misses none of the text (within the bound of a message) and never goes on showing
+/// what the code cleared.
 struct LiveTarget {
     id: u64,
     sink: LiveOutputSink,
     tokens: f64,
     refilled: Instant,
-    cleared: bool,
+    /// What the rate held back, not yet passed.
+    held: Option<LiveOutput>,
     /// The sandbox's secrets' values, masked in stdout and stderr as they come (see
     /// [`super::redact::Stream`]).
     redact: Option<[super::redact::Stream; 2]>,
@@ -80,42 +82,48 @@ impl LiveTarget {
             + now.duration_since(self.refilled).as_secs_f64() * LIVE_PER_SECOND)
             .min(LIVE_BURST);
         self.refilled = now;
+        let mut live = output.decode();
+        if let Some(held) = self.held.take() {
+            live = held.then(live);
+        }
         if self.tokens < 1.0 {
-            self.cleared |= output.cleared;
+            self.held = Some(live);
             return;
         }
         self.tokens -= 1.0;
-        let mut live = output.decode();
-        live.cleared |= std::mem::take(&mut self.cleared);
-        if let Some([stdout, stderr]) = &mut self.redact {
-            if live.cleared {
-                // What was held back was cleared with the rest.
-                stdout.finish();
-                stderr.finish();
-            }
-            live = live.map_text(|stream, text| match stream {
-                super::outcome::StreamName::Stdout => stdout.push(text),
-                super::outcome::StreamName::Stderr => stderr.push(text),
-            });
-        }
+        let live = self.redacted(live);
         (self.sink)(live);
     }
 
-    /// The execution is over: a clear still owed (its message was held back, none passed since)
-    /// is passed now, before the result.
-    /// What the redaction held back (the start of what could have been a value) is passed too.
-    fn finish(mut self) {
-        let (stdout, stderr) = match &mut self.redact {
-            Some([stdout, stderr]) => (stdout.finish(), stderr.finish()),
-            None => Default::default(),
+    /// The output with the secrets' values masked (a clear drops what the redaction held back:
+    /// it was cleared with the rest).
+    fn redacted(&mut self, live: LiveOutput) -> LiveOutput {
+        let Some([stdout, stderr]) = &mut self.redact else {
+            return live;
         };
-        if self.cleared || !stdout.is_empty() || !stderr.is_empty() {
-            (self.sink)(LiveOutput {
-                cleared: self.cleared,
-                stdout,
-                stderr,
-                ..LiveOutput::default()
-            });
+        if live.cleared {
+            stdout.finish();
+            stderr.finish();
+        }
+        live.map_text(|stream, text| match stream {
+            super::outcome::StreamName::Stdout => stdout.push(text),
+            super::outcome::StreamName::Stderr => stderr.push(text),
+        })
+    }
+
+    /// The execution is over: what the rate held back is passed now, before the result, with
+    /// what the redaction held back (the start of what could have been a value).
+    fn finish(mut self) {
+        let held = self.held.take().map(|live| self.redacted(live));
+        let mut last = held.unwrap_or_default();
+        if let Some([stdout, stderr]) = &mut self.redact {
+            let mut rest = LiveOutput::default();
+            rest.push(super::outcome::StreamName::Stdout, &stdout.finish());
+            rest.push(super::outcome::StreamName::Stderr, &stderr.finish());
+            last = last.then(rest);
+        }
+        if last.cleared || !last.stdout.is_empty() || !last.stderr.is_empty() {
+            (self.sink)(last);
         }
     }
 }
@@ -771,7 +779,7 @@ impl Sandbox {
             sink: sink.clone(),
             tokens: LIVE_BURST,
             refilled: Instant::now(),
-            cleared: false,
+            held: None,
             redact: self.redactor.as_ref().map(|r| [r.stream(), r.stream()]),
         });
         let started = Instant::now();
@@ -1881,7 +1889,7 @@ mod tests {
             }),
             tokens: LIVE_BURST,
             refilled: Instant::now(),
-            cleared: false,
+            held: None,
             redact: Some([redactor.stream(), redactor.stream()]),
         };
         let message = |text: &str| RawLiveOutput {
@@ -1912,7 +1920,7 @@ mod tests {
             }),
             tokens: LIVE_BURST,
             refilled: Instant::now(),
-            cleared: false,
+            held: None,
             redact: None,
         };
         let output = |id| RawLiveOutput {
@@ -1937,7 +1945,7 @@ mod tests {
     }
 
     #[test]
-    fn a_clear_held_back_by_the_rate_reaches_the_next_message_or_the_end() {
+    fn what_the_rate_held_back_reaches_the_next_message_or_the_end() {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let target = |tokens| {
             let seen = seen.clone();
@@ -1951,7 +1959,7 @@ mod tests {
                 tokens,
                 refilled: Instant::now(),
                 redact: None,
-                cleared: false,
+                held: None,
             }
         };
         let output = |cleared, b64: &str| RawLiveOutput {
@@ -1963,23 +1971,25 @@ mod tests {
             stderr_skipped: 0,
             order: Vec::new(),
         };
-        // "YQo=" is "a\n", "Ygo=" is "b\n". One token: the clear is held back, then passed on.
+        // "YQo=" is "a\n", "Ygo=" is "b\n", "Ywo=" is "c\n". One token: the clear and the
+        // text after it are held back, then passed with the next message.
         let mut one = target(1.0);
         one.pass(&output(false, "YQo="));
-        one.pass(&output(true, ""));
+        one.pass(&output(true, "Ygo="));
         one.tokens = 1.0;
-        one.pass(&output(false, "Ygo="));
+        one.pass(&output(false, "Ywo="));
         one.finish();
-        // No token at all: the held-back clear comes at the end, once.
+        // No token at all: what was held back comes at the end, once.
         let mut none = target(0.0);
         none.pass(&output(true, "Ygo="));
+        none.pass(&output(false, "Ywo="));
         none.finish();
         assert_eq!(
             *seen.lock().expect("seen"),
             [
                 (false, "a\n".to_string()),
-                (true, "b\n".to_string()),
-                (true, String::new())
+                (true, "b\nc\n".to_string()),
+                (true, "b\nc\n".to_string())
             ]
         );
     }

@@ -243,7 +243,7 @@ class CaptureJob:
                     self._live_send()
         finally:
             if self.live is not None:
-                self._live_send()
+                self._live_send(final=True)
             with self.lock:
                 for fd in self.fds:
                     os.close(fd)
@@ -314,43 +314,55 @@ class CaptureJob:
             if self.live_wait is not None:
                 self._live_clear_at(self.live_wait)
 
-    def _live_send(self):
+    def _live_send(self, final=False):
         """Sends what came since the last frame, if anything did (a clear counts); never raises
-        (the host may be gone; the result will say so)."""
+        (the host may be gone; the result will say so). Text that may come after bytes still in
+        the other pipe waits for a later frame, but in the last one (`final`)."""
         self.live_sent_at = time.monotonic()
         with self.live_lock:
             if not (self.live_text[0] or self.live_text[1] or self.live_cleared):
+                return
+            sizes = [len(self.live_text[0]), len(self.live_text[1])]
+            pieces = None
+            if self.places is not None:
+                pieces, sizes = self._live_order(final)
+            if not (sizes[0] or sizes[1] or self.live_cleared):
                 return
             frame = {"type": "output"}
             if self.live_cleared:
                 frame["cleared"] = True
                 self.live_cleared = False
-            if self.live_text[0] and self.live_text[1] and self.places is not None:
-                frame["order"] = self._live_order()
+            if sizes[0] and sizes[1] and pieces is not None:
+                frame["order"] = pieces
             for stream, name in enumerate(("stdout", "stderr")):
-                frame[name] = base64.b64encode(bytes(self.live_text[stream])).decode("ascii")
+                text = self.live_text[stream]
+                frame[name] = base64.b64encode(bytes(text[: sizes[stream]])).decode("ascii")
                 frame[name + "_skipped"] = self.live_skipped[stream]
-                self.live_text[stream] = bytearray()
+                del text[: sizes[stream]]
                 self.live_skipped[stream] = 0
         try:
             self.live(frame)
         except Exception:
             self.live = None
 
-    def _live_order(self):
-        """The pieces of the frame's text in the code's order (live lock held); at most
-        LIVE_PIECES, the text before them skipped."""
+    def _live_order(self, final):
+        """The pieces of the text a frame may carry now, in the code's order (live lock held),
+        and how much of each stream's text they cover; at most LIVE_PIECES, the text before them
+        skipped. The place not yet recorded had all stderr written so far before it (a later
+        write to stderr would have recorded it): stdout's text after it waits until that is read."""
         switches, unsettled = self.places()
         ends = list(self.live_end)
         starts = [ends[s] - len(self.live_text[s]) for s in (0, 1)]
         marks = list(switches[-MAX_MARKS:])
         if unsettled is not None:
-            marks.append([unsettled, ends[1]])
-        pieces = live_order(starts, ends, marks)
+            marks.append([unsettled, max(ends[1], self.position()[1])])
+        pieces, upto = live_order(starts, ends, marks, hold=not final)
+        sizes = [upto[s] - starts[s] for s in (0, 1)]
         for stream, size in pieces[: max(0, len(pieces) - LIVE_PIECES)]:
             del self.live_text[stream][:size]
             self.live_skipped[stream] += size
-        return pieces[-LIVE_PIECES:]
+            sizes[stream] -= size
+        return pieces[-LIVE_PIECES:], sizes
 
     def position(self):
         """[stdout, stderr]: the bytes written to each stream so far, read or still in its pipe
@@ -370,10 +382,12 @@ class CaptureJob:
 MAX_MARKS = 4096
 
 
-def live_order(starts, ends, marks):
+def live_order(starts, ends, marks, hold=False):
     """Each stream's text from `starts` to `ends` (stream positions) as pieces [stream, bytes] in
     the code's order: at each mark [stdout, stderr], the stdout text before it, then the stderr
-    text before it, come before what follows (as the host places a result's text)."""
+    text before it, come before what follows (as the host places a result's text). Returns the
+    pieces and the positions they reach: with `hold`, they stop at a mark whose text before it
+    is not all read yet (what follows it waits for that)."""
     pieces = []
     at = list(starts)
 
@@ -387,11 +401,13 @@ def live_order(starts, ends, marks):
             at[stream] = upto
 
     for mark in marks:
-        take(0, mark[0])
-        take(1, mark[1])
+        for stream in (0, 1):
+            take(stream, mark[stream])
+            if hold and mark[stream] > ends[stream]:
+                return pieces, at
     take(0, ends[0])
     take(1, ends[1])
-    return pieces
+    return pieces, at
 
 
 class Capture:
