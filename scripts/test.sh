@@ -20,15 +20,15 @@
 #   5b. the packages as users install them (scripts/test-packaging.sh): the PyPI wheel (maturin)
 #      installed with pip and run through uvx, driven by the MCP SDK and the Inspector; the crate
 #      through cargo package, publish --dry-run and cargo install, run from `/`,
-#   6. the adversarial and fault suite (tests/adversarial/suite.py): attacks and faults (one
-#      restarts dockerd) under the default runtime (gVisor, registered by scripts/runsc.sh), the
-#      attacks again under runc, and again with SANDBOX_NETWORK=allowlist (gVisor through its
-#      networked entry, runsc-net, in host-network mode here),
-#   7. side by side with the allowlist attack list, each the only user of its engine, the engines
-#      beside the local Docker: rootful Podman (scripts/test-podman.sh: engine tests, the original
+#   6. beside the MCP suite from its start, each the only user of its engine, the engines beside
+#      the local Docker: rootful Podman (scripts/test-podman.sh: engine tests, the original
 #      tool set's MCP tests and the attack list; the refusal under rootless Podman), and a second
 #      Docker engine in a network namespace reached over mutual TLS and over SSH
 #      (scripts/test-remote.sh),
+#   7. once they are done, the adversarial and fault suite (tests/adversarial/suite.py): attacks
+#      and faults (one restarts dockerd) under the default runtime (gVisor, registered by
+#      scripts/runsc.sh), the attacks again under runc, and again with SANDBOX_NETWORK=allowlist
+#      (gVisor through its networked entry, runsc-net, in host-network mode here),
 #   8. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,9 +64,14 @@ chown 1000:1000 "$PIP_CACHE_PATH" 2>/dev/null || chmod 0777 "$PIP_CACHE_PATH"
 PCS_TEST_IPYTHON=$(bash scripts/ipython-set.sh)
 export PCS_TEST_IPYTHON
 release_build=""
+podman_job=""
+remote_job=""
 on_exit() {
-  # A stage that failed while the release build ran in the background: it goes too.
-  [ -z "$release_build" ] || kill "$release_build" 2>/dev/null || true
+  # A stage that failed while the release build or another engine's tests ran in the
+  # background: they go too (the remote engine's script stops its engine as it exits).
+  for job in "$release_build" "$podman_job" "$remote_job"; do
+    [ -z "$job" ] || kill "$job" 2>/dev/null || true
+  done
   docker volume ls -q | grep -E '^pcs-test-deps' | xargs -r docker volume rm >/dev/null 2>&1 || true
 }
 trap on_exit EXIT
@@ -129,12 +134,23 @@ for image in python-code-sandbox:py3.11 python-code-sandbox-proxy:bookworm; do
 done
 python3 scripts/test-readme.py --clean-env quickstart
 
-stage "MCP integration tests (official Python SDK)"
+stage "MCP integration tests (official Python SDK); beside them, Podman (scripts/test-podman.sh) and a remote engine over TLS and SSH (scripts/test-remote.sh)"
 venv=.cache/venv-mcp
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
+# Two engines of their own run their tests beside this engine's suites (which mostly wait on the
+# engine): rootful Podman (engine tests, the original tool set's MCP tests, the attack list; the
+# refusal under rootless Podman) and a second Docker engine in a network namespace reached over
+# mutual TLS and over SSH. Each looks only at its own engine; both end before the fault suite
+# restarts this engine's dockerd. Their logs follow the attack list's, each whole.
+side=.cache/side-by-side
+rm -rf "$side" && mkdir -p "$side"
+bash scripts/test-podman.sh >"$side/podman.log" 2>&1 &
+podman_job=$!
+bash scripts/test-remote.sh >"$side/remote.log" 2>&1 &
+remote_job=$!
 PCS_BIN="$PWD/target/debug/python-code-sandbox" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp
 
 stage "MCP Inspector CLI smoke test"
@@ -160,35 +176,29 @@ PCS_WHEEL_PROFILE=release bash scripts/test-packaging.sh
 stage "MCP conformance (the official suite, mcp-conform)"
 bash scripts/conformance.sh "$PWD/target/debug/python-code-sandbox"
 
-stage "adversarial and fault suite (official Python SDK; the default runtime, gVisor, then the attack list under runc)"
-# It restarts dockerd (a fault case): it runs after the MCP suites, alone.
-"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runc
-
-stage "side by side: the allowlist attack list (gVisor, runsc-net), Podman (scripts/test-podman.sh), a remote engine over TLS and SSH (scripts/test-remote.sh)"
-# Three engines, each the only user of its own: this Docker engine runs the attacks again with the
-# code's sandboxes on the egress network, under gVisor's networked entry (runsc-net; the faults,
-# which restart dockerd and find it by pidof, ran above, alone); Podman and the
-# second Docker engine are engines of their own (their tests look only at theirs). Their logs
-# follow the attack list's, each whole.
-side=.cache/side-by-side
-rm -rf "$side" && mkdir -p "$side"
-bash scripts/test-podman.sh >"$side/podman.log" 2>&1 &
-podman_job=$!
-bash scripts/test-remote.sh >"$side/remote.log" 2>&1 &
-remote_job=$!
+stage "Podman and the remote engine, started beside the MCP suite: the rest of their run"
 side_failed=()
-"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults ||
-  side_failed+=("the allowlist attack list")
 wait "$podman_job" || side_failed+=("Podman (scripts/test-podman.sh)")
+podman_job=""
 wait "$remote_job" || side_failed+=("the remote engine (scripts/test-remote.sh)")
+remote_job=""
 for part in podman remote; do
-  echo "== $part, beside the attack list: its log" >&2
+  echo "== $part, beside the MCP suite: its log" >&2
   cat "$side/$part.log" >&2
 done
 if [ ${#side_failed[@]} -gt 0 ]; then
   printf 'FAIL: %s\n' "${side_failed[@]}" >&2
   exit 1
 fi
+
+stage "adversarial and fault suite (official Python SDK; the default runtime, gVisor, then the attack list under runc)"
+# It restarts dockerd (a fault case): it runs after the MCP suites and the other engines, alone.
+"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runc
+
+stage "the allowlist attack list (gVisor, runsc-net)"
+# The attacks again with the code's sandboxes on the egress network, under gVisor's networked
+# entry (runsc-net); the faults ran above.
+"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults
 
 stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.

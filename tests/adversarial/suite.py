@@ -3777,8 +3777,17 @@ def restart_dockerd():
     if command:
         subprocess.run(command, shell=True, check=True, timeout=300)
         return
-    pid = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()
-    check(pid, "no dockerd process to restart (set PCS_DOCKERD_RESTART)")
+    # The engine's own daemon: the one whose pid file is the default socket's (another dockerd on
+    # the machine, a remote engine's in its namespace, is not it), else the only one running.
+    pid = []
+    try:
+        with open("/var/run/docker.pid") as f:
+            pid = [f.read().strip()]
+    except OSError:
+        pass
+    if not (pid and pid[0].isdigit() and os.path.exists(f"/proc/{pid[0]}")):
+        pid = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()
+        check(len(pid) == 1, f"no single dockerd process to restart ({pid}; set PCS_DOCKERD_RESTART)")
     os.kill(int(pid[0]), signal.SIGTERM)
     wait_until(lambda: not os.path.exists(f"/proc/{pid[0]}"), 120, "dockerd to stop")
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "dev-env.sh")], check=True, timeout=300, stdout=subprocess.DEVNULL)
