@@ -111,8 +111,8 @@ stage "MCP tests of the original tool set (tests/mcp/test_server.py)"
 PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 check "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_server.py \
     -k "not test_an_unreachable_engine_is_an_actionable_error_and_the_server_recovers"
 
-stage "adversarial attack list (tests/adversarial/suite.py --no-faults)"
-check "$PY" tests/adversarial/suite.py --bin "$BIN" --no-faults
+stage "adversarial attack list (tests/adversarial/suite.py --no-faults --no-server-only)"
+check "$PY" tests/adversarial/suite.py --bin "$BIN" --no-faults --no-server-only
 
 stage "rootless Podman is refused (tests/mcp/test_podman_rootless.py)"
 PCS_BIN=$BIN PYTHONDONTWRITEBYTECODE=1 check "$PY" -m pytest -q -p no:cacheprovider tests/mcp/test_podman_rootless.py

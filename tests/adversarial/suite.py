@@ -6,11 +6,14 @@ when a case failed. Each attack must fail, the server must answer the next call 
 nothing of the case may be left on the engine.
 
     python tests/adversarial/suite.py [--bin PATH] [--runtime runc] [--only SUBSTRING] [--no-faults]
-                                      [--network allowlist]
+                                      [--network allowlist] [--no-server-only]
 
 The first pass runs every case with the server's default runtime (gVisor when the engine has it
 and it can serve the case's network policy, else runc: each line says `[default: runsc]` or
-`[default: runc]`); each `--runtime` adds a pass of the attack list with SANDBOX_RUNTIME set.
+`[default: runc]`); each `--runtime` adds a pass of the attack list with SANDBOX_RUNTIME set. The
+cases of the server's own defences (SERVER_ONLY: its HTTP front end, its logs, stores and cleanup,
+replies it parses), where the sandbox's runtime and network play no part, run in the first pass
+only, and not at all with `--no-server-only` (for a run after one that had them).
 
 `--network allowlist` runs the cases with SANDBOX_NETWORK=allowlist and a minimal allowlist
 (ALLOWLIST_ENV: one `.test` name mapped to loopback, so nothing is reachable through the egress
@@ -237,9 +240,19 @@ async def server(binary, _client=None, _as_user=None, **env):
 CASES = []
 
 
-def case(name, kind="attack"):
+# Cases of the server's own defences (its HTTP front end, logs, files and snapshot stores, roots
+# across principals, cleanup, history, replies it parses): the sandbox's runtime and network play
+# no part, so they run in a suite run's first pass only, not again under another runtime, and not
+# at all with `--no-server-only` (scripts/test.sh's allowlist run and scripts/test-podman.sh: the
+# first run had them).
+SERVER_ONLY = set()
+
+
+def case(name, kind="attack", server_only=False):
     def register(fn):
         CASES.append((name, kind, fn))
+        if server_only:
+            SERVER_ONLY.add(name)
         return fn
     return register
 
@@ -1230,7 +1243,7 @@ async def http_answers_normally(url):
                   f"the next call was not answered normally: {text_of(result)}")
 
 
-@case("http: half-open connections and a connection flood cannot starve the server", kind="attack-own-server")
+@case("http: half-open connections and a connection flood cannot starve the server", kind="attack-own-server", server_only=True)
 async def http_connection_flood(ctx):
     with http_serving(ctx, SANDBOX_HTTP_HEADER_TIMEOUT="2s", SANDBOX_HTTP_MAX_CONNECTIONS="20") as s:
         # 60 connections without a token: 20 send a head that never ends, 40 send nothing. The
@@ -1256,7 +1269,7 @@ async def http_connection_flood(ctx):
         await http_answers_normally(s.url)
 
 
-@case("http: MCP session flood capped, repeated Authorization/Host refused", kind="attack-own-server")
+@case("http: MCP session flood capped, repeated Authorization/Host refused", kind="attack-own-server", server_only=True)
 async def http_session_flood(ctx):
     with http_serving(ctx, SANDBOX_HTTP_MAX_MCP_SESSIONS="3") as s:
         # Thousands would be the attack; 12 at once show the cap holds under concurrency.
@@ -1763,7 +1776,7 @@ async def egress_malformed_and_many(ctx):
 FORGED_AUDIT = "2026-12-01T00:00:00.000000Z  INFO audit: tool call principal=admin tool=run_python"
 
 
-@case("http: a tool name cannot forge a log line, put escapes in the log or grow /metrics", kind="attack-own-server")
+@case("http: a tool name cannot forge a log line, put escapes in the log or grow /metrics", kind="attack-own-server", server_only=True)
 async def forged_tool_names(ctx):
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
@@ -1793,7 +1806,7 @@ async def forged_tool_names(ctx):
         await http_answers_normally(s.url)
 
 
-@case("setup --write: a link planted beside the config is not written through; a linked config stays a link", kind="attack-own-server")
+@case("setup --write: a link planted beside the config is not written through; a linked config stays a link", kind="attack-own-server", server_only=True)
 async def setup_write_links(ctx):
     home = tempfile.mkdtemp(prefix="pcs-setup-home-")
     try:
@@ -1936,7 +1949,7 @@ def listing(path):
     return sorted(os.listdir(path))
 
 
-@case("files dir: a directory planted by another user is refused at start-up", kind="attack-own-server")
+@case("files dir: a directory planted by another user is refused at start-up", kind="attack-own-server", server_only=True)
 async def files_dir_planted(ctx):
     if os.geteuid() != 0:
         raise Skip("planting a directory owned by another uid needs root")
@@ -2015,7 +2028,7 @@ async def eventually(predicate, timeout, what):
     raise CaseFailed(f"timed out waiting for: {what}")
 
 
-@case("files dir: retention bounds the total and the age, and never follows a link", kind="attack-own-server")
+@case("files dir: retention bounds the total and the age, and never follows a link", kind="attack-own-server", server_only=True)
 async def files_dir_retention(ctx):
     limit = 64 << 10
     with tempfile.TemporaryDirectory() as files_dir, tempfile.TemporaryDirectory() as outside:
@@ -2305,7 +2318,7 @@ def tokens_line(binary, name, *options):
     return fields["token"], fields["line"]
 
 
-@case("roots over HTTP: one principal's client cannot mount another's directories (item 2)", kind="attack-own-server")
+@case("roots over HTTP: one principal's client cannot mount another's directories (item 2)", kind="attack-own-server", server_only=True)
 async def roots_across_principals(ctx):
     from mcp import types
     from mcp.client.streamable_http import streamable_http_client
@@ -2598,7 +2611,7 @@ async def roots_links_and_acls(ctx):
         home.remove()
 
 
-@case("roots over HTTP: a link in a principal's own directory cannot lead its client to another's", kind="attack-own-server")
+@case("roots over HTTP: a link in a principal's own directory cannot lead its client to another's", kind="attack-own-server", server_only=True)
 async def roots_mapping_links(ctx):
     """Attack: bob's directory (his `{principal}` mapping) holds a link to alice's project (made by
     bob on the machine, or by his own code in a writable root); bob's client lists the link's path.
@@ -3316,7 +3329,7 @@ for n in range(10000):
 """
 
 
-@case("the server's memory under hostile replies: a bloated frame, lying sizes, 10,000 changed files", kind="attack-own-server")
+@case("the server's memory under hostile replies: a bloated frame, lying sizes, 10,000 changed files", kind="attack-own-server", server_only=True)
 async def hostile_replies(ctx):
     with tempfile.TemporaryDirectory() as files_dir:
         env = {**ATTACK_ENV, "SANDBOX_FILES_DIR": files_dir, "SANDBOX_FILES_MAX_TOTAL": "16m",
@@ -3364,7 +3377,7 @@ snap.snapshot = giant
 """
 
 
-@case("snapshots: a runner that lies about a snapshot's size or pieces stores nothing", kind="attack-own-server")
+@case("snapshots: a runner that lies about a snapshot's size or pieces stores nothing", kind="attack-own-server", server_only=True)
 async def lying_snapshots(ctx):
     with tempfile.TemporaryDirectory() as snapshots:
         env = {**ATTACK_ENV, "SANDBOX_SNAPSHOT_DIR": snapshots, "SANDBOX_SNAPSHOT_MAX_SIZE": "16m",
@@ -3414,7 +3427,7 @@ def forged_lines(text, real_id):
             or any(c in line for c in "\r\x85\u2028\u2029\u202e")]
 
 
-@case("snapshots: variable names and exception messages cannot forge a line of the report", kind="attack-own-server")
+@case("snapshots: variable names and exception messages cannot forge a line of the report", kind="attack-own-server", server_only=True)
 async def forged_snapshot_report(ctx):
     with tempfile.TemporaryDirectory() as snapshots:
         async with server(ctx.binary, **{**ATTACK_ENV, "SANDBOX_SNAPSHOT_DIR": snapshots, **ctx.runtime_env}) as s:
@@ -3444,7 +3457,7 @@ async def forged_snapshot_report(ctx):
             await s.nothing_left()
 
 
-@case("snapshots: many MCP sessions of one token cannot grow the store beyond SANDBOX_SNAPSHOT_MAX_TOTAL", kind="attack-own-server")
+@case("snapshots: many MCP sessions of one token cannot grow the store beyond SANDBOX_SNAPSHOT_MAX_TOTAL", kind="attack-own-server", server_only=True)
 async def snapshot_store_total(ctx):
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
@@ -3671,7 +3684,7 @@ def rss_mib(pid):
     return 0.0
 
 
-@case("history: 300 calls of 200 displays with long ids, then an export, keep the server near its bound", kind="attack-own-server")
+@case("history: 300 calls of 200 displays with long ids, then an export, keep the server near its bound", kind="attack-own-server", server_only=True)
 async def history_memory(ctx):
     async with server(ctx.binary, **{**ATTACK_ENV, **ctx.runtime_env}) as s:
         await s.answers_normally()
@@ -3698,7 +3711,7 @@ async def history_memory(ctx):
         await s.nothing_left()
 
 
-@case("invalid JSON-RPC: errors, and the server keeps serving", kind="attack-own-server")
+@case("invalid JSON-RPC: errors, and the server keeps serving", kind="attack-own-server", server_only=True)
 async def invalid_jsonrpc(ctx):
     env = {**os.environ, "LOG_LEVEL": "warn", **ATTACK_ENV, **ctx.runtime_env}
     proc = subprocess.Popen([ctx.binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -3961,8 +3974,11 @@ class Context:
             self.runtime_env = {**self.runtime_env, **ALLOWLIST_ENV}
 
 
-async def run_cases(ctx, selected):
+async def run_cases(ctx, selected, first=True):
+    """The cases of one pass; `first`: the pass that runs the server-only cases (SERVER_ONLY)."""
     results = []
+    again = [c for c in selected if not first and c[0] in SERVER_ONLY]
+    selected = [c for c in selected if c not in again]
     shared = [c for c in selected if c[1] == "attack"]
     others = [c for c in selected if c[1] != "attack"]
     runtime = ctx.runtime if ctx.explicit else f"default: {ctx.runtime}"
@@ -3991,6 +4007,8 @@ async def run_cases(ctx, selected):
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
 
+    for name, _, _ in again:
+        report(name, "SKIP", "the server's own defence, the same under any runtime, network and engine: it runs once")
     if shared:
         # One server for the whole attack list: it must survive every attack in turn.
         async with server(ctx.binary, **{**ATTACK_ENV, **ctx.runtime_env}) as s:
@@ -4014,6 +4032,8 @@ def main():
     parser.add_argument("--runtime", action="append", default=[], help="also run the attack list under this OCI runtime (e.g. runc, when the default is gVisor)")
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument("--no-faults", action="store_true", help="skip the fault cases (they restart dockerd)")
+    parser.add_argument("--no-server-only", action="store_true",
+                        help="skip the cases of the server's own defences (SERVER_ONLY): another run of this binary had them")
     parser.add_argument("--network", choices=["none", "allowlist"], default="none",
                         help="the SANDBOX_NETWORK of the cases' servers (allowlist: with ALLOWLIST_ENV)")
     args = parser.parse_args()
@@ -4024,7 +4044,8 @@ def main():
     results = []
     for runtime in [None, *args.runtime]:
         cases = [c for c in selected if not (runtime and c[1] == "fault")]
-        results += asyncio.run(run_cases(Context(os.path.abspath(args.bin), runtime, args.network), cases))
+        first = runtime is None and not args.no_server_only
+        results += asyncio.run(run_cases(Context(os.path.abspath(args.bin), runtime, args.network), cases, first))
     passed = results.count("PASS")
     failed = results.count("FAIL")
     skipped = results.count("SKIP")
