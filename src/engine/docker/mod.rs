@@ -745,9 +745,10 @@ async fn inspect(
                 message: message.clone(),
                 column,
             };
-            let Ok(text) = get_text(docker, format!("/containers/{id}/json")).await else {
-                return Err(unreadable());
-            };
+            // Read again as text. An error here is the engine's own answer: the container can be
+            // gone by now (`stopped` is the state just before a removal completes), which the
+            // caller must see as such, not as an answer it could not read.
+            let text = get_text_as_is(docker, format!("/containers/{id}/json")).await?;
             let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&text) else {
                 return Err(unreadable());
             };
@@ -766,6 +767,11 @@ async fn inspect(
 /// bollard's ping (`GET /_ping`) returns the body as text, so a copy of the client whose request
 /// to `/_ping` goes to `path` instead reads it, over whichever transport the client uses.
 async fn get_text(docker: &Docker, path: String) -> Result<String, BackendError> {
+    get_text_as_is(docker, path).await.map_err(classify)
+}
+
+/// [`get_text`] with the client's own error, for callers that tell its kinds apart.
+async fn get_text_as_is(docker: &Docker, path: String) -> Result<String, DockerError> {
     let redirected = docker.clone().with_request_modifier(move |mut request| {
         let uri = request.uri().to_string();
         if let Some(base) = uri.strip_suffix("/_ping") {
@@ -775,7 +781,7 @@ async fn get_text(docker: &Docker, path: String) -> Result<String, BackendError>
         }
         request
     });
-    redirected.ping().await.map_err(classify)
+    redirected.ping().await
 }
 
 fn unreadable(what: &str, e: serde_json::Error) -> BackendError {
@@ -1369,6 +1375,69 @@ async fn state_flag(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loopback engine that gives each request the next of `answers` (status, body), and
+    /// closes the connection after it.
+    async fn scripted_engine(answers: Vec<(u16, &'static str)>) -> Docker {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let address = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            for (status, body) in answers {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            }
+        });
+        Docker::connect_with_http(
+            &format!("http://{address}"),
+            10,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .expect("a client")
+    }
+
+    const STOPPED: &str =
+        r#"{"Id":"e98d","Name":"/pcs-x","State":{"Status":"stopped","Running":false}}"#;
+
+    #[tokio::test]
+    async fn a_container_podman_reports_stopped_reads_as_exited() {
+        let docker = scripted_engine(vec![(200, STOPPED), (200, STOPPED)]).await;
+        let inspected = inspect(&docker, "e98d").await.expect("read");
+        let status = inspected.state.and_then(|state| state.status);
+        assert_eq!(
+            status,
+            Some(bollard::models::ContainerStateStatusEnum::EXITED)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stopped_container_removed_before_it_is_read_again_counts_as_gone() {
+        // Podman's `stopped` comes just before a removal completes: by the second reading the
+        // container was gone, and that was reported as an unreadable answer (the removal failed
+        // and the sandbox's volume stayed: a CI failure on Podman).
+        let gone = r#"{"message":"no such container","response":404}"#;
+        let docker = scripted_engine(vec![(200, STOPPED), (404, gone)]).await;
+        let answer = inspect(&docker, "e98d").await;
+        assert!(matches!(&answer, Err(e) if container_gone(e)), "{answer:?}");
+    }
 
     #[test]
     fn a_container_podman_no_longer_has_counts_as_gone() {
