@@ -7,8 +7,9 @@
 #      debootstrap base); then the README's quick-start lines as written (scripts/test-readme.py),
 
 #   3. cargo fmt/clippy checks and `cargo test` (unit tests and tests against the real engine; the
-#      engine-free ones' host runner gets the runner's IPython from scripts/ipython-set.sh), the
-#      egress's tests again under runc,
+#      engine-free ones' host runner gets the runner's IPython from scripts/ipython-set.sh), in two
+#      lanes side by side after the one test that rebuilds the default image, the egress's tests
+#      again under runc,
 #   4. the MCP integration suite: the server binary driven by the official MCP Python SDK (pytest)
 #      over stdio and streamable HTTP, and the server image driven the same way through `docker run`
 #      (its servers under runc, but for the original tool set's tests, the load tests' gVisor half
@@ -25,10 +26,11 @@
 #      tool set's MCP tests and the attack list; the refusal under rootless Podman), and a second
 #      Docker engine in a network namespace reached over mutual TLS and over SSH
 #      (scripts/test-remote.sh),
-#   7. once they are done, the adversarial and fault suite (tests/adversarial/suite.py): attacks
-#      and faults (one restarts dockerd) under the default runtime (gVisor, registered by
-#      scripts/runsc.sh), the attacks again under runc, and again with SANDBOX_NETWORK=allowlist
-#      (gVisor through its networked entry, runsc-net, in host-network mode here),
+#   7. once they are done, the adversarial and fault suite (tests/adversarial/suite.py): first
+#      alone the case that restarts dockerd, then attacks and faults under the default runtime
+#      (gVisor, registered by scripts/runsc.sh) and beside them the attacks again under runc, and
+#      again with SANDBOX_NETWORK=allowlist (gVisor through its networked entry, runsc-net, in
+#      host-network mode here),
 #   8. a final check that no sandbox container or volume was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,11 +68,13 @@ export PCS_TEST_IPYTHON
 release_build=""
 podman_job=""
 remote_job=""
+suite_job=""
+lane_job=""
 on_exit() {
   # A stage that failed while the release build or another engine's tests ran in the
   # background: they go too (the remote engine's script stops its engine as it exits).
-  for job in "$release_build" "$podman_job" "$remote_job"; do
-    [ -z "$job" ] || kill "$job" 2>/dev/null || true
+  for job in "$release_build" "$podman_job" "$remote_job" "$suite_job" "$lane_job"; do
+    [ -z "$job" ] || { pkill -P "$job" 2>/dev/null; kill "$job" 2>/dev/null; } || true
   done
   docker volume ls -q | grep -E '^pcs-test-deps' | xargs -r docker volume rm >/dev/null 2>&1 || true
 }
@@ -106,11 +110,44 @@ python3 scripts/module-graph.py
 # Every relative link of README.md and docs/ leads to a file and a heading that exist.
 python3 scripts/check-doc-links.py
 
-stage "tests"
-cargo test --locked -- --test-threads=2
+stage "tests (two lanes: the image builds and installs beside the rest)"
+# First, alone: the one test that takes the default image away and builds it again (every other
+# test binary starts sandboxes from it).
+alone_test=with_an_engine_but_no_image_setup_builds_it_and_writes_the_client_config
+cargo test --locked --test setup -- --exact "$alone_test"
+# Then two lanes side by side, each test binary with its engine instance of its own (tests check
+# what their instance left, never the whole engine); both wait on the engine or the index much of
+# the time. The first lane holds the binaries that build images or install sets (the flavour and
+# image-build tests check for first-stage images of any build; deps and engine_ipython build the
+# same plain image), the second every other target, found from tests/*.rs.
+lane_a=(setup flavour image_build deps engine_ipython)
+lane_b=()
+for file in tests/*.rs; do
+  name=$(basename "$file" .rs)
+  case " ${lane_a[*]} " in
+    *" $name "*) ;;
+    *) lane_b+=(--test "$name") ;;
+  esac
+done
+lane_log=.cache/side-by-side/cargo-test-lane-a.log
+mkdir -p .cache/side-by-side
+cargo test --locked $(printf -- '--test %s ' "${lane_a[@]}") -- --test-threads=2 --skip "$alone_test" >"$lane_log" 2>&1 &
+lane_job=$!
+lane_failed=""
+failed_lane() { lane_failed="${lane_failed:+$lane_failed, }$1"; }
+cargo test --locked --lib --bins "${lane_b[@]}" -- --test-threads=2 || failed_lane "the second lane"
+cargo test --locked --doc || failed_lane "the doc tests"
 # The egress's tests again under runc (they run under gVisor's networked entry above): secrets
 # brokered and isolation held under both runtimes.
-PCS_ENGINE_RUNTIME=runc cargo test --locked --test egress -- --test-threads=2
+PCS_ENGINE_RUNTIME=runc cargo test --locked --test egress -- --test-threads=2 || failed_lane "the egress tests under runc"
+wait "$lane_job" || failed_lane "the first lane (${lane_a[*]})"
+lane_job=""
+echo "== cargo test, the first lane (${lane_a[*]}): its log" >&2
+cat "$lane_log" >&2
+if [ -n "$lane_failed" ]; then
+  echo "FAIL: cargo test: $lane_failed" >&2
+  exit 1
+fi
 
 stage "server image (after the release build started with the build stage)"
 if ! wait "$release_build"; then
@@ -151,7 +188,7 @@ bash scripts/test-podman.sh >"$side/podman.log" 2>&1 &
 podman_job=$!
 bash scripts/test-remote.sh >"$side/remote.log" 2>&1 &
 remote_job=$!
-PCS_BIN="$PWD/target/debug/python-code-sandbox" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/mcp
+PCS_BIN="$PWD/target/debug/python-code-sandbox" "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=20 tests/mcp
 
 stage "MCP Inspector CLI smoke test"
 inspector=.cache/inspector
@@ -191,15 +228,32 @@ if [ ${#side_failed[@]} -gt 0 ]; then
   exit 1
 fi
 
-stage "adversarial and fault suite (official Python SDK; the default runtime, gVisor, then the attack list under runc)"
-# It restarts dockerd (a fault case): it runs after the MCP suites and the other engines, alone.
-"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --runtime runc
+suite=(tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox")
+stage "adversarial: dockerd restarted during a session (the engine alone)"
+# The one case that restarts dockerd: after the MCP suites and the other engines, with no other
+# user of this engine.
+"$venv/bin/python" "${suite[@]}" --engine-restart-only
 
-stage "the allowlist attack list (gVisor, runsc-net)"
-# The attacks again with the code's sandboxes on the egress network, under gVisor's networked
-# entry (runsc-net); the faults, and the server's own defences (the same under any network), ran
-# above.
-"$venv/bin/python" tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox" --network allowlist --no-faults --no-server-only
+stage "adversarial and fault suite (the default runtime, gVisor); beside it, the attack list under runc, then with the allowlist (gVisor, runsc-net)"
+# Every other case looks only at its own servers' sandboxes, so the passes share the engine (each
+# waits on it about half the time). Beside the default pass: the attack list under runc, then
+# again with the code's sandboxes on the egress network under gVisor's networked entry
+# (runsc-net); the faults, and the server's own defences (the same under any runtime and
+# network), run in the default pass only.
+side_suite="$side/adversarial.log"
+( "$venv/bin/python" "${suite[@]}" --no-default --runtime runc --no-faults \
+  && "$venv/bin/python" "${suite[@]}" --network allowlist --no-faults --no-server-only ) >"$side_suite" 2>&1 &
+suite_job=$!
+suite_failed=""
+"$venv/bin/python" "${suite[@]}" --no-engine-restart || suite_failed="the default pass"
+wait "$suite_job" || suite_failed="${suite_failed:+$suite_failed, }the runc or allowlist pass"
+suite_job=""
+echo "== the attack list under runc, then with the allowlist: its log" >&2
+cat "$side_suite" >&2
+if [ -n "$suite_failed" ]; then
+  echo "FAIL: the adversarial suite: $suite_failed" >&2
+  exit 1
+fi
 
 stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.

@@ -5,12 +5,14 @@ engine, and prints one line per case and a closing `N passed, M failed` line; th
 when a case failed. Each attack must fail, the server must answer the next call normally, and
 nothing of the case may be left on the engine.
 
-    python tests/adversarial/suite.py [--bin PATH] [--runtime runc] [--only SUBSTRING] [--no-faults]
+    python tests/adversarial/suite.py [--bin PATH] [--runtime runc] [--no-default] [--only SUBSTRING]
+                                      [--no-faults] [--engine-restart-only | --no-engine-restart]
                                       [--network allowlist] [--no-server-only]
 
 The first pass runs every case with the server's default runtime (gVisor when the engine has it
 and it can serve the case's network policy, else runc: each line says `[default: runsc]` or
-`[default: runc]`); each `--runtime` adds a pass of the attack list with SANDBOX_RUNTIME set. The
+`[default: runc]`); each `--runtime` adds a pass of the attack list with SANDBOX_RUNTIME set
+(`--no-default`: only those passes). The
 cases of the server's own defences (SERVER_ONLY: its HTTP front end, its logs, stores and cleanup,
 replies it parses), where the sandbox's runtime and network play no part, run in the first pass
 only, and not at all with `--no-server-only` (for a run after one that had them).
@@ -26,9 +28,12 @@ scripts/runsc.sh registers it).
 
 No test traffic leaves this machine: isolation is shown by the interfaces and routes a sandbox
 sees, by connect() on UDP sockets (which consults the routing table and sends nothing), and by
-connecting to a listener this suite starts on the host. The fault cases restart the Docker daemon
+connecting to a listener this suite starts on the host. One fault case restarts the Docker daemon
 (`PCS_DOCKERD_RESTART`, a shell command, or the default: SIGTERM to dockerd, then
-scripts/dev-env.sh), so run the suite alone.
+scripts/dev-env.sh): run it alone (`--engine-restart-only`). Every other case looks only at the
+sandboxes of its own servers (by their pid label), so runs with `--no-engine-restart` (or
+`--no-faults`) can share the engine with each other. Each line ends with the case's wall-clock
+time, for the run's account.
 """
 
 import argparse
@@ -247,12 +252,21 @@ CASES = []
 # first run had them).
 SERVER_ONLY = set()
 
+# Cases that restart the Docker daemon: any other run on the engine would see its sandboxes die.
+# scripts/test.sh runs them alone (--engine-restart-only), and the rest (--no-engine-restart)
+# beside other passes of the suite: every other case looks only at its own servers' sandboxes.
+ENGINE_RESTARTS = set()
 
-def case(name, kind="attack", server_only=False):
+
+def case(name, kind="attack", server_only=False, restarts_engine=False):
+    """Registers a case. `restarts_engine`: it restarts the Docker daemon, so it runs with no
+    other user of the engine (ENGINE_RESTARTS; see --engine-restart-only)."""
     def register(fn):
         CASES.append((name, kind, fn))
         if server_only:
             SERVER_ONLY.add(name)
+        if restarts_engine:
+            ENGINE_RESTARTS.add(name)
         return fn
     return register
 
@@ -3806,7 +3820,7 @@ def restart_dockerd():
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "dev-env.sh")], check=True, timeout=300, stdout=subprocess.DEVNULL)
 
 
-@case("the Docker daemon restarted during a session", kind="fault")
+@case("the Docker daemon restarted during a session", kind="fault", restarts_engine=True)
 async def daemon_restart(ctx):
     async with server(ctx.binary, SANDBOX_POOL_SIZE="0", SANDBOX_FILES_DIR="") as s:
         sid = await s.session()
@@ -3984,26 +3998,31 @@ async def run_cases(ctx, selected, first=True):
     runtime = ctx.runtime if ctx.explicit else f"default: {ctx.runtime}"
     label = "".join(f" [{tag}]" for tag in (runtime, ctx.network if ctx.network != "none" else None) if tag)
 
-    def report(name, verdict, detail=""):
+    def report(name, verdict, detail="", seconds=None):
         results.append(verdict)
         line = f"{verdict:4}  {name}{label}"
+        if seconds is not None:
+            line += f" ({seconds:.0f} s)"
         if detail:
             line += f" -- {detail}"
         print(line, flush=True)
 
     async def attempt(name, body):
+        # Each case's wall-clock time is printed, for the run's own account (never judged).
+        began = time.monotonic()
+        took = lambda: time.monotonic() - began  # noqa: E731
         try:
             await asyncio.wait_for(body(), CASE_TIMEOUT)
-            report(name, "PASS")
+            report(name, "PASS", seconds=took())
         except Skip as e:
             report(name, "SKIP", str(e))
         except CaseFailed as e:
-            report(name, "FAIL", str(e)[:2000])
+            report(name, "FAIL", str(e)[:2000], seconds=took())
         except BaseException as e:  # noqa: BLE001 -- a crash in a case is that case's failure
             while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
                 e = e.exceptions[0]
             detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-            report(name, "FAIL", f"{detail[:2000]}")
+            report(name, "FAIL", f"{detail[:2000]}", seconds=took())
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
 
@@ -4030,8 +4049,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin", default=os.environ.get("PCS_BIN", os.path.join(ROOT, "target", "debug", "python-code-sandbox")))
     parser.add_argument("--runtime", action="append", default=[], help="also run the attack list under this OCI runtime (e.g. runc, when the default is gVisor)")
+    parser.add_argument("--no-default", action="store_true",
+                        help="skip the pass under the server's default runtime: only the --runtime passes run")
     parser.add_argument("--only", help="run the cases whose name contains this")
-    parser.add_argument("--no-faults", action="store_true", help="skip the fault cases (they restart dockerd)")
+    parser.add_argument("--no-faults", action="store_true", help="skip the fault cases (one restarts dockerd)")
+    restarts = parser.add_mutually_exclusive_group()
+    restarts.add_argument("--engine-restart-only", action="store_true",
+                          help="run only the cases that restart dockerd (ENGINE_RESTARTS), which need the engine alone")
+    restarts.add_argument("--no-engine-restart", action="store_true",
+                          help="skip the cases that restart dockerd: the rest can share the engine with other runs")
     parser.add_argument("--no-server-only", action="store_true",
                         help="skip the cases of the server's own defences (SERVER_ONLY): another run of this binary had them")
     parser.add_argument("--network", choices=["none", "allowlist"], default="none",
@@ -4041,8 +4067,14 @@ def main():
         # gVisor is registered here with --network=none: its sandboxes cannot join the egress network.
         parser.error("--network allowlist runs under the default runtime only; drop --runtime")
     selected = [c for c in CASES if (not args.only or args.only in c[0]) and not (args.no_faults and c[1] == "fault")]
+    if args.engine_restart_only:
+        selected = [c for c in selected if c[0] in ENGINE_RESTARTS]
+    if args.no_engine_restart:
+        selected = [c for c in selected if c[0] not in ENGINE_RESTARTS]
     results = []
-    for runtime in [None, *args.runtime]:
+    if args.no_default and not args.runtime:
+        parser.error("--no-default leaves no pass: name one with --runtime")
+    for runtime in [*([] if args.no_default else [None]), *args.runtime]:
         cases = [c for c in selected if not (runtime and c[1] == "fault")]
         first = runtime is None and not args.no_server_only
         results += asyncio.run(run_cases(Context(os.path.abspath(args.bin), runtime, args.network), cases, first))
