@@ -80,6 +80,26 @@ on_exit() {
 }
 trap on_exit EXIT
 
+# The parts of the current stage that failed, each named as it fails: a stage whose parts run
+# side by side lets every part finish and show its log before the run ends.
+failed=()
+failed_part() { failed+=("$1"); }
+# Waits for a job started beside the stage's own work (JOB, a pid), then prints its log (LOG)
+# whole under TITLE (beside the stage, its lines would have mixed with the stage's); a failure is
+# noted as WHAT.
+join_job() {
+  wait "$1" || failed_part "$4"
+  echo "== $3: its log" >&2
+  cat "$2" >&2
+}
+# Ends the run when a part of the stage failed, naming each.
+end_if_failed() {
+  if [ ${#failed[@]} -gt 0 ]; then
+    printf 'FAIL: %s\n' "${failed[@]}" >&2
+    exit 1
+  fi
+}
+
 # gVisor, for the tests that run sandboxes under another runtime.
 stage "gVisor (scripts/runsc.sh)"
 bash scripts/runsc.sh
@@ -133,21 +153,14 @@ lane_log=.cache/side-by-side/cargo-test-lane-a.log
 mkdir -p .cache/side-by-side
 cargo test --locked $(printf -- '--test %s ' "${lane_a[@]}") -- --test-threads=2 --skip "$alone_test" >"$lane_log" 2>&1 &
 lane_job=$!
-lane_failed=""
-failed_lane() { lane_failed="${lane_failed:+$lane_failed, }$1"; }
-cargo test --locked --lib --bins "${lane_b[@]}" -- --test-threads=2 || failed_lane "the second lane"
-cargo test --locked --doc || failed_lane "the doc tests"
+cargo test --locked --lib --bins "${lane_b[@]}" -- --test-threads=2 || failed_part "cargo test: the second lane"
+cargo test --locked --doc || failed_part "cargo test: the doc tests"
 # The egress's tests again under runc (they run under gVisor's networked entry above): secrets
 # brokered and isolation held under both runtimes.
-PCS_ENGINE_RUNTIME=runc cargo test --locked --test egress -- --test-threads=2 || failed_lane "the egress tests under runc"
-wait "$lane_job" || failed_lane "the first lane (${lane_a[*]})"
+PCS_ENGINE_RUNTIME=runc cargo test --locked --test egress -- --test-threads=2 || failed_part "cargo test: the egress tests under runc"
+join_job "$lane_job" "$lane_log" "cargo test, the first lane (${lane_a[*]})" "cargo test: the first lane (${lane_a[*]})"
 lane_job=""
-echo "== cargo test, the first lane (${lane_a[*]}): its log" >&2
-cat "$lane_log" >&2
-if [ -n "$lane_failed" ]; then
-  echo "FAIL: cargo test: $lane_failed" >&2
-  exit 1
-fi
+end_if_failed
 
 stage "server image (after the release build started with the build stage)"
 if ! wait "$release_build"; then
@@ -181,7 +194,7 @@ fi
 # engine): rootful Podman (engine tests, the original tool set's MCP tests, the attack list; the
 # refusal under rootless Podman) and a second Docker engine in a network namespace reached over
 # mutual TLS and over SSH. Each looks only at its own engine; both end before the fault suite
-# restarts this engine's dockerd. Their logs follow the attack list's, each whole.
+# restarts this engine's dockerd. Their logs follow the conformance stage, each whole once it is done.
 side=.cache/side-by-side
 rm -rf "$side" && mkdir -p "$side"
 bash scripts/test-podman.sh >"$side/podman.log" 2>&1 &
@@ -214,19 +227,11 @@ stage "MCP conformance (the official suite, mcp-conform)"
 bash scripts/conformance.sh "$PWD/target/debug/python-code-sandbox"
 
 stage "Podman and the remote engine, started beside the MCP suite: the rest of their run"
-side_failed=()
-wait "$podman_job" || side_failed+=("Podman (scripts/test-podman.sh)")
+join_job "$podman_job" "$side/podman.log" "podman, beside the MCP suite" "Podman (scripts/test-podman.sh)"
 podman_job=""
-wait "$remote_job" || side_failed+=("the remote engine (scripts/test-remote.sh)")
+join_job "$remote_job" "$side/remote.log" "remote, beside the MCP suite" "the remote engine (scripts/test-remote.sh)"
 remote_job=""
-for part in podman remote; do
-  echo "== $part, beside the MCP suite: its log" >&2
-  cat "$side/$part.log" >&2
-done
-if [ ${#side_failed[@]} -gt 0 ]; then
-  printf 'FAIL: %s\n' "${side_failed[@]}" >&2
-  exit 1
-fi
+end_if_failed
 
 suite=(tests/adversarial/suite.py --bin "$PWD/target/debug/python-code-sandbox")
 stage "adversarial: dockerd restarted during a session (the engine alone)"
@@ -244,16 +249,10 @@ side_suite="$side/adversarial.log"
 ( "$venv/bin/python" "${suite[@]}" --no-default --runtime runc --no-faults \
   && "$venv/bin/python" "${suite[@]}" --network allowlist --no-faults --no-server-only ) >"$side_suite" 2>&1 &
 suite_job=$!
-suite_failed=""
-"$venv/bin/python" "${suite[@]}" --no-engine-restart || suite_failed="the default pass"
-wait "$suite_job" || suite_failed="${suite_failed:+$suite_failed, }the runc or allowlist pass"
+"$venv/bin/python" "${suite[@]}" --no-engine-restart || failed_part "the adversarial suite: the default pass"
+join_job "$suite_job" "$side_suite" "the attack list under runc, then with the allowlist" "the adversarial suite: the runc or allowlist pass"
 suite_job=""
-echo "== the attack list under runc, then with the allowlist: its log" >&2
-cat "$side_suite" >&2
-if [ -n "$suite_failed" ]; then
-  echo "FAIL: the adversarial suite: $suite_failed" >&2
-  exit 1
-fi
+end_if_failed
 
 stage "leftovers"
 # Tests assert this per engine instance; this catches anything a test process did not clean up.
