@@ -1074,6 +1074,59 @@ async fn a_create_cancelled_before_the_engine_answers_leaves_the_last_look_to_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_refused_for_a_bind_source_that_vanished_leaves_no_volume() {
+    // A client's root can vanish between the engine's first check of a bind's source and its
+    // mounting (a rename on the host). Docker 20.10 then refuses the create after it made the
+    // sandbox's tmpfs volumes, and keeps them: the CI failure of the adversarial case where a
+    // root flips. Such a create leaves nothing, whatever the engine's order of work.
+    if skip_without_engine() {
+        return;
+    }
+    let backend = std::sync::Arc::new(DockerBackend::new());
+    let engine = Engine::new(backend.clone(), common::test_config());
+    let dir = std::env::temp_dir().join(format!("pcs-flip-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&dir).expect("a directory of the test's own");
+    let flipping = dir.join("root");
+    let mut spec = bare_spec(&engine, engine.owner().labels("session"));
+    spec.mounts
+        .push(python_code_sandbox::config::OperatorMount {
+            host: flipping.clone(),
+            container: "/mnt/roots/flipping".to_string(),
+            read_only: false,
+        });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::create_dir(&flipping);
+                std::thread::sleep(Duration::from_micros(500));
+                let _ = std::fs::remove_dir(&flipping);
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        })
+    };
+    let (mut created, mut refused) = (0, 0);
+    no_hang(async {
+        for _ in 0..60 {
+            match backend.create(&spec).await {
+                Ok(id) => {
+                    created += 1;
+                    backend.destroy(&id).await.expect("destroy");
+                }
+                Err(_) => refused += 1,
+            }
+        }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().expect("the flipper ends");
+    eprintln!("60 creates while the bind's source flipped: {created} created, {refused} refused");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_nothing_left(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_of_a_dead_server_are_removed_and_live_ones_kept() {
     if skip_without_engine() {
         return;

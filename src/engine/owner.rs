@@ -26,6 +26,9 @@ pub const LABEL_PID_NAMESPACE: &str = "io.python-code-sandbox.pid-namespace";
 /// How Linux names the initial pid namespace (the host's): its inode number is fixed.
 const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 pub const LABEL_KIND: &str = "io.python-code-sandbox.kind";
+/// On a sandbox's own volumes: the name of the container they were made for, so that a create
+/// the engine refused after making them can remove them (see `engine::docker`).
+pub const LABEL_VOLUME_OF: &str = "io.python-code-sandbox.volume-of";
 /// The container the owning server runs in (only when that container is on the same engine), and
 /// when that container started: a server in a container is dead when its container is gone,
 /// stopped, or started again since.

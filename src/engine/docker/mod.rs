@@ -83,6 +83,7 @@ impl DockerBackend {
         self.deaths.watch(&docker).await;
         let name = format!("pcs-{}", uuid::Uuid::new_v4().simple());
         let mut body = Self::container_body(spec);
+        label_own_volumes(&mut body, &name);
         let mut own_volumes = Vec::new();
         if self.is_podman(&docker).await? {
             for volume in podman_tmpfs_volumes(&mut body, &name) {
@@ -98,11 +99,18 @@ impl DockerBackend {
             }
         }
         let options = CreateContainerOptions {
-            name: Some(name),
+            name: Some(name.clone()),
             ..Default::default()
         };
         let created = docker.create_container(Some(options), body).await;
         if created.is_err() {
+            // The engine may have made some of the container's volumes before it refused it, and
+            // keeps them (Docker 20.10: a bind's source gone between its two checks).
+            for volume in volumes_made_for(&docker, &name).await {
+                if !own_volumes.contains(&volume) {
+                    own_volumes.push(volume);
+                }
+            }
             remove_volumes(&docker, &own_volumes).await;
         }
         match created {
@@ -195,7 +203,35 @@ impl DockerBackend {
             None => paths::USER.to_string(),
         };
 
-        let mut mounts = vec![Mount {
+        // The bind mounts first, the volumes after them: Docker (20.10) makes each volume as it
+        // reaches it in this list and checks a bind's source there too (again, after its first
+        // check of the request); a source gone by then refuses the create, and a volume made
+        // before that is kept. A bind refused first leaves nothing (see `create_container`
+        // for what removes a volume made anyway).
+        let mut mounts: Vec<Mount> = spec
+            .mounts
+            .iter()
+            .map(|mount| Mount {
+                target: Some(mount.container.clone()),
+                source: Some(mount.host.display().to_string()),
+                typ: Some(MountType::BIND),
+                read_only: Some(mount.read_only),
+                ..Default::default()
+            })
+            .collect();
+        if let (true, Some(bundle)) = (networked, &spec.ca_bundle) {
+            // Where libraries look: the system bundle's own path, and the variables they read.
+            for target in [paths::CA_BUNDLE, paths::SYSTEM_CA_BUNDLE] {
+                mounts.push(Mount {
+                    target: Some(target.to_string()),
+                    source: Some(bundle.display().to_string()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(true),
+                    ..Default::default()
+                });
+            }
+        }
+        mounts.push(Mount {
             // An anonymous volume, removed with the container (remove with `v`), backed by a tmpfs
             // of the workspace's size: full, it fails writes with ENOSPC and the host's disk never
             // fills. Unlike a tmpfs mount it works with the archive API under a read-only root, and
@@ -204,7 +240,7 @@ impl DockerBackend {
             typ: Some(MountType::VOLUME),
             volume_options: Some(tmpfs_volume(&labels, limits.workspace_bytes, &user)),
             ..Default::default()
-        }];
+        });
         for volume in &spec.volumes {
             let volume_options = volume
                 .tmpfs_bytes
@@ -218,15 +254,6 @@ impl DockerBackend {
                 ..Default::default()
             });
         }
-        for mount in &spec.mounts {
-            mounts.push(Mount {
-                target: Some(mount.container.clone()),
-                source: Some(mount.host.display().to_string()),
-                typ: Some(MountType::BIND),
-                read_only: Some(mount.read_only),
-                ..Default::default()
-            });
-        }
         let mut env = vec![
             format!("HOME={}", paths::HOME),
             "LANG=C.UTF-8".to_string(),
@@ -236,17 +263,7 @@ impl DockerBackend {
             format!("MPLCONFIGDIR={}/.matplotlib", paths::TMP),
             format!("XDG_CACHE_HOME={}/.cache", paths::TMP),
         ];
-        if let (true, Some(bundle)) = (networked, &spec.ca_bundle) {
-            // Where libraries look: the system bundle's own path, and the variables they read.
-            for target in [paths::CA_BUNDLE, paths::SYSTEM_CA_BUNDLE] {
-                mounts.push(Mount {
-                    target: Some(target.to_string()),
-                    source: Some(bundle.display().to_string()),
-                    typ: Some(MountType::BIND),
-                    read_only: Some(true),
-                    ..Default::default()
-                });
-            }
+        if networked && spec.ca_bundle.is_some() {
             for var in [
                 "SSL_CERT_FILE",
                 "REQUESTS_CA_BUNDLE",
@@ -449,6 +466,49 @@ fn tmpfs_volume(labels: &HashMap<String, String>, bytes: u64, user: &str) -> Mou
             ])),
         }),
         ..Default::default()
+    }
+}
+
+/// Labels each volume made for the container `name` alone (the anonymous ones) with that name.
+fn label_own_volumes(body: &mut ContainerCreateBody, name: &str) {
+    let mounts = body
+        .host_config
+        .as_mut()
+        .and_then(|host| host.mounts.as_mut());
+    for mount in mounts.into_iter().flatten() {
+        if mount.typ != Some(MountType::VOLUME) || mount.source.is_some() {
+            continue;
+        }
+        if let Some(options) = mount.volume_options.as_mut() {
+            options.labels.get_or_insert_with(HashMap::new).insert(
+                crate::engine::owner::LABEL_VOLUME_OF.to_string(),
+                name.to_string(),
+            );
+        }
+    }
+}
+
+/// The volumes labelled as made for the container `name` (none when the engine cannot list them:
+/// the sweep of orphaned storage finds them later by their owner's labels).
+async fn volumes_made_for(docker: &Docker, name: &str) -> Vec<String> {
+    let filter = HashMap::from([(
+        "label".to_string(),
+        vec![format!("{}={name}", crate::engine::owner::LABEL_VOLUME_OF)],
+    )]);
+    let options = ListVolumesOptions {
+        filters: Some(filter),
+    };
+    match docker.list_volumes(Some(options)).await {
+        Ok(listed) => listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|volume| volume.name)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(container = %name, "could not list the volumes of a refused create: {e}");
+            Vec::new()
+        }
     }
 }
 
